@@ -1,0 +1,7 @@
+"""CLI commands: ingest."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

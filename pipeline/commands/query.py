@@ -1,0 +1,7 @@
+"""CLI commands: query."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

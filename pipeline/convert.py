@@ -1,0 +1,143 @@
+"""OTLP ``ExportTraceServiceRequest`` -> Arrow ``spans`` rows (base columns), then normalization.
+
+Attribute values are stored as text (``attributes`` is ``map<string, string>``): strings as
+they are, booleans as ``true``/``false``, numbers in their decimal form, bytes as base64 (as in
+OTLP/JSON), arrays and key-value lists as JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from tracedag.pipeline.normalize import normalize
+from tracedag.schemas.spans import BASE_SCHEMA
+
+
+def any_value_text(v: AnyValue) -> str:
+    """Return the text form of an OTLP ``AnyValue``."""
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which is None:
+        return ""
+    if which in ("array_value", "kvlist_value"):
+        return json.dumps(_any_value_json(v), ensure_ascii=False, separators=(",", ":"))
+    return str(_any_value_json(v))
+
+
+def _any_value_json(v: AnyValue) -> Any:
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return v.string_value
+    if which == "bool_value":
+        return "true" if v.bool_value else "false"
+    if which == "int_value":
+        return v.int_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode("ascii")
+    if which == "array_value":
+        return [_any_value_json(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: _any_value_json(kv.value) for kv in v.kvlist_value.values}
+    return None
+
+
+def attributes_text(attrs: Iterable[KeyValue]) -> tuple[list[tuple[str, str]], bool]:
+    """Return the attributes as (key, text) pairs, last duplicate winning, and whether keys repeated."""
+    out: dict[str, str] = {}
+    dup = False
+    for kv in attrs:
+        if kv.key in out:
+            dup = True
+        out[kv.key] = any_value_text(kv.value)
+    return list(out.items()), dup
+
+
+def request_to_rows(
+    request: ExportTraceServiceRequest, received_unix_nano: int, batch_id: str
+) -> dict[str, list[Any]]:
+    """Flatten one request into column lists of ``BASE_SCHEMA`` (straightforward reference version)."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in BASE_SCHEMA}
+    for rs in request.resource_spans:
+        res_attrs, _ = attributes_text(rs.resource.attributes)
+        service = dict(res_attrs).get("service.name")
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                attrs, dup = attributes_text(span.attributes)
+                flags = _quality_flags(span.start_time_unix_nano, span.end_time_unix_nano, dup)
+                row = {
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "parent_span_id": span.parent_span_id.hex() or None,
+                    "trace_state": span.trace_state or None,
+                    "name": span.name,
+                    "service_name": service,
+                    "scope_name": ss.scope.name or None,
+                    "scope_version": ss.scope.version or None,
+                    "kind": span.kind,
+                    "status_code": span.status.code,
+                    "status_message": span.status.message or None,
+                    "start_time_unix_nano": span.start_time_unix_nano,
+                    "end_time_unix_nano": span.end_time_unix_nano,
+                    "duration_ns": span.end_time_unix_nano - span.start_time_unix_nano,
+                    "received_unix_nano": received_unix_nano,
+                    "batch_id": batch_id,
+                    "quality_flags": flags,
+                    "attributes": attrs,
+                    "resource_attributes": res_attrs,
+                    "events": [
+                        {
+                            "time_unix_nano": e.time_unix_nano,
+                            "name": e.name,
+                            "attributes": attributes_text(e.attributes)[0],
+                        }
+                        for e in span.events
+                    ],
+                    "links": [
+                        {
+                            "trace_id": ln.trace_id.hex(),
+                            "span_id": ln.span_id.hex(),
+                            "trace_state": ln.trace_state or None,
+                            "attributes": attributes_text(ln.attributes)[0],
+                        }
+                        for ln in span.links
+                    ],
+                    "dropped_attributes_count": span.dropped_attributes_count,
+                    "dropped_events_count": span.dropped_events_count,
+                    "dropped_links_count": span.dropped_links_count,
+                }
+                for k, v in row.items():
+                    cols[k].append(v)
+    return cols
+
+
+def _quality_flags(start: int, end: int, duplicate_keys: bool) -> list[str]:
+    flags = []
+    if start == 0:
+        flags.append("zero_start")
+    if end < start:
+        flags.append("end_before_start")
+    if duplicate_keys:
+        flags.append("duplicate_attribute_key")
+    return flags
+
+
+def requests_to_table(
+    requests: Iterable[tuple[ExportTraceServiceRequest, int, str]],
+) -> pa.Table:
+    """Convert (request, received_unix_nano, batch_id) triples into one normalized ``spans`` table."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in BASE_SCHEMA}
+    for request, received, batch_id in requests:
+        for k, v in request_to_rows(request, received, batch_id).items():
+            cols[k].extend(v)
+    base = pa.Table.from_pydict(cols, schema=BASE_SCHEMA)
+    return normalize(base)

@@ -1,0 +1,149 @@
+"""Derived tables: evaluations, traces, dag_nodes, dag_edges, step_scores, human_labels.
+
+Each is a versioned Arrow schema whose Parquet files carry ``tracedag.schema`` in their metadata.
+``traces``, ``dag_nodes`` and ``dag_edges`` rows carry the ``build_id`` of the build that wrote
+them; the views keep only the latest build of each trace.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tracedag.schemas.spans import SCHEMA_KEY
+
+_S = pa.string()
+_DICT = pa.dictionary(pa.int32(), pa.string())
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={SCHEMA_KEY: name.encode()})
+
+
+# One row per evaluation result carried in the spans (normalization extracts them at ingest).
+EVALUATIONS_V1 = _schema(
+    "evaluations/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("span_id", _S),  # the evaluated span (target); null when it could not be matched
+        pa.field("source_span_id", _S),  # the span that carried the result (event owner / evaluator)
+        pa.field("source_kind", _S),  # gen_ai.evaluation.result | openinference.annotation | ...
+        pa.field("name", _S),  # metric name
+        pa.field("score_value", pa.float64()),
+        pa.field("label", _S),
+        pa.field("explanation", _S),
+        pa.field("evaluator", _S),
+        pa.field("response_id", _S),
+        pa.field("time_unix_nano", pa.int64()),
+        pa.field("received_unix_nano", pa.int64()),
+        pa.field("batch_id", _S),
+    ],
+)
+
+TRACES_V1 = _schema(
+    "traces/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("build_id", _S, nullable=False),
+        pa.field("built_unix_nano", pa.int64(), nullable=False),
+        pa.field("last_received_unix_nano", pa.int64()),
+        pa.field("root_span_id", _S),
+        pa.field("service_name", _S),
+        pa.field("service_version", _S),
+        pa.field("conversation_id", _S),
+        pa.field("run_id", _S),
+        pa.field("scenario_id", _S),
+        pa.field("replay_index", pa.int64()),
+        pa.field("variant_id", _S),
+        pa.field("start_time_unix_nano", pa.int64()),
+        pa.field("end_time_unix_nano", pa.int64()),
+        pa.field("duration_ns", pa.int64()),
+        pa.field("span_count", pa.int32()),
+        pa.field("error_count", pa.int32()),
+        pa.field("root_count", pa.int32()),
+        pa.field("orphan_count", pa.int32()),
+        pa.field("clock_skew_count", pa.int32()),
+        pa.field("connected", pa.bool_()),
+        pa.field("method", _S),  # explicit | inferred | flat
+        pa.field("fallback_reason", _S),
+        pa.field("deviant", pa.bool_()),
+        pa.field("deviation_reason", _S),
+    ],
+)
+
+DAG_NODES_V1 = _schema(
+    "dag_nodes/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("span_id", _S, nullable=False),
+        pa.field("build_id", _S, nullable=False),
+        pa.field("parent_span_id", _S),  # call-tree parent after repair (orphans re-attached)
+        pa.field("step_type", _DICT),
+        pa.field("step_name", _S),
+        pa.field("step_key", _S),  # logical step used for loop unrolling
+        pa.field("iteration", pa.int32()),  # 1..k among executions of the same step key
+        pa.field("is_retry", pa.bool_()),  # the previous iteration failed
+        pa.field("branch_id", pa.int32()),
+        pa.field("depth", pa.int32()),
+        pa.field("topo_index", pa.int32()),
+        pa.field("nested_left", pa.int32()),
+        pa.field("nested_right", pa.int32()),
+        pa.field("is_orphan", pa.bool_()),
+        pa.field("clock_skew", pa.bool_()),
+        pa.field("start_time_unix_nano", pa.int64()),
+        pa.field("end_time_unix_nano", pa.int64()),
+        pa.field("duration_ns", pa.int64()),
+        pa.field("status_code", pa.int8()),
+        pa.field("spec_node", _S),
+    ],
+)
+
+DAG_EDGES_V1 = _schema(
+    "dag_edges/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("build_id", _S, nullable=False),
+        pa.field("src_span_id", _S, nullable=False),
+        pa.field("dst_span_id", _S, nullable=False),
+        pa.field("edge_kind", _S),  # parent | sequence | explicit | orphan_attach
+        # dependency direction used for propagation: upstream influences downstream
+        # (earlier sibling -> later sibling, child -> parent)
+        pa.field("upstream_span_id", _S),
+        pa.field("downstream_span_id", _S),
+    ],
+)
+
+STEP_SCORES_V1 = _schema(
+    "step_scores/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("span_id", _S, nullable=False),
+        pa.field("build_id", _S),
+        pa.field("metric", _S, nullable=False),
+        pa.field("score", pa.float64()),  # 1..5, <= 2 means failed
+        pa.field("label", _S),
+        pa.field("source", _S),  # rule | evaluation | judge | human
+        pa.field("rule_name", _S),
+        pa.field("judge_model", _S),
+        pa.field("rubric_version", _S),
+        pa.field("explanation", _S),
+        pa.field("taxonomy_l1", _S),
+        pa.field("taxonomy_l2", _S),
+        pa.field("taxonomy_l3", _S),
+        pa.field("scored_unix_nano", pa.int64()),
+    ],
+)
+
+HUMAN_LABELS_V1 = _schema(
+    "human_labels/v1",
+    [
+        pa.field("trace_id", _S, nullable=False),
+        pa.field("span_id", _S, nullable=False),
+        pa.field("metric", _S),
+        pa.field("score", pa.float64()),
+        pa.field("label", _S),
+        pa.field("taxonomy_l3", _S),
+        pa.field("annotator", _S),
+        pa.field("note", _S),
+        pa.field("imported_unix_nano", pa.int64()),
+    ],
+)
