@@ -4,29 +4,28 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"collector", "pipeline", "schemas", "queries"}
+FOLDERS = ("collector", "pipeline", "schemas", "queries")
 
 
-def _declared() -> set[str]:
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return set(cfg["tool"]["setuptools"]["packages"])
+def _setuptools() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
-def test_every_subpackage_is_listed_in_pyproject():
+def test_every_package_folder_is_mapped_to_a_listed_package():
+    mapped = {folder: pkg for pkg, folder in _setuptools()["package-dir"].items()}
     found = set()
-    for folder in FOLDERS:
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT).parts
-            found.add(".".join(("tracedag", *rel)))
-    assert found == _declared()
+    for top in FOLDERS:
+        for init in (ROOT / top).rglob("__init__.py"):
+            folder = init.parent.relative_to(ROOT).as_posix()
+            assert folder in mapped, f"{folder} has an __init__.py but no package-dir entry"
+            found.add(mapped[folder])
+    assert found == set(_setuptools()["packages"])
 
 
-def test_package_dir_maps_every_package():
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    mapping = cfg["tool"]["setuptools"]["package-dir"]
-    for pkg in _declared():
-        assert pkg in mapping, pkg
-        assert (ROOT / mapping[pkg] / "__init__.py").exists()
+def test_package_dir_points_at_real_folders():
+    for pkg, folder in _setuptools()["package-dir"].items():
+        assert pkg in _setuptools()["packages"], pkg
+        assert (ROOT / folder / "__init__.py").exists(), folder
 
 
 def test_cli_imports_and_shows_help():

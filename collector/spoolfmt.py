@@ -1,0 +1,106 @@
+"""The spool's on-disk format, shared by the writer (collector) and the reader (ingest).
+
+``<data>/spool/`` holds segment files named ``seg-<20-digit sequence>.<state>``:
+``.open`` while the collector appends to it, ``.sealed`` once closed (renamed, directory
+fsynced). Only sealed segments are converted; after conversion a segment moves to
+``spool/done/`` (kept for rebuilds, pruned by retention) or ``quarantine/`` when corrupt.
+
+A segment is a sequence of records::
+
+    magic   4 bytes  b"TDS1"
+    length  u32 LE   payload length
+    crc32   u32 LE   zlib.crc32 of received + payload
+    received u64 LE  receive time, unix ns
+    payload          serialized ExportTraceServiceRequest (protobuf; only the spans accepted)
+
+A record whose header or payload runs past the end of the file is a torn tail: it was never
+acknowledged (acks follow fsync) and is discarded with a warning. A record with a bad magic
+or checksum before the end is corruption.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+MAGIC = b"TDS1"
+_HEADER = struct.Struct("<4sIIQ")
+HEADER_SIZE = _HEADER.size  # 20
+
+OPEN_SUFFIX = ".open"
+SEALED_SUFFIX = ".sealed"
+
+
+def encode_record(payload: bytes, received_unix_nano: int) -> bytes:
+    """Return one spool record (header + payload)."""
+    recv = struct.pack("<Q", received_unix_nano)
+    crc = zlib.crc32(payload, zlib.crc32(recv))
+    return _HEADER.pack(MAGIC, len(payload), crc, received_unix_nano) + payload
+
+
+@dataclass(frozen=True)
+class Record:
+    """One decoded spool record."""
+
+    offset: int
+    received_unix_nano: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class SegmentTail:
+    """How a segment ended: ``clean``, ``torn`` (partial last record) or ``corrupt`` at ``offset``."""
+
+    state: Literal["clean", "torn", "corrupt"]
+    offset: int  # end of the last good record
+
+
+def read_records(data: bytes) -> tuple[list[Record], SegmentTail]:
+    """Decode every intact record of a segment's bytes and report how it ended."""
+    records: list[Record] = []
+    pos = 0
+    for rec in _iter(data):
+        records.append(rec)
+        pos = rec.offset + HEADER_SIZE + len(rec.payload)
+    if pos == len(data):
+        return records, SegmentTail("clean", pos)
+    return records, SegmentTail(_classify_rest(data, pos), pos)
+
+
+def _iter(data: bytes) -> Iterator[Record]:
+    pos = 0
+    while pos + HEADER_SIZE <= len(data):
+        magic, length, crc, received = _HEADER.unpack_from(data, pos)
+        end = pos + HEADER_SIZE + length
+        if magic != MAGIC or end > len(data):
+            return
+        payload = data[pos + HEADER_SIZE : end]
+        if zlib.crc32(payload, zlib.crc32(struct.pack("<Q", received))) != crc:
+            return
+        yield Record(pos, received, payload)
+        pos = end
+
+
+def _classify_rest(data: bytes, pos: int) -> Literal["torn", "corrupt"]:
+    """A short header or a payload cut by end of file is torn; anything else is corrupt."""
+    rest = len(data) - pos
+    if rest < HEADER_SIZE:
+        return "torn" if MAGIC.startswith(data[pos : pos + 4][: min(rest, 4)]) else "corrupt"
+    magic, length, _crc, _recv = _HEADER.unpack_from(data, pos)
+    if magic == MAGIC and pos + HEADER_SIZE + length > len(data):
+        return "torn"
+    return "corrupt"
+
+
+def segment_name(seq: int, suffix: str) -> str:
+    """Return the file name of segment ``seq`` in the given state."""
+    return f"seg-{seq:020d}{suffix}"
+
+
+def segment_seq(path: Path) -> int:
+    """Return the sequence number of a segment file."""
+    return int(path.name.split(".")[0].split("-")[1])

@@ -1,0 +1,1 @@
+"""tracedag.pipeline.analysis."""
