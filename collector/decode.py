@@ -1,0 +1,133 @@
+"""Decode and validate one OTLP ``ExportTraceServiceRequest`` body (protobuf or OTLP/JSON).
+
+``decode_request`` keeps only the valid spans (trace id 16 bytes, span id 8 bytes, neither all
+zero, parent empty or 8 bytes, link ids of the right length) and says why the others were
+rejected. Undecodable input, or a request whose spans are all invalid, raises ``DecodeError``
+(HTTP 400 / gRPC INVALID_ARGUMENT). ``Decoded.payload`` is what the spool stores: the original
+protobuf bytes when nothing was dropped, else the re-serialized request.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from google.protobuf.message import DecodeError as ProtoDecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tracedag.collector.otlp_json import JsonContext, JsonDecodeError, parse_json_request
+from tracedag.collector.wire import parse_request
+from tracedag.pipeline.errors import TracedagError
+
+Encoding = Literal["protobuf", "json"]
+
+_ZERO16 = bytes(16)
+_ZERO8 = bytes(8)
+
+
+class DecodeError(TracedagError):  # type: ignore[misc,unused-ignore]
+    """The body cannot be decoded, or none of its spans is valid (HTTP 400, never retried)."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A decoded request with only its valid spans, and what was rejected and why."""
+
+    request: ExportTraceServiceRequest
+    accepted: int
+    rejected: int
+    message: str  # English reason for rejections or warnings, "" if none
+    payload: bytes = field(default=b"", repr=False)  # serialized ``request``
+    reasons: tuple[tuple[str, int], ...] = ()  # (reason, spans) of the rejections
+
+
+def decode_request(body: bytes, encoding: Encoding) -> Decoded:
+    """Decode ``body`` and keep its valid spans; raise ``DecodeError`` when nothing usable is in it."""
+    if encoding == "protobuf":
+        request = _parse_protobuf(body)
+        ctx = JsonContext()
+    else:
+        try:
+            request, ctx = parse_json_request(body)
+        except JsonDecodeError as exc:
+            raise DecodeError(str(exc)) from exc
+    accepted, reasons = _drop_invalid(request, ctx.bad_ids)
+    rejected = sum(reasons.values())
+    message = _message(reasons, ctx, accepted + rejected)
+    if rejected and not accepted:
+        raise DecodeError(message)
+    unchanged = encoding == "protobuf" and not rejected
+    payload = body if unchanged else request.SerializeToString()
+    return Decoded(request, accepted, rejected, message, payload, tuple(sorted(reasons.items())))
+
+
+def _parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        request: ExportTraceServiceRequest = parse_request(body)
+    except ProtoDecodeError as exc:
+        raise DecodeError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from exc
+    except RecursionError as exc:
+        raise DecodeError("invalid protobuf ExportTraceServiceRequest: nested too deeply") from exc
+    return request
+
+
+def span_problem(span: Span) -> str | None:
+    """Return why ``span`` is invalid, or None when its ids are valid."""
+    trace_id = span.trace_id
+    if len(trace_id) != 16:
+        return "trace_id must be 16 bytes"
+    if trace_id == _ZERO16:
+        return "trace_id is all zero"
+    span_id = span.span_id
+    if len(span_id) != 8:
+        return "span_id must be 8 bytes"
+    if span_id == _ZERO8:
+        return "span_id is all zero"
+    if len(span.parent_span_id) not in (0, 8):
+        return "parent_span_id must be empty or 8 bytes"
+    for link in span.links:
+        if len(link.trace_id) != 16 or len(link.span_id) != 8:
+            return "link ids must be 16 (trace) and 8 (span) bytes"
+    return None
+
+
+def _drop_invalid(request: ExportTraceServiceRequest, bad_ids: dict[int, str]) -> tuple[int, Counter[str]]:
+    """Remove invalid spans in place; return (accepted, rejected count per reason)."""
+    reasons: Counter[str] = Counter()
+    accepted = 0
+    index = 0
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            drop: list[int] = []
+            for i, span in enumerate(spans):
+                reason = bad_ids.get(index) or span_problem(span)
+                index += 1
+                if reason is None:
+                    accepted += 1
+                else:
+                    reasons[reason] += 1
+                    drop.append(i)
+            for i in reversed(drop):
+                del spans[i]
+    return accepted, reasons
+
+
+def _message(reasons: Counter[str], ctx: JsonContext, total: int) -> str:
+    parts: list[str] = []
+    if reasons:
+        detail = "; ".join(f"{reason} ({n})" for reason, n in sorted(reasons.items()))
+        parts.append(f"rejected {sum(reasons.values())} of {total} spans: {detail}")
+        if ctx.snake_case_keys:
+            keys = ", ".join(sorted(ctx.snake_case_keys))
+            parts.append(
+                f"OTLP/JSON keys must be lowerCamelCase (e.g. traceId, spanId); "
+                f"snake_case keys are ignored: {keys}"
+            )
+    if ctx.warnings:
+        shown = "; ".join(ctx.warnings[:3])
+        more = f" (and {len(ctx.warnings) - 3} more)" if len(ctx.warnings) > 3 else ""
+        parts.append(f"warning: {shown}{more}")
+    return ". ".join(parts)
