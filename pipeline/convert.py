@@ -10,12 +10,16 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import xxhash
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from tracedag.pipeline.dedupe import keys_from_hex
 from tracedag.pipeline.normalize import normalize
 from tracedag.schemas.spans import BASE_SCHEMA
 
@@ -141,3 +145,36 @@ def requests_to_table(
             cols[k].extend(v)
     base = pa.Table.from_pydict(cols, schema=BASE_SCHEMA)
     return normalize(base)
+
+
+@dataclass
+class Converted:
+    """Spans of a batch: the normalized ``SPANS_V1`` table plus each row's dedupe key and content hash."""
+
+    table: pa.Table
+    keys: np.ndarray
+    content: np.ndarray
+
+
+def content_hashes(request: ExportTraceServiceRequest) -> list[int]:
+    """Return the 64-bit hash of each span's serialized protobuf, in row order."""
+    return [
+        xxhash.xxh3_64_intdigest(span.SerializeToString(deterministic=True))
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+
+
+def convert_reference(records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str) -> Converted:
+    """Convert (request, received) pairs with the straightforward loop (the oracle of the fast path)."""
+    reqs = list(records)
+    table = requests_to_table((r, recv, batch_id) for r, recv in reqs)
+    content = np.array([h for r, _ in reqs for h in content_hashes(r)], dtype=np.uint64)
+    keys = keys_from_hex(table.column("trace_id"), table.column("span_id"))
+    return Converted(table, keys, content)
+
+
+def convert_records(records: list[tuple[bytes, int]], batch_id: str, workers: int = 1) -> Converted:
+    """Convert serialized requests with their receive times into one ``Converted`` batch."""
+    return convert_reference(((ExportTraceServiceRequest.FromString(p), r) for p, r in records), batch_id)

@@ -1,0 +1,346 @@
+"""Spool segments -> ``spans`` and ``evaluations`` Parquet, de-duplicated, partitioned by receive hour.
+
+``SpoolConverter(data).run_once()`` converts every sealed segment (``<data>/spool/*.sealed``):
+records are decoded (torn tail discarded, corrupt stretches skipped), converted to ``SPANS_V1``
+rows, de-duplicated on ``(trace_id, span_id)`` (first write wins, see ``dedupe``), split by
+receive hour and written as ``tables/spans/recv_hour=YYYY-MM-DD-HH/seg-<seq>.parquet`` (rows
+sorted by trace id and start time) plus the matching ``tables/evaluations/...`` file. Only then
+is the segment moved to ``spool/done/`` (``quarantine/`` when it held corruption).
+
+Crash safety: output names derive from the segment sequence, so re-converting a segment after a
+crash rewrites the same names, and the dedupe index (rebuilt from the stored files) drops what
+was already committed. Temp files (``*.tmp``) are never read and are removed on start. A failing
+write (disk full) leaves the segment in the spool and is retried on the next round.
+
+Fault injection for crash tests: ``TRACEDAG_FAULT`` names points where the process calls
+``os._exit(137)`` (comma separated): ``convert.before_rename`` (c), ``convert.after_rename`` (d),
+``compact.middle`` (e), ``recovery`` (f: during the first round after start); ``enospc`` makes
+Parquet writes fail with ENOSPC.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
+from tracedag.pipeline.convert import Converted, convert_records
+from tracedag.pipeline.dedupe import DedupeIndex, write_sidecar
+from tracedag.pipeline.evaluations import extract_evaluations
+from tracedag.pipeline.store import fsync_dir, table_dir
+
+logger = logging.getLogger(__name__)
+
+ENV_FAULT = "TRACEDAG_FAULT"
+"""Comma-separated fault points (crash tests only)."""
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
+
+
+def fault(point: str) -> None:
+    """Exit the process abruptly (as ``kill -9`` would) when ``point`` is listed in ``TRACEDAG_FAULT``."""
+    if point in os.environ.get(ENV_FAULT, "").split(","):
+        logger.warning("fault injection: exiting at %s", point)
+        os._exit(137)
+
+
+def hour_of(received_unix_nano: int) -> str:
+    """Return the receive-hour partition value ``YYYY-MM-DD-HH`` (UTC) of a receive time."""
+    return time.strftime("%Y-%m-%d-%H", time.gmtime(received_unix_nano // 1_000_000_000))
+
+
+@dataclass
+class ConvertStats:
+    """Counters of one conversion round (or, summed, of a converter's life)."""
+
+    segments: int = 0
+    records: int = 0
+    spans_read: int = 0
+    spans_stored: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    files_written: int = 0
+    evaluations: int = 0
+    torn_tails: int = 0
+    corrupt_records: int = 0
+    quarantined: int = 0
+    write_errors: int = 0
+
+    def add(self, other: ConvertStats) -> None:
+        """Add ``other``'s counters to these."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def write_atomic(table: pa.Table, final: Path) -> Path:
+    """Write ``table`` to ``final`` via ``final.tmp``, fsync, rename, directory fsync."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd", row_group_size=64 * 1024)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fault("convert.before_rename")
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return final
+
+
+class StoreWriter:
+    """Writes converted batches into the spans/evaluations tables; one writer at a time per data dir."""
+
+    def __init__(self, data: Path, window_hours: int = 48) -> None:
+        self.data = data
+        self.index = DedupeIndex(window_hours)
+        self._generation = ""
+        (data / "state").mkdir(parents=True, exist_ok=True)
+        self._lock_path = data / "state" / "ingest.lock"
+        self._gen_path = data / "state" / "spans.generation"
+
+    def store(self, conv: Converted, stem: str, stats: ConvertStats) -> None:
+        """De-duplicate ``conv`` and commit its new rows, one file per receive hour, under the lock."""
+        with self.locked():
+            res = self.index.check(conv.keys, conv.content)
+            stats.duplicates += res.duplicates
+            stats.conflicts += res.conflicts
+            if res.duplicates:
+                logger.info("%s: dropped %d duplicate spans (%d conflicts)", stem, res.duplicates, res.conflicts)
+            mask = pa.array(res.keep)
+            table = conv.table.filter(mask)
+            keys, content = conv.keys[res.keep], conv.content[res.keep]
+            for hour, idx in _hour_groups(table):
+                self._commit_hour(hour, table.take(idx), keys[idx], content[idx], stem, stats)
+            self._bump()
+
+    def _commit_hour(
+        self, hour: str, table: pa.Table, keys: np.ndarray, content: np.ndarray, stem: str, stats: ConvertStats
+    ) -> None:
+        order = pc.sort_indices(table, [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")])
+        table = table.take(order)
+        o = order.to_numpy()
+        evals = extract_evaluations(table)
+        if evals.num_rows:
+            write_atomic(evals, table_dir(self.data, "evaluations") / f"recv_hour={hour}" / f"{stem}.parquet")
+            stats.evaluations += evals.num_rows
+        path = write_atomic(table, table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet")
+        write_sidecar(path, keys[o], content[o])
+        self.index.add(hour, keys[o], content[o])
+        stats.spans_stored += table.num_rows
+        stats.files_written += 1
+
+    def locked(self) -> _Lock:
+        """Return a context manager holding the data dir's writer lock (index refreshed on entry)."""
+        return _Lock(self)
+
+    def refresh(self) -> None:
+        """Reload the dedupe index when another writer (or a compaction) changed the files."""
+        gen = self._gen_path.read_text() if self._gen_path.exists() else ""
+        if gen != self._generation or not self._generation:
+            self.index = DedupeIndex(self.index.window_hours)
+            self.index.load_dir(table_dir(self.data, "spans"))
+            self._generation = gen or self._bump()
+
+    def _bump(self) -> str:
+        gen = f"{os.getpid()}-{time.time_ns()}"
+        tmp = self._gen_path.with_name(self._gen_path.name + ".tmp")
+        tmp.write_text(gen)
+        os.replace(tmp, self._gen_path)
+        self._generation = gen
+        return gen
+
+
+class _Lock:
+    """``flock`` on ``state/ingest.lock``; refreshes the writer's index once held."""
+
+    def __init__(self, writer: StoreWriter) -> None:
+        self.writer = writer
+        self.fd = -1
+
+    def __enter__(self) -> _Lock:
+        self.fd = os.open(self.writer._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self.writer.refresh()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _hour_groups(table: pa.Table) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (receive hour, row indices) of ``table``."""
+    recv = table.column("received_unix_nano").to_numpy()
+    hours = recv // 3_600_000_000_000
+    for h in np.unique(hours):
+        yield hour_of(int(h) * 3_600_000_000_000), np.nonzero(hours == h)[0]
+
+
+def scan_segment(data: bytes) -> tuple[list[Record], str, int]:
+    """Return the intact records of a segment, how it ended (clean/torn/corrupt) and corrupt stretches.
+
+    After a corrupt stretch the scan resumes at the next offset where an intact record starts,
+    so records after a damaged one are kept.
+    """
+    out: list[Record] = []
+    pos, corrupt = 0, 0
+    while True:
+        recs, tail = read_records(data[pos:])
+        out.extend(Record(pos + r.offset, r.received_unix_nano, r.payload) for r in recs)
+        if tail.state != "corrupt":
+            return out, ("corrupt" if corrupt else tail.state), corrupt
+        corrupt += 1
+        pos = _resync(data, pos + tail.offset + 1)
+        if pos < 0:
+            return out, "corrupt", corrupt
+
+
+def _resync(data: bytes, start: int) -> int:
+    """Return the next offset >= ``start`` where an intact record begins, or -1."""
+    pos = data.find(MAGIC, start)
+    while pos >= 0:
+        recs, _ = read_records(data[pos:])
+        if recs:
+            return pos
+        pos = data.find(MAGIC, pos + 1)
+    return -1
+
+
+def parse_records(records: Iterable[Record], stats: ConvertStats) -> list[tuple[bytes, int]]:
+    """Keep the records whose payload parses as an ``ExportTraceServiceRequest``."""
+    good: list[tuple[bytes, int]] = []
+    for rec in records:
+        try:
+            ExportTraceServiceRequest.FromString(rec.payload)
+        except DecodeError:
+            stats.corrupt_records += 1
+            logger.warning("spool record at offset %d does not parse; skipped", rec.offset)
+            continue
+        good.append((rec.payload, rec.received_unix_nano))
+    return good
+
+
+class SpoolConverter:
+    """Converts sealed spool segments into Parquet; safe to stop and restart at any point."""
+
+    def __init__(self, data: Path | str, workers: int = 1, window_hours: int = 48) -> None:
+        self.data = Path(data)
+        self.spool = self.data / "spool"
+        self.writer = StoreWriter(self.data, window_hours)
+        self.workers = workers
+        self.totals = ConvertStats()
+        self._rounds = 0
+        self._stats_lock = threading.Lock()
+
+    def sealed(self) -> list[Path]:
+        """Return the sealed segments waiting for conversion, oldest first."""
+        if not self.spool.exists():
+            return []
+        return sorted(self.spool.glob(f"*{SEALED_SUFFIX}"), key=segment_seq)
+
+    def run_once(self) -> ConvertStats:
+        """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
+        stats = ConvertStats()
+        if self._rounds == 0:
+            _remove_temp_files(self.data)
+        self._rounds += 1
+        for seg in self.sealed():
+            try:
+                self._convert_segment(seg, stats)
+            except OSError as exc:
+                if exc.errno not in _FULL_ERRNOS:
+                    raise
+                stats.write_errors += 1
+                logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
+                break
+        with self._stats_lock:
+            self.totals.add(stats)
+        return stats
+
+    def run_forever(self, stop: threading.Event, interval: float = 0.2) -> None:
+        """Convert until ``stop`` is set, then convert what is left once more."""
+        while not stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                logger.exception("spool conversion round failed; retrying")
+            stop.wait(interval)
+        self.run_once()
+
+    def _convert_segment(self, seg: Path, stats: ConvertStats) -> None:
+        records, state, corrupt = scan_segment(seg.read_bytes())
+        stats.segments += 1
+        stats.records += len(records)
+        if state == "torn":
+            stats.torn_tails += 1
+            logger.warning("%s: torn tail discarded after %d intact records", seg.name, len(records))
+        stats.corrupt_records += corrupt
+        good = parse_records(records, stats)
+        stem = f"seg-{segment_seq(seg):020d}"
+        if good:
+            conv = convert_records(good, stem, self.workers)
+            stats.spans_read += conv.table.num_rows
+            self.writer.store(conv, stem, stats)
+        if self._rounds == 1:
+            fault("recovery")
+        fault("convert.after_rename")
+        bad = state == "corrupt" or len(good) < len(records)
+        self._retire(seg, bad, stats)
+
+    def _retire(self, seg: Path, bad: bool, stats: ConvertStats) -> None:
+        dest = self.data / "quarantine" if bad else self.spool / "done"
+        dest.mkdir(parents=True, exist_ok=True)
+        if bad:
+            stats.quarantined += 1
+            logger.warning("%s held corrupt records; intact ones stored, segment moved to %s", seg.name, dest)
+        os.replace(seg, dest / seg.name)
+        fsync_dir(dest)
+        fsync_dir(seg.parent)
+
+
+def _remove_temp_files(data: Path) -> None:
+    """Delete temp files left by a crash (they were never visible to readers)."""
+    root = data / "tables"
+    if root.exists():
+        for tmp in root.rglob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def ingest_requests(
+    data: Path, requests: Iterable[ExportTraceServiceRequest], received_unix_nano: int,
+    batch_spans: int = 65_536, source: str = "ingest",
+) -> int:
+    """Store requests directly (no spool), de-duplicated like spool batches; return the spans stored."""
+    writer = StoreWriter(Path(data))
+    stats = ConvertStats()
+    chunk: list[tuple[bytes, int]] = []
+    n, part = 0, 0
+    stamp = f"{source}-{time.time_ns():020d}"
+    for req in requests:
+        chunk.append((req.SerializeToString(), received_unix_nano))
+        n += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        if n >= batch_spans:
+            writer.store(convert_records(chunk, stamp), f"{stamp}-{part:06d}", stats)
+            chunk, n, part = [], 0, part + 1
+    if chunk:
+        writer.store(convert_records(chunk, stamp), f"{stamp}-{part:06d}", stats)
+    return stats.spans_stored
