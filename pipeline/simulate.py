@@ -14,6 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry.sdk.trace.export import SpanExporter
+
 from tracedag import instrument as td
 from tracedag.pipeline.examples import booking_graph as graph
 from tracedag.pipeline.examples.booking_agent import BookingAgent, ConversationResult
@@ -157,8 +159,12 @@ def simulate(
     config: SimulationConfig,
     paths: Sequence[Sequence[str]],
     progress: Callable[[int, int], None] | None = None,
+    exporter: SpanExporter | None = None,
 ) -> SimulationResult:
-    """Run every planned conversation, export the spans over OTLP, flush, and summarize."""
+    """Run every planned conversation, export the spans over OTLP, flush, and summarize.
+
+    ``exporter`` replaces the OTLP exporter (tests keep spans in memory with it).
+    """
     run_id = config.run_id or f"sim-seed{config.seed}"
     runs = plan(config, scenarios(paths))
     td.configure(
@@ -167,6 +173,7 @@ def simulate(
         service_version="1.0",
         protocol=config.protocol,
         set_global=False,
+        exporter=exporter,
     )
     result = SimulationResult(run_id)
     try:

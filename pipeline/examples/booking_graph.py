@@ -70,11 +70,13 @@ def edges(variant: Variant) -> list[tuple[str, str]]:
 def agent_graph(variant: Variant) -> dict[str, Any]:
     """The agent graph of a variant in the agent-graph DSL JSON (``schemas/agent_graph.schema.json``)."""
     return {
+        "version": 1,
         "name": agent_name(variant),
+        "description": f"Tennis-court booking agent, {variant} transitions",
+        "nodes": [{"name": n, "description": d} for n, d in NODES.items()],
+        "edges": [_edge(src, dst) for src, dst in edges(variant)],
         "start": START,
         "terminals": list(TERMINALS),
-        "nodes": [{"id": n, "description": d, "intents": [d]} for n, d in NODES.items()],
-        "edges": [_edge(src, dst) for src, dst in edges(variant)],
     }
 
 

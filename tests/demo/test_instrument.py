@@ -1,0 +1,154 @@
+"""tracedag.instrument on the real OTel SDK: attributes, labels, errors, composition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from tracedag import instrument as td
+
+
+@pytest.fixture()
+def exporter():
+    exp = InMemorySpanExporter()
+    td.configure(service_name="unit", service_version="9.9", exporter=exp, set_global=False)
+    yield exp
+    td.shutdown()
+
+
+def _spans(exp):
+    td.force_flush()
+    return {s.name: s for s in exp.get_finished_spans()}
+
+
+def test_genai_attributes_on_each_step(exporter):
+    @td.tool("lookup", description="finds things")
+    def lookup(query: str, limit: int = 3) -> dict:
+        return {"hits": [query] * limit}
+
+    with td.conversation("conv-1"), td.agent("helper", version="2"), td.node("answer"):
+        with td.llm("m-1", provider="openai", input_messages=["hi there"]) as step:
+            step.set_output("hello", finish_reason="stop")
+            step.set_usage(11, 3)
+        lookup("tennis", limit=2)
+
+    spans = _spans(exporter)
+    assert set(spans) == {"invoke_agent helper", "invoke_node answer", "chat m-1", "execute_tool lookup"}
+    chat = spans["chat m-1"].attributes
+    assert chat["gen_ai.operation.name"] == "chat"
+    assert chat["gen_ai.request.model"] == "m-1"
+    assert chat["gen_ai.provider.name"] == "openai"
+    assert chat["gen_ai.usage.input_tokens"] == 11 and chat["gen_ai.usage.output_tokens"] == 3
+    assert tuple(chat["gen_ai.response.finish_reasons"]) == ("stop",)
+    assert json.loads(chat["gen_ai.input.messages"])[0]["parts"][0]["content"] == "hi there"
+    assert json.loads(chat["gen_ai.output.messages"])[0]["role"] == "assistant"
+    tool = spans["execute_tool lookup"].attributes
+    assert tool["gen_ai.tool.name"] == "lookup"
+    assert json.loads(tool["gen_ai.tool.call.arguments"]) == {"query": "tennis", "limit": 2}
+    assert json.loads(tool["gen_ai.tool.call.result"]) == {"hits": ["tennis", "tennis"]}
+    node = spans["invoke_node answer"].attributes
+    assert node["gen_ai.operation.name"] == "invoke_node" and node["gen_ai.node.name"] == "answer"
+    agent = spans["invoke_agent helper"].attributes
+    assert agent["gen_ai.agent.name"] == "helper" and agent["gen_ai.agent.version"] == "2"
+    assert all(s.attributes["gen_ai.conversation.id"] == "conv-1" for s in spans.values())
+    assert spans["chat m-1"].resource.attributes["service.version"] == "9.9"
+
+
+def test_run_labels_reach_every_span_and_nodes_are_chained(exporter):
+    labels = td.run_labels(run_id="r1", scenario_id="s1", replay_index=2, variant_id="v1", intended_path=["a", "b"])
+    with labels, td.agent("ag"):
+        with td.node("a"):
+            pass
+        with td.node("b"):
+            pass
+    spans = _spans(exporter)
+    for span in spans.values():
+        assert span.attributes["tracedag.run_id"] == "r1"
+        assert span.attributes["tracedag.scenario_id"] == "s1"
+        assert span.attributes["tracedag.replay_index"] == 2
+        assert span.attributes["tracedag.variant_id"] == "v1"
+        assert json.loads(span.attributes["tracedag.intended_path"]) == ["a", "b"]
+    a, b = spans["invoke_node a"].attributes, spans["invoke_node b"].attributes
+    assert "gen_ai.node.previous_execution.id" not in a
+    assert tuple(b["gen_ai.node.previous_execution.id"]) == (a["gen_ai.node.execution.id"],)
+
+
+def test_exception_sets_error_status_type_and_event(exporter):
+    class Upstream503(Exception):
+        pass
+
+    with pytest.raises(Upstream503), td.tool("calendar", call_id="c1"):
+        raise Upstream503("HTTP 503")
+    span = _spans(exporter)["execute_tool calendar"]
+    assert span.status.status_code == StatusCode.ERROR
+    assert "HTTP 503" in span.status.description
+    assert span.attributes["error.type"].endswith("Upstream503")
+    assert span.attributes["gen_ai.tool.call.id"] == "c1"
+    assert [e.name for e in span.events] == ["exception"]
+
+
+def test_decorated_function_failure_propagates(exporter):
+    @td.tool("divide")
+    def divide(a: int, b: int) -> float:
+        return a / b
+
+    with pytest.raises(ZeroDivisionError):
+        divide(1, 0)
+    span = _spans(exporter)["execute_tool divide"]
+    assert span.attributes["error.type"] == "ZeroDivisionError"
+    assert "gen_ai.tool.call.result" not in span.attributes
+
+
+def test_annotating_a_foreign_span_never_overwrites(exporter):
+    tracer = td.tracer()
+    with tracer.start_as_current_span("framework span", attributes={"gen_ai.operation.name": "chat"}) as span:
+        span.set_attribute("gen_ai.request.model", "their-model")
+        with td.llm("our-model", provider="p", new_span=False) as step:
+            step.set_usage(5, 6)
+        with td.run_labels(scenario_id="late"):
+            pass
+    got = _spans(exporter)["framework span"].attributes
+    assert got["gen_ai.request.model"] == "their-model"
+    assert got["gen_ai.provider.name"] == "p"
+    assert got["gen_ai.usage.input_tokens"] == 5
+    assert got["tracedag.scenario_id"] == "late"
+    assert len(exporter.get_finished_spans()) == 1
+
+
+def test_labels_compose_with_openinference_langchain():
+    """OpenInference's own spans get the run labels; their attributes stay theirs."""
+    from langchain_core.runnables import RunnableLambda
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    exp = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(td.LabelSpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        chain = RunnableLambda(lambda x: x + 1).with_config(run_name="incr")
+        with td.conversation("oi-conv"), td.run_labels(scenario_id="oi", replay_index=0):
+            assert chain.invoke(1, config={"metadata": {"session_id": "their-session"}}) == 2
+    finally:
+        instrumentor.uninstrument()
+    (span,) = exp.get_finished_spans()
+    assert span.attributes["openinference.span.kind"] == "CHAIN"
+    assert span.attributes["session.id"] == "their-session"
+    assert span.attributes["tracedag.scenario_id"] == "oi"
+    assert span.attributes["gen_ai.conversation.id"] == "oi-conv"
+
+
+def test_resolve_endpoint_appends_traces_path(monkeypatch):
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
+    assert td.resolve_endpoint("http://h:1", "http/protobuf") == "http://h:1/v1/traces"
+    assert td.resolve_endpoint("http://h:1/v1/traces", "http/protobuf") == "http://h:1/v1/traces"
+    assert td.resolve_endpoint(None, "grpc") == "127.0.0.1:4317"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:9")
+    assert td.resolve_endpoint(None, "http/protobuf") == "http://env:9/v1/traces"
