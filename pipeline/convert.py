@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import xxhash
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from tracedag.collector.wire import parse_request
 from tracedag.pipeline.dedupe import keys_from_hex
 from tracedag.pipeline.normalize import normalize
 from tracedag.schemas.spans import BASE_SCHEMA
@@ -154,6 +156,7 @@ class Converted:
     table: pa.Table
     keys: np.ndarray
     content: np.ndarray
+    bad_records: int = 0  # payloads that did not parse
 
 
 def content_hashes(request: ExportTraceServiceRequest) -> list[int]:
@@ -176,5 +179,34 @@ def convert_reference(records: Iterable[tuple[ExportTraceServiceRequest, int]], 
 
 
 def convert_records(records: list[tuple[bytes, int]], batch_id: str, workers: int = 1) -> Converted:
-    """Convert serialized requests with their receive times into one ``Converted`` batch."""
-    return convert_reference(((ExportTraceServiceRequest.FromString(p), r) for p, r in records), batch_id)
+    """Convert serialized requests with their receive times into one ``Converted`` batch.
+
+    Payloads that do not parse are skipped and counted in ``bad_records``. With ``workers > 1``
+    the records are split into that many chunks converted in worker processes.
+    """
+    if workers > 1 and len(records) > 1:
+        from tracedag.pipeline.convert_pool import convert_parallel
+
+        parallel: Converted = convert_parallel(records, batch_id, workers)
+        return parallel
+    good: list[tuple[ExportTraceServiceRequest, int]] = []
+    bad = 0
+    for payload, received in records:
+        try:
+            good.append((parse_request(payload), received))
+        except DecodeError:
+            bad += 1
+    conv = convert_fast(good, batch_id)
+    conv.bad_records = bad
+    return conv
+
+
+def convert_fast(records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str) -> Converted:
+    """Convert (request, received) pairs with the columnar builder; equal to ``convert_reference``."""
+    from tracedag.pipeline.columnar import ColumnBuilder
+
+    builder = ColumnBuilder()
+    for request, received in records:
+        builder.add(request, received)
+    base, keys, content = builder.finish(batch_id)
+    return Converted(normalize(base), keys, content)

@@ -34,9 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from tracedag.collector import faults
 from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
 from tracedag.pipeline.convert import Converted, convert_records
 from tracedag.pipeline.dedupe import DedupeIndex, write_sidecar
@@ -53,9 +53,7 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
 
 def fault(point: str) -> None:
     """Exit the process abruptly (as ``kill -9`` would) when ``point`` is listed in ``TRACEDAG_FAULT``."""
-    if point in os.environ.get(ENV_FAULT, "").split(","):
-        logger.warning("fault injection: exiting at %s", point)
-        os._exit(137)
+    faults.hit(point)
 
 
 def hour_of(received_unix_nano: int) -> str:
@@ -84,6 +82,30 @@ class ConvertStats:
         """Add ``other``'s counters to these."""
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+_METRIC_HELP = {
+    "spans_stored": "Spans written to Parquet by the spool converter.",
+    "duplicates": "Spans dropped as duplicates of a stored (trace_id, span_id).",
+    "conflicts": "Duplicates whose content differed from the stored span (first write won).",
+    "segments": "Spool segments converted.",
+    "torn_tails": "Sealed spool segments that ended in a torn record (discarded).",
+    "corrupt_records": "Corrupt spool records skipped.",
+    "quarantined": "Spool segments moved to quarantine/.",
+    "write_errors": "Conversion rounds stopped by a write error (disk full); retried later.",
+    "files_written": "Parquet spans files written by the converter.",
+}
+
+
+def publish(stats: ConvertStats) -> None:
+    """Add a round's counters to the process metrics registry (``GET /metrics``)."""
+    from tracedag.collector.metrics import REGISTRY
+
+    for name, help_text in _METRIC_HELP.items():
+        value = getattr(stats, name)
+        counter = REGISTRY.counter(f"tracedag_ingest_{name}_total", help_text)
+        if value:
+            counter.inc(value)
 
 
 def write_atomic(table: pa.Table, final: Path) -> Path:
@@ -225,20 +247,6 @@ def _resync(data: bytes, start: int) -> int:
     return -1
 
 
-def parse_records(records: Iterable[Record], stats: ConvertStats) -> list[tuple[bytes, int]]:
-    """Keep the records whose payload parses as an ``ExportTraceServiceRequest``."""
-    good: list[tuple[bytes, int]] = []
-    for rec in records:
-        try:
-            ExportTraceServiceRequest.FromString(rec.payload)
-        except DecodeError:
-            stats.corrupt_records += 1
-            logger.warning("spool record at offset %d does not parse; skipped", rec.offset)
-            continue
-        good.append((rec.payload, rec.received_unix_nano))
-    return good
-
-
 class SpoolConverter:
     """Converts sealed spool segments into Parquet; safe to stop and restart at any point."""
 
@@ -274,6 +282,7 @@ class SpoolConverter:
                 break
         with self._stats_lock:
             self.totals.add(stats)
+        publish(stats)
         return stats
 
     def run_forever(self, stop: threading.Event, interval: float = 0.2) -> None:
@@ -294,17 +303,18 @@ class SpoolConverter:
             stats.torn_tails += 1
             logger.warning("%s: torn tail discarded after %d intact records", seg.name, len(records))
         stats.corrupt_records += corrupt
-        good = parse_records(records, stats)
         stem = f"seg-{segment_seq(seg):020d}"
-        if good:
-            conv = convert_records(good, stem, self.workers)
+        bad_records = 0
+        if records:
+            conv = convert_records([(r.payload, r.received_unix_nano) for r in records], stem, self.workers)
+            bad_records = conv.bad_records
+            stats.corrupt_records += bad_records
             stats.spans_read += conv.table.num_rows
             self.writer.store(conv, stem, stats)
         if self._rounds == 1:
             fault("recovery")
         fault("convert.after_rename")
-        bad = state == "corrupt" or len(good) < len(records)
-        self._retire(seg, bad, stats)
+        self._retire(seg, state == "corrupt" or bad_records > 0, stats)
 
     def _retire(self, seg: Path, bad: bool, stats: ConvertStats) -> None:
         dest = self.data / "quarantine" if bad else self.spool / "done"

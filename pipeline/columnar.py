@@ -1,0 +1,232 @@
+"""Fast OTLP -> Arrow conversion: columns are built directly, never rows.
+
+What makes it about 3x faster per core than ``convert.request_to_rows`` + ``from_pydict``:
+- one flat Python list per column, appended inside a single loop over the spans;
+- attribute maps as flat key/value lists plus offsets (``MapArray.from_arrays``), with no
+  per-attribute tuple or dict (only spans with a repeated key take a slow path);
+- string attribute values read directly (``AnyValue.string_value``), the oneof dispatched
+  only for the rare non-string values;
+- resources and scopes converted once per ``ResourceSpans``/``ScopeSpans`` and expanded with
+  ``take`` (resource attributes) or dictionary indices (service, scope), not per span;
+- ids hex-encoded in one call per column (16/8-byte ids joined, hexed, sliced by Arrow offsets);
+- events and links (rare) built only for the spans that have them.
+The output is equal, value for value, to the reference converter's (tests check this).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tracedag.pipeline.convert import any_value_text, attributes_text
+from tracedag.pipeline.dedupe import keys_from_hex, keys_from_ids
+from tracedag.schemas.spans import BASE_SCHEMA, EVENT, LINK
+
+_MAP = pa.map_(pa.string(), pa.string())
+
+
+class ColumnBuilder:
+    """Accumulates the ``BASE_SCHEMA`` columns of many requests."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.trace_ids: list[bytes] = []
+        self.span_ids: list[bytes] = []
+        self.parents: list[bytes] = []
+        self.trace_states: list[str] = []
+        self.names: list[str] = []
+        self.kinds: list[int] = []
+        self.status_codes: list[int] = []
+        self.status_msgs: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.received: list[int] = []
+        self.dropped: list[int] = []  # three per span
+        self.attr_keys: list[str] = []
+        self.attr_vals: list[str] = []
+        self.attr_offsets: list[int] = [0]
+        self.dup_rows: list[int] = []
+        self.content: list[int] = []
+        self.res_index: list[int] = []  # per span: index into the resource list
+        self.scope_index: list[int] = []
+        self.resources: list[list[tuple[str, str]]] = []
+        self.services: list[str | None] = []
+        self.scopes: list[tuple[str | None, str | None]] = []
+        self.events: dict[int, list[dict[str, Any]]] = {}
+        self.links: dict[int, list[dict[str, Any]]] = {}
+
+    def add(self, request: ExportTraceServiceRequest, received: int) -> None:
+        """Append every span of ``request`` (received at ``received`` unix ns)."""
+        for rs in request.resource_spans:
+            res_attrs, _ = attributes_text(rs.resource.attributes)
+            ri = len(self.resources)
+            self.resources.append(res_attrs)
+            self.services.append(dict(res_attrs).get("service.name"))
+            for ss in rs.scope_spans:
+                si = len(self.scopes)
+                self.scopes.append((ss.scope.name or None, ss.scope.version or None))
+                before = self.n
+                self._spans(ss.spans)
+                k = self.n - before
+                self.res_index.extend([ri] * k)
+                self.scope_index.extend([si] * k)
+                self.received.extend([received] * k)
+
+    def _spans(self, spans: Any) -> None:
+        keys, vals, offs = self.attr_keys, self.attr_vals, self.attr_offsets
+        tids, sids, pids, names = self.trace_ids, self.span_ids, self.parents, self.names
+        starts, ends, kinds, dropped = self.starts, self.ends, self.kinds, self.dropped
+        codes, msgs, tstates, content = self.status_codes, self.status_msgs, self.trace_states, self.content
+        digest = xxhash.xxh3_64_intdigest
+        other = any_value_text  # non-string or empty string values
+        n = self.n
+        for span in spans:
+            tids.append(span.trace_id)
+            sids.append(span.span_id)
+            pids.append(span.parent_span_id)
+            tstates.append(span.trace_state)
+            names.append(span.name)
+            kinds.append(span.kind)
+            st = span.status
+            codes.append(st.code)
+            msgs.append(st.message)
+            starts.append(span.start_time_unix_nano)
+            ends.append(span.end_time_unix_nano)
+            dropped.extend((span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count))
+            content.append(digest(span.SerializeToString(deterministic=True)))
+            first = len(keys)
+            for kv in span.attributes:
+                keys.append(kv.key)
+                v = kv.value
+                vals.append(v.string_value or other(v))
+            if len(keys) - first > 1 and len(set(keys[first:])) < len(keys) - first:
+                self._fix_duplicates(first, n)
+            offs.append(len(keys))
+            if span.events:
+                self.events[n] = _events(span)
+            if span.links:
+                self.links[n] = _links(span)
+            n += 1
+        self.n = n
+
+    def _fix_duplicates(self, first: int, row: int) -> None:
+        """Collapse repeated keys of the span's attributes (last value wins, first position kept)."""
+        merged: dict[str, str] = {}
+        for k, v in zip(self.attr_keys[first:], self.attr_vals[first:], strict=True):
+            merged[k] = v
+        del self.attr_keys[first:], self.attr_vals[first:]
+        self.attr_keys.extend(merged.keys())
+        self.attr_vals.extend(merged.values())
+        self.dup_rows.append(row)
+
+    def finish(self, batch_id: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """Return the ``BASE_SCHEMA`` table, the dedupe keys and the content hashes."""
+        n = self.n
+        tid, sid = _hex_column(self.trace_ids, 16), _hex_column(self.span_ids, 8)
+        if len(tid.buffers()[2] or b"") == 32 * n and len(sid.buffers()[2] or b"") == 16 * n and _fixed(self):
+            keys = keys_from_ids(b"".join(self.trace_ids), b"".join(self.span_ids), n)
+        else:
+            keys = keys_from_hex(tid, sid)
+        starts = np.array(self.starts, dtype=np.uint64).astype(np.int64)
+        ends = np.array(self.ends, dtype=np.uint64).astype(np.int64)
+        dropped = np.array(self.dropped, dtype=np.int64).reshape(n, 3) if n else np.zeros((0, 3), np.int64)
+        cols = {
+            "trace_id": tid,
+            "span_id": sid,
+            "parent_span_id": pa.array([p.hex() if p else None for p in self.parents], pa.string()),
+            "trace_state": _nullable_str(self.trace_states),
+            "name": pa.array(self.names, pa.string()).dictionary_encode(),
+            "service_name": _dict_take(self.services, self.res_index),
+            "scope_name": _dict_take([s[0] for s in self.scopes], self.scope_index),
+            "scope_version": _dict_take([s[1] for s in self.scopes], self.scope_index),
+            "kind": pa.array(self.kinds, pa.int8()),
+            "status_code": pa.array(self.status_codes, pa.int8()),
+            "status_message": _nullable_str(self.status_msgs),
+            "start_time_unix_nano": pa.array(starts),
+            "end_time_unix_nano": pa.array(ends),
+            "duration_ns": pa.array(ends - starts),
+            "received_unix_nano": pa.array(self.received, pa.int64()),
+            "batch_id": pa.array([batch_id], pa.string()).take(pa.array(np.zeros(n, np.int32))),
+            "quality_flags": self._flags(starts, ends),
+            "attributes": pa.MapArray.from_arrays(
+                pa.array(self.attr_offsets, pa.int32()), pa.array(self.attr_keys, pa.string()),
+                pa.array(self.attr_vals, pa.string()),
+            ),
+            "resource_attributes": _resource_maps(self.resources).take(pa.array(self.res_index, pa.int32())),
+            "events": _sparse(self.events, n, pa.list_(EVENT)),
+            "links": _sparse(self.links, n, pa.list_(LINK)),
+            "dropped_attributes_count": pa.array(dropped[:, 0].astype(np.int32)),
+            "dropped_events_count": pa.array(dropped[:, 1].astype(np.int32)),
+            "dropped_links_count": pa.array(dropped[:, 2].astype(np.int32)),
+        }
+        arrays = [_as_type(cols[f.name], f.type) for f in BASE_SCHEMA]
+        table = pa.Table.from_arrays(arrays, schema=BASE_SCHEMA)
+        return table, keys, np.array(self.content, dtype=np.uint64)
+
+    def _flags(self, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+        zero = starts == 0
+        before = ends < starts
+        dup = np.zeros(len(starts), dtype=bool)
+        dup[self.dup_rows] = True
+        if not (zero.any() or before.any() or dup.any()):
+            return pa.array([[]] * self.n, pa.list_(pa.string()))
+        rows: list[list[str]] = []
+        for z, b, d in zip(zero.tolist(), before.tolist(), dup.tolist(), strict=True):
+            rows.append([f for f, on in (("zero_start", z), ("end_before_start", b),
+                                         ("duplicate_attribute_key", d)) if on])
+        return pa.array(rows, pa.list_(pa.string()))
+
+
+def _fixed(b: ColumnBuilder) -> bool:
+    return all(len(t) == 16 for t in b.trace_ids) and all(len(s) == 8 for s in b.span_ids)
+
+
+def _as_type(arr: pa.Array, typ: pa.DataType) -> pa.Array:
+    return arr if arr.type == typ else arr.cast(typ)
+
+
+def _hex_column(ids: list[bytes], width: int) -> pa.Array:
+    """Hex-encode ids in one call when all have ``width`` bytes, else one by one."""
+    n = len(ids)
+    joined = b"".join(ids)
+    if len(joined) != width * n or any(len(x) != width for x in ids):
+        return pa.array([x.hex() for x in ids], pa.string())
+    offsets = pa.py_buffer(np.arange(0, 2 * width * (n + 1), 2 * width, dtype=np.int32).tobytes())
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(joined.hex().encode("ascii")))
+
+
+def _nullable_str(values: list[str]) -> pa.Array:
+    arr = pa.array(values, pa.string())
+    if not any(values):
+        return pa.nulls(len(values), pa.string())
+    return pa.compute.if_else(pa.compute.equal(arr, ""), pa.scalar(None, pa.string()), arr)
+
+
+def _dict_take(values: list[str | None], index: list[int]) -> pa.Array:
+    """A dictionary column of ``values[index[i]]`` (nulls kept)."""
+    return pa.array(values, pa.string()).take(pa.array(index, pa.int32())).dictionary_encode()
+
+
+def _resource_maps(resources: list[list[tuple[str, str]]]) -> pa.Array:
+    return pa.array(resources, _MAP)
+
+
+def _sparse(items: dict[int, list[dict[str, Any]]], n: int, typ: pa.DataType) -> pa.Array:
+    if not items:
+        return pa.array([[]] * n, typ)
+    return pa.array([items.get(i, []) for i in range(n)], typ)
+
+
+def _events(span: Any) -> list[dict[str, Any]]:
+    return [{"time_unix_nano": e.time_unix_nano, "name": e.name, "attributes": attributes_text(e.attributes)[0]}
+            for e in span.events]
+
+
+def _links(span: Any) -> list[dict[str, Any]]:
+    return [{"trace_id": ln.trace_id.hex(), "span_id": ln.span_id.hex(), "trace_state": ln.trace_state or None,
+             "attributes": attributes_text(ln.attributes)[0]} for ln in span.links]
+
