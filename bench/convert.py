@@ -1,0 +1,124 @@
+"""Benchmark: OTLP -> Arrow conversion, fast columnar path vs the naive loop vs parse-only.
+
+All figures are measured in the same run on the same generated batches (``bench/gen.py``,
+512 spans and about 1.3 KB per span): medians of ``--runs`` runs, spans per second.
+
+- parse-only: ``ExportTraceServiceRequest.FromString`` of every batch (the ceiling);
+- naive: parse + ``convert.requests_to_table`` (the reference loop: rows, ``from_pydict``);
+- fast: parse + ``convert.convert_records`` (columnar builder, keys and content hashes too),
+  in 1 process and in 2 worker processes;
+- both with and without normalization (the agent columns, ``normalize``), since that step is
+  shared by both converters.
+
+    python bench/convert.py --spans 50000 --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gen import payloads
+from tracedag.pipeline import convert
+from tracedag.pipeline.columnar import ColumnBuilder
+from tracedag.pipeline.convert_pool import shutdown
+from tracedag.schemas.spans import BASE_SCHEMA
+
+Bodies = list[bytes]
+
+
+def parse_only(bodies: Bodies) -> None:
+    for b in bodies:
+        ExportTraceServiceRequest.FromString(b)
+
+
+def naive(bodies: Bodies) -> None:
+    convert.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in bodies)
+
+
+def naive_base(bodies: Bodies) -> None:
+    cols: dict[str, list[object]] = {f.name: [] for f in BASE_SCHEMA}
+    for b in bodies:
+        for k, v in convert.request_to_rows(ExportTraceServiceRequest.FromString(b), 1, "bench").items():
+            cols[k].extend(v)
+    pa.Table.from_pydict(cols, schema=BASE_SCHEMA)
+
+
+def fast(bodies: Bodies, workers: int = 1) -> None:
+    convert.convert_records([(b, 1) for b in bodies], "bench", workers)
+
+
+def fast_base(bodies: Bodies) -> None:
+    builder = ColumnBuilder()
+    for b in bodies:
+        builder.add(ExportTraceServiceRequest.FromString(b), 1)
+    builder.finish("bench")
+
+
+def measure(fn: Callable[[Bodies], None], bodies: Bodies, runs: int) -> float:
+    """Return the median seconds of ``runs`` calls (after one warm-up call)."""
+    fn(bodies)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn(bodies)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="OTLP -> Arrow conversion benchmark")
+    ap.add_argument("--spans", type=int, default=50_000)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    console = Console()
+    with console.status("generating batches"):
+        bodies = payloads(args.spans, args.seed)
+    n = sum(len(ss.spans) for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+            for ss in rs.scope_spans)
+    size = sum(len(b) for b in bodies)
+    cases: list[tuple[str, Callable[[Bodies], None], int]] = [
+        ("parse-only (ceiling)", parse_only, 1),
+        ("naive loop + normalize", naive, 1),
+        ("naive loop, base columns", naive_base, 1),
+        ("fast, 1 process + normalize", fast, 1),
+        ("fast, base columns", fast_base, 1),
+        ("fast, 2 processes + normalize", lambda b: fast(b, 2), 2),
+    ]
+    results: dict[str, tuple[float, int]] = {}
+    for label, fn, procs in cases:
+        with console.status(f"measuring {label}"):
+            results[label] = (n / measure(fn, bodies, args.runs), procs)
+    shutdown()
+    _print(console, results, n, size, len(bodies), args.runs)
+    return 0
+
+
+def _print(console: Console, results: dict[str, tuple[float, int]], n: int, size: int, batches: int,
+           runs: int) -> None:
+    base = results["naive loop + normalize"][0]
+    base_cols = results["naive loop, base columns"][0]
+    table = Table(title=f"{n} spans in {batches} batches, {size / n:.0f} B/span, median of {runs} runs")
+    for col in ("case", "processes", "spans/s", "spans/s per process", "x naive (same step)"):
+        table.add_column(col, justify="right" if col != "case" else "left")
+    for label, (rate, procs) in results.items():
+        ref = base_cols if "base" in label else base
+        ratio = "" if label.startswith("parse") else f"{rate / procs / ref:.2f}"
+        table.add_row(label, str(procs), f"{rate:,.0f}", f"{rate / procs:,.0f}", ratio)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
