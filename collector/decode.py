@@ -30,6 +30,11 @@ _ZERO8 = bytes(8)
 class DecodeError(TracedagError):  # type: ignore[misc,unused-ignore]
     """The body cannot be decoded, or none of its spans is valid (HTTP 400, never retried)."""
 
+    def __init__(self, message: str, rejected: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rejected = rejected  # spans found and rejected (0 when undecodable)
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -57,7 +62,7 @@ def decode_request(body: bytes, encoding: Encoding) -> Decoded:
     rejected = sum(reasons.values())
     message = _message(reasons, ctx, accepted + rejected)
     if rejected and not accepted:
-        raise DecodeError(message)
+        raise DecodeError(message, rejected)
     unchanged = encoding == "protobuf" and not rejected
     payload = body if unchanged else request.SerializeToString()
     return Decoded(request, accepted, rejected, message, payload, tuple(sorted(reasons.items())))

@@ -1,0 +1,206 @@
+"""A small, strict HTTP/1.1 request reader for the OTLP/HTTP receiver (asyncio streams).
+
+``read_head`` parses the request line and headers (bounded size and time); ``body_chunks``
+yields the raw body per ``Content-Length`` or chunked framing, never trusting a length for
+allocation; ``BodySink`` collects it, decompressing gzip on the fly with ``max_length`` so the
+size limit applies to the decompressed bytes while streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+READ_SIZE = 256 * 1024
+
+
+class HttpError(Exception):
+    """A request error answered with ``status`` (the connection closes unless ``keep`` is set)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Head:
+    """A parsed request line and headers (names lower-cased, repeated values joined)."""
+
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+
+    def get(self, name: str, default: str = "") -> str:
+        """Return a header value."""
+        return self.headers.get(name, default)
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the client wants the connection kept open."""
+        conn = self.get("connection").lower()
+        if self.version == "HTTP/1.0":
+            return "keep-alive" in conn
+        return "close" not in conn
+
+
+async def read_head(reader: asyncio.StreamReader, timeout: float) -> Head | None:
+    """Read one request head; None on a clean end of connection before any byte."""
+    try:
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial.strip():
+            return None
+        raise HttpError(400, "incomplete request head") from exc
+    except asyncio.LimitOverrunError as exc:
+        raise HttpError(431, "request head too large") from exc
+    return parse_head(raw)
+
+
+def parse_head(raw: bytes) -> Head:
+    """Parse the bytes of a request head (through the blank line)."""
+    try:
+        text = raw.decode("latin-1")
+    except UnicodeDecodeError as exc:  # pragma: no cover - latin-1 decodes every byte
+        raise HttpError(400, "bad request head") from exc
+    lines = text.lstrip("\r\n").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise HttpError(400, "bad request line")
+    method, target, version = parts
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[0] in " \t":
+            raise HttpError(400, "bad header line")
+        key = name.lower()
+        value = value.strip()
+        if key in headers:
+            if key in ("content-length", "authorization", "content-type", "host"):
+                if headers[key] != value or key != "content-length":
+                    raise HttpError(400, f"repeated {key} header")
+                continue
+            value = f"{headers[key]}, {value}"
+        headers[key] = value
+    return Head(method, target.split("?", 1)[0], version, headers)
+
+
+@dataclass
+class Framing:
+    """How the body is delimited: a length, chunked, or none."""
+
+    chunked: bool
+    length: int  # -1 when chunked
+
+
+def framing(head: Head) -> Framing:
+    """Return the body framing; reject ambiguous or unsupported framing."""
+    te = head.get("transfer-encoding").lower()
+    cl = head.get("content-length")
+    if te:
+        if cl:
+            raise HttpError(400, "both Content-Length and Transfer-Encoding")
+        if te != "chunked":
+            raise HttpError(400, f"unsupported Transfer-Encoding {te!r}")
+        return Framing(True, -1)
+    if not cl:
+        return Framing(False, 0)
+    if not cl.isdigit() or len(cl) > 19:
+        raise HttpError(400, "bad Content-Length")
+    return Framing(False, int(cl))
+
+
+async def body_chunks(reader: asyncio.StreamReader, fr: Framing, deadline: float) -> AsyncIterator[bytes]:
+    """Yield the raw body bytes as they arrive, until ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+
+    async def timed(coro: object) -> bytes:
+        left = deadline - loop.time()
+        if left <= 0:
+            raise HttpError(408, "request body not received in time")
+        try:
+            return await asyncio.wait_for(coro, left)  # type: ignore[arg-type]
+        except TimeoutError as exc:
+            raise HttpError(408, "request body not received in time") from exc
+        except asyncio.IncompleteReadError as exc:
+            raise HttpError(400, "connection closed inside the request body") from exc
+        except asyncio.LimitOverrunError as exc:
+            raise HttpError(400, "bad chunk framing") from exc
+
+    if not fr.chunked:
+        left = fr.length
+        while left > 0:
+            chunk = await timed(reader.read(min(left, READ_SIZE)))
+            if not chunk:
+                raise HttpError(400, "connection closed inside the request body")
+            left -= len(chunk)
+            yield chunk
+        return
+    while True:
+        line = await timed(reader.readuntil(b"\r\n"))
+        size_text = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError as exc:
+            raise HttpError(400, "bad chunk size") from exc
+        if size < 0 or len(size_text) > 16:
+            raise HttpError(400, "bad chunk size")
+        if size == 0:
+            while (await timed(reader.readuntil(b"\r\n"))) != b"\r\n":
+                pass
+            return
+        while size > 0:
+            chunk = await timed(reader.read(min(size, READ_SIZE)))
+            if not chunk:
+                raise HttpError(400, "connection closed inside a chunk")
+            size -= len(chunk)
+            yield chunk
+        if await timed(reader.readexactly(2)) != b"\r\n":
+            raise HttpError(400, "bad chunk terminator")
+
+
+class BodySink:
+    """Collects the body, gunzipping on the fly; the limit applies to the decompressed size."""
+
+    def __init__(self, limit: int, gzip: bool, reserve: Callable[[int], None]) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+        self.wire_bytes = 0
+        self._reserve = reserve
+        self._inflater = zlib.decompressobj(wbits=31) if gzip else None
+
+    def feed(self, raw: bytes) -> None:
+        """Add received bytes; raise ``HttpError`` 413 over the limit, 400 for bad gzip."""
+        self.wire_bytes += len(raw)
+        if self._inflater is None:
+            self._grow(raw)
+            return
+        data = raw
+        try:
+            while data:
+                if self._inflater.eof:
+                    raise HttpError(400, "data after the end of the gzip stream")
+                out = self._inflater.decompress(data, self.limit - len(self.buf) + 1)
+                self._grow(out)
+                data = self._inflater.unconsumed_tail
+            if self._inflater.unused_data:
+                raise HttpError(400, "data after the end of the gzip stream")
+        except zlib.error as exc:
+            raise HttpError(400, f"bad gzip body: {exc}") from exc
+
+    def _grow(self, data: bytes) -> None:
+        if len(self.buf) + len(data) > self.limit:
+            raise HttpError(413, f"request body exceeds {self.limit} bytes (after decompression)")
+        self._reserve(len(data))
+        self.buf += data
+
+    def finish(self) -> bytes:
+        """Return the whole (decompressed) body; raise 400 for a truncated gzip stream."""
+        if self._inflater is not None and self.wire_bytes and not self._inflater.eof:
+            raise HttpError(400, "truncated gzip body")
+        return bytes(self.buf)

@@ -1,0 +1,201 @@
+"""Run the collector in-process: OTLP/HTTP + OTLP/gRPC receivers, spool, background conversion.
+
+``start_collector(CollectorConfig(data=...))`` returns a ``RunningCollector`` with the bound
+ports (port 0 picks free ones), ``flush()`` (seal the spool and convert everything acknowledged
+so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight requests, seal, convert).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracedag.collector.metrics import REGISTRY
+from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
+from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
+from tracedag.collector.service import Admission, Ingestor, Tokens
+from tracedag.collector.spool import SEAL_AGE_SECONDS, SEGMENT_BYTES, SpoolWriter
+
+logger = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Everything ``start_collector`` needs; ports 0 pick free ones, None disables a transport."""
+
+    data: Path
+    host: str = "127.0.0.1"
+    http_port: int | None = 4318
+    grpc_port: int | None = 4317
+    tokens: tuple[str, ...] = ()
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_body_bytes: int = 64 * MiB
+    max_inflight_bytes: int = 128 * MiB
+    max_backlog_bytes: int = 1024 * MiB
+    segment_bytes: int = SEGMENT_BYTES
+    seal_age: float = SEAL_AGE_SECONDS
+    workers: int = 16
+    convert: bool = True
+    convert_interval: float = 0.25
+    build: bool = False
+    build_idle_seconds: float = 30.0
+    build_interval: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+class RunningCollector:
+    """A started collector; see ``start_collector``."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.data = Path(config.data)
+        self.spool = SpoolWriter(self.data, config.segment_bytes, config.seal_age)
+        self.admission = Admission(self.spool, config.max_inflight_bytes, config.max_backlog_bytes)
+        self.tokens = Tokens(config.tokens, config.token_file)
+        self.ingestor = Ingestor(self.spool, self.admission)
+        self.http: OtlpHttpServer | None = None
+        self.grpc: OtlpGrpcServer | None = None
+        self.http_port = 0
+        self.grpc_port = 0
+        self._stop = threading.Event()
+        self._convert_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._converter: Any = None
+        self._stopped = False
+        self._register_gauges()
+
+    def _register_gauges(self) -> None:
+        REGISTRY.gauge("tracedag_spool_segments", "Sealed spool segments waiting for conversion.").set_function(
+            lambda: float(self.admission.backlog()[0])
+        )
+        REGISTRY.gauge("tracedag_spool_bytes", "Bytes of sealed spool segments waiting for conversion.").set_function(
+            lambda: float(self.admission.backlog()[1])
+        )
+        REGISTRY.gauge("tracedag_ready", "1 when the collector accepts data, else 0.").set_function(
+            lambda: 0.0 if self.readiness() else 1.0
+        )
+
+    def readiness(self) -> str | None:
+        """Return why the collector is not ready, or None when it is."""
+        reason: str | None = self.admission.refusal()
+        return reason
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self) -> RunningCollector:
+        """Start the spool sealer, the converter and the receivers."""
+        self.spool.start()
+        if self.config.convert:
+            self._converter = _make_converter(self.data)
+            self._spawn("spool-converter", self._convert_loop)
+        if self.config.build:
+            self._spawn("dag-builder", self._build_loop)
+        cfg = self.config
+        if cfg.http_port is not None:
+            settings = HttpSettings(cfg.host, cfg.http_port, cfg.max_body_bytes, workers=cfg.workers, tls=_ssl(cfg))
+            self.http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
+            self.http_port = self.http.start()
+        if cfg.grpc_port is not None:
+            cert, key = (cfg.tls_cert.read_bytes(), cfg.tls_key.read_bytes()) if cfg.tls_cert and cfg.tls_key else (None, None)
+            gsettings = GrpcSettings(cfg.host, cfg.grpc_port, cfg.max_body_bytes, cfg.workers, cert, key)
+            self.grpc = OtlpGrpcServer(gsettings, self.ingestor, self.admission, self.tokens)
+            self.grpc_port = self.grpc.start()
+        logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
+        return self
+
+    def _spawn(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- background work ---------------------------------------------------------------
+
+    def convert_once(self) -> Any:
+        """Convert every sealed segment now (serialized with the background loop)."""
+        if self._converter is None:
+            return None
+        with self._convert_lock:
+            return self._converter.run_once()
+
+    def _convert_loop(self) -> None:
+        while not self._stop.wait(self.config.convert_interval):
+            try:
+                self.convert_once()
+            except Exception:
+                logger.exception("spool conversion round failed; retrying")
+
+    def _build_loop(self) -> None:
+        build = _build_function()
+        if build is None:
+            logger.warning("--build requested but tracedag.pipeline.dag.build_store is not available")
+            return
+        while not self._stop.wait(self.config.build_interval):
+            try:
+                build(self.data, idle_seconds=self.config.build_idle_seconds)
+            except Exception:
+                logger.exception("DAG build round failed; retrying")
+
+    # -- public control ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Seal the spool and convert everything acknowledged so far, synchronously."""
+        self.spool.flush()
+        self.convert_once()
+
+    def stop(self, grace_seconds: float = 10.0) -> None:
+        """Drain in-flight requests, seal the spool and run a final conversion."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.admission.shutting_down = True
+        if self.http is not None:
+            self.http.begin_shutdown()
+        if self.grpc is not None:
+            self.grpc.stop(grace_seconds)
+        if self.http is not None:
+            self.http.stop(grace_seconds)
+        self.spool.close()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(grace_seconds + 30)
+        try:
+            self.convert_once()
+        except Exception:
+            logger.exception("final conversion failed; the spool keeps the data for the next start")
+        logger.info("collector stopped")
+
+
+def start_collector(config: CollectorConfig) -> RunningCollector:
+    """Start a collector in this process (threads) and return it."""
+    return RunningCollector(config).start()
+
+
+def _ssl(cfg: CollectorConfig) -> ssl.SSLContext | None:
+    if not (cfg.tls_cert and cfg.tls_key):
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
+    return ctx
+
+
+def _make_converter(data: Path) -> Any:
+    from tracedag.pipeline.ingest import SpoolConverter
+
+    return SpoolConverter(data)
+
+
+def _build_function() -> Any:
+    try:
+        from tracedag.pipeline import dag
+    except ImportError:
+        return None
+    return getattr(dag, "build_store", None)
