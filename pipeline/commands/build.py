@@ -1,7 +1,70 @@
-"""CLI commands: build."""
+"""CLI commands: build, show."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
 import click
 
-COMMANDS: list[click.Command] = []
+from tracedag.pipeline.commands._options import data_option as _shared_data_option
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+data_option: Callable[[_F], _F] = _shared_data_option
+
+
+@click.command("build")
+@data_option
+@click.option("--idle", "idle", default=30.0, show_default=True, type=float,
+              help="A trace is complete once no span arrived for it for this many seconds.")
+@click.option("--full", is_flag=True, help="Rebuild every complete trace, not only new or changed ones.")
+@click.option("--spec", "spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Workflow spec (YAML/JSON): steps and allowed dependencies; deviant traces are flagged.")
+def build_command(data: Path, idle: float, full: bool, spec: Path | None) -> None:
+    """Turn complete traces into the traces, dag_nodes and dag_edges tables (incremental).
+
+    Args:
+        data: the data directory.
+        idle: seconds without a new span after which a trace counts as complete.
+        full: rebuild all complete traces.
+        spec: optional workflow spec file.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from tracedag.pipeline.dag import build_store
+
+    stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True)
+    table = Table(title="tracedag build", caption=stats.build_id, show_header=False)
+    rows = [("traces built", stats.traces_built), ("spans", stats.spans), ("edges", stats.edges),
+            *[(f"  method {m}", c) for m, c in sorted(stats.methods.items())],
+            ("orphans", stats.orphans), ("clock skew", stats.clock_skew), ("deviant traces", stats.deviant),
+            ("unchanged traces", stats.traces_unchanged), ("still receiving", stats.traces_pending),
+            ("seconds", f"{stats.seconds:.2f}")]
+    for label, value in rows:
+        table.add_row(label, str(value))
+    Console().print(table)
+    if stats.traces_pending:
+        click.echo(f"{stats.traces_pending} traces got spans in the last {idle:g}s; use --idle 0 to build them now.")
+
+
+@click.command("show")
+@click.argument("trace_id")
+@data_option
+def show_command(trace_id: str, data: Path) -> None:
+    """Print the DAG of one trace (id or unique prefix) as an indented timeline.
+
+    Args:
+        trace_id: the trace id, or a prefix of it that matches one built trace.
+        data: the data directory.
+    """
+    from rich.console import Console
+
+    from tracedag.pipeline.dag.show import load_trace, render_trace
+
+    trace, nodes = load_trace(data, trace_id)
+    Console().print(render_trace(trace, nodes))
+
+
+COMMANDS: list[click.Command] = [build_command, show_command]

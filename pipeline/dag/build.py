@@ -1,0 +1,216 @@
+"""The store-level driver: find complete, new or changed traces and rebuild their DAGs.
+
+State is the ``traces`` table itself: a trace needs a build when it is not in the ``traces`` view,
+or when its spans now have a later ``received_unix_nano`` or another span count than the build
+recorded (a late span). ``traces`` files are written last, so a crash between files only leaves
+rows of a build the views never show, and the next run redoes that trace. ``<data>/state/build.json``
+keeps the summary of the last build and ``<data>/state/build.lock`` serializes concurrent builds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, INPUT_COLUMNS, reconstruct
+from tracedag.pipeline.dag.siblings import arrow
+from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
+from tracedag.pipeline.store import table_dir, write_parquet_atomic
+from tracedag.pipeline.views import connect
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SPANS = 500_000
+"""Spans reconstructed together; bounds memory (about 1 KB of working set per span)."""
+
+_CANDIDATES_SQL = """
+with s as (
+    select trace_id, max(received_unix_nano) as last_received, count(distinct span_id) as n
+    from spans group by trace_id
+)
+select s.trace_id, s.n, s.last_received,
+       t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
+           or t.span_count is distinct from s.n as changed
+from s left join traces t using (trace_id)
+order by s.trace_id
+"""
+
+Callback = Callable[[int], None]
+
+_LOAD_SQL = "select {cols} from spans where trace_id in (select trace_id from chunk_ids)"
+
+
+@dataclass
+class BuildStats:
+    """What one build run did."""
+
+    build_id: str
+    built_unix_nano: int
+    traces_built: int = 0
+    spans: int = 0
+    nodes: int = 0
+    edges: int = 0
+    traces_pending: int = 0  # still receiving spans (younger than the idle time)
+    traces_unchanged: int = 0
+    methods: dict[str, int] = field(default_factory=dict)
+    orphans: int = 0
+    clock_skew: int = 0
+    deviant: int = 0
+    seconds: float = 0.0
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which traces to build now, in chunks of trace ids."""
+
+    chunks: list[list[str]]
+    pending: int
+    unchanged: int
+    spans: int
+
+
+def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int) -> Plan:
+    """Pick the complete traces that are new or changed (all complete ones with ``full``)."""
+    rows = arrow(con, _CANDIDATES_SQL).to_pylist()
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = pending = unchanged = total = 0
+    for r in rows:
+        if r["last_received"] > now_ns - idle_ns:
+            pending += 1
+            continue
+        if not (full or r["changed"]):
+            unchanged += 1
+            continue
+        if current and size + r["n"] > chunk_spans:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(r["trace_id"])
+        size += r["n"]
+        total += r["n"]
+    if current:
+        chunks.append(current)
+    return Plan(chunks, pending, unchanged, total)
+
+
+@contextmanager
+def _lock(data: Path) -> Iterator[None]:
+    state = data / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    with open(state / "build.lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _save_state(data: Path, stats: BuildStats) -> None:
+    path = data / "state" / "build.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(stats), indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def new_build_id(now_ns: int) -> str:
+    """A unique build id that sorts by time."""
+    return f"build-{now_ns:020d}-{uuid.uuid4().hex[:8]}"
+
+
+def build_store(
+    data: Path,
+    idle_seconds: float = 30.0,
+    full: bool = False,
+    spec: Path | None = None,
+    progress: bool = False,
+    tolerance_ns: int = DEFAULT_TOLERANCE_NS,
+    chunk_spans: int = CHUNK_SPANS,
+) -> BuildStats:
+    """Rebuild the DAGs of the complete traces that are new or changed since the last build."""
+    t0 = time.perf_counter()
+    workflow = load_spec(spec) if spec is not None else None
+    with _lock(data):
+        now = time.time_ns()
+        stats = BuildStats(build_id=new_build_id(now), built_unix_nano=now)
+        con = connect(data)
+        try:
+            plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
+            stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
+            _run(con, data, plan, stats, workflow, tolerance_ns, progress)
+        finally:
+            con.close()
+        stats.seconds = round(time.perf_counter() - t0, 3)
+        if stats.traces_built:
+            _save_state(data, stats)
+    logger.info("build %s: %d traces, %d spans in %.2fs", stats.build_id, stats.traces_built, stats.spans, stats.seconds)
+    return stats
+
+
+def _run(
+    con: duckdb.DuckDBPyConnection,
+    data: Path,
+    plan: Plan,
+    stats: BuildStats,
+    spec: WorkflowSpec | None,
+    tolerance_ns: int,
+    progress: bool,
+) -> None:
+    if not plan.chunks:
+        return
+    with _progress(progress, plan.spans) as advance:
+        for i, ids in enumerate(plan.chunks):
+            spans = _load(con, ids)
+            traces, nodes, edges = reconstruct(spans, stats.build_id, stats.built_unix_nano, tolerance_ns, spec)
+            _write(data, stats, i, traces, nodes, edges)
+            advance(spans.num_rows)
+
+
+def _load(con: duckdb.DuckDBPyConnection, trace_ids: list[str]) -> pa.Table:
+    con.register("chunk_ids", pa.table({"trace_id": pa.array(trace_ids, pa.string())}))
+    try:
+        return arrow(con, _LOAD_SQL.format(cols=", ".join(INPUT_COLUMNS)))
+    finally:
+        con.unregister("chunk_ids")
+
+
+def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: pa.Table, edges: pa.Table) -> None:
+    stem = f"{stats.build_id}-{chunk:04d}"
+    # traces last: it is what makes the build of these traces visible
+    for name, table in (("dag_nodes", nodes), ("dag_edges", edges), ("traces", traces)):
+        stats.files.append(str(write_parquet_atomic(table, table_dir(data, name), stem)))
+    stats.traces_built += traces.num_rows
+    stats.spans += nodes.num_rows
+    stats.nodes += nodes.num_rows
+    stats.edges += edges.num_rows
+    for m in traces.column("method").to_pylist():
+        stats.methods[m] = stats.methods.get(m, 0) + 1
+    stats.orphans += sum(traces.column("orphan_count").to_pylist())
+    stats.clock_skew += sum(traces.column("clock_skew_count").to_pylist())
+    stats.deviant += sum(bool(d) for d in traces.column("deviant").to_pylist())
+
+
+@contextmanager
+def _progress(show: bool, total: int) -> Iterator[Callback]:
+    if not show:
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("building DAGs"), BarColumn(), MofNCompleteColumn(), TextColumn("spans"), TimeElapsedColumn()
+    ) as bar:
+        task = bar.add_task("build", total=total)
+        yield lambda n: bar.advance(task, n)
+

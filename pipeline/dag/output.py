@@ -1,0 +1,230 @@
+"""Turn the per-row arrays of a reconstruction into the ``traces``, ``dag_nodes``, ``dag_edges`` tables."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracedag.pipeline.dag.explicit import Resolved
+from tracedag.pipeline.dag.siblings import arrow
+from tracedag.pipeline.dag.spec import WorkflowSpec
+from tracedag.pipeline.dag.tree import BoolArray, IntArray
+from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Graph:
+    """Per-row results (row = prep idx) and edge lists of one reconstruction."""
+
+    trace: IntArray
+    parent: IntArray
+    depth: IntArray
+    left: IntArray
+    right: IntArray
+    topo: IntArray
+    branch: IntArray
+    key: IntArray
+    key_texts: list[str]
+    iteration: IntArray
+    retry: BoolArray
+    orphan: BoolArray
+    attached: BoolArray
+    skew: BoolArray
+    true_root: BoolArray
+    eff_s: IntArray
+    eff_e: IntArray
+    seq_src: IntArray
+    seq_dst: IntArray
+    step_mode: BoolArray
+    x_src: list[int] = field(default_factory=list)
+    x_dst: list[int] = field(default_factory=list)
+    flat: dict[int, str] = field(default_factory=dict)  # trace_no -> fallback reason
+
+    def record_explicit(self, trace_no: int, rows: list[int], res: Resolved) -> None:
+        """Store the outcome of one trace resolved with explicit edges."""
+        if res.fallback_reason is not None:
+            self.flat[trace_no] = res.fallback_reason
+            self.branch[rows] = 0
+            return
+        self.x_src += [a for a, _ in res.explicit]
+        self.x_dst += [b for _, b in res.explicit]
+        self.topo[res.topo] = np.arange(len(res.topo), dtype=np.int64)
+
+
+def _ids(prep: pa.Table, rows: IntArray) -> pa.Array:
+    return prep.column("span_id").take(pa.array(rows))
+
+
+def nodes_table(prep: pa.Table, g: Graph, build_id: str, spec: WorkflowSpec | None) -> pa.Table:
+    """The ``dag_nodes`` rows of one reconstruction."""
+    n = prep.num_rows
+    has_parent = g.parent >= 0
+    parent_ids = pc.if_else(pa.array(has_parent), _ids(prep, np.maximum(g.parent, 0)), None)
+    step_type = prep.column("step_type")
+    keys = pa.array(g.key_texts, pa.string()).take(pa.array(g.key))
+    cols = {
+        "trace_id": prep.column("trace_id"),
+        "span_id": prep.column("span_id"),
+        "build_id": pa.repeat(pa.scalar(build_id), n),
+        "parent_span_id": parent_ids,
+        "step_type": step_type,
+        "step_name": prep.column("step_name"),
+        "step_key": keys,
+        "iteration": g.iteration,
+        "is_retry": g.retry,
+        "branch_id": g.branch,
+        "depth": g.depth,
+        "topo_index": g.topo,
+        "nested_left": g.left,
+        "nested_right": g.right,
+        "is_orphan": g.orphan,
+        "clock_skew": g.skew,
+        "start_time_unix_nano": g.eff_s,
+        "end_time_unix_nano": g.eff_e,
+        "duration_ns": g.eff_e - g.eff_s,
+        "status_code": prep.column("status_code"),
+        "spec_node": _spec_nodes(spec, step_type, prep.column("step_name")),
+    }
+    arrays = [pa.array(cols[f.name]).cast(f.type) if not isinstance(cols[f.name], pa.ChunkedArray)
+              else cols[f.name].cast(f.type) for f in DAG_NODES_V1]
+    return pa.Table.from_arrays(arrays, schema=DAG_NODES_V1)
+
+
+def _spec_nodes(spec: WorkflowSpec | None, step_type: pa.ChunkedArray, step_name: pa.ChunkedArray) -> pa.Array:
+    if spec is None:
+        return pa.nulls(len(step_name), pa.string())
+    pairs = pa.table({"t": step_type, "n": step_name})
+    uniq = pairs.group_by(["t", "n"]).aggregate([]).to_pylist()
+    lookup = {(r["t"], r["n"]): spec.match(r["t"], r["n"]) for r in uniq}
+    return pa.array([lookup[(t, nm)] for t, nm in zip(step_type.to_pylist(), step_name.to_pylist(), strict=True)],
+                    pa.string())
+
+
+def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
+    """The ``dag_edges`` rows: call tree (parent / orphan_attach), sequence and explicit edges."""
+    child = np.flatnonzero(g.parent >= 0)
+    flat_rows = np.isin(g.trace, np.fromiter(g.flat, dtype=np.int64, count=len(g.flat)))
+    seq = ~flat_rows[g.seq_src] if g.seq_src.size else np.zeros(0, dtype=np.bool_)
+    x_src, x_dst = np.asarray(g.x_src, dtype=np.int64), np.asarray(g.x_dst, dtype=np.int64)
+    src = np.concatenate([g.parent[child], g.seq_src[seq], x_src])
+    dst = np.concatenate([child, g.seq_dst[seq], x_dst])
+    kinds = np.concatenate([
+        np.where(g.attached[child], "orphan_attach", "parent"),
+        np.full(int(seq.sum()), "sequence"),
+        np.full(x_src.size, "explicit"),
+    ]).astype(object)
+    tree_edge = np.zeros(src.size, dtype=np.bool_)
+    tree_edge[: child.size] = True
+    up = np.where(tree_edge, dst, src)  # a child influences its parent
+    down = np.where(tree_edge, src, dst)
+    n = src.size
+    return pa.Table.from_arrays(
+        [
+            prep.column("trace_id").take(pa.array(dst)),
+            pa.repeat(pa.scalar(build_id), n),
+            _ids(prep, src),
+            _ids(prep, dst),
+            pa.array(kinds, pa.string()),
+            _ids(prep, up),
+            _ids(prep, down),
+        ],
+        schema=DAG_EDGES_V1,
+    )
+
+
+_TRACES_SQL = """
+select n.trace_id, $build_id as build_id, $built::bigint as built_unix_nano,
+       max(p.received_unix_nano) as last_received_unix_nano,
+       arg_min(n.span_id, (n.is_orphan::int, n.start_time_unix_nano, n.span_id))
+           filter (where n.parent_span_id is null) as root_span_id,
+       arg_min(p.service_name, (n.depth, n.start_time_unix_nano)) filter (where p.service_name is not null) as service_name,
+       arg_min(p.service_version, (n.depth, n.start_time_unix_nano)) filter (where p.service_version is not null) as service_version,
+       arg_min(p.conversation_id, (n.depth, n.start_time_unix_nano)) filter (where p.conversation_id is not null) as conversation_id,
+       arg_min(p.run_id, (n.depth, n.start_time_unix_nano)) filter (where p.run_id is not null) as run_id,
+       arg_min(p.scenario_id, (n.depth, n.start_time_unix_nano)) filter (where p.scenario_id is not null) as scenario_id,
+       arg_min(p.replay_index, (n.depth, n.start_time_unix_nano)) filter (where p.replay_index is not null) as replay_index,
+       arg_min(p.variant_id, (n.depth, n.start_time_unix_nano)) filter (where p.variant_id is not null) as variant_id,
+       min(n.start_time_unix_nano) as start_time_unix_nano, max(n.end_time_unix_nano) as end_time_unix_nano,
+       max(n.end_time_unix_nano) - min(n.start_time_unix_nano) as duration_ns,
+       count(*) as span_count, count(*) filter (where n.status_code = 2) as error_count,
+       count(*) filter (where n.parent_span_id is null) as root_count,
+       count(*) filter (where n.is_orphan) as orphan_count,
+       count(*) filter (where n.clock_skew) as clock_skew_count,
+       count(*) filter (where p.parent_span_id is null) = 1 and not bool_or(n.is_orphan) as connected,
+       any_value(m.method) as method, any_value(m.fallback_reason) as fallback_reason,
+       any_value(m.deviation_reason) is not null as deviant, any_value(m.deviation_reason) as deviation_reason
+from out_nodes n join prep p using (trace_id, span_id) join out_meta m using (trace_id)
+group by n.trace_id
+order by n.trace_id
+"""
+
+
+def _trace_meta(prep: pa.Table, g: Graph, edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None) -> pa.Table:
+    """Per trace: method, fallback reason, deviation reason."""
+    trace_ids = prep.column("trace_id").take(pa.array(np.flatnonzero(np.diff(g.trace, prepend=-1))))
+    n_traces = len(trace_ids)
+    explicit = np.zeros(n_traces, dtype=np.bool_)
+    explicit[g.trace[np.asarray(g.x_dst, dtype=np.int64)]] = True
+    explicit[g.trace[g.step_mode & (g.parent >= 0)]] = True
+    explicit[g.trace[g.step_mode & (g.parent < 0)]] = True
+    method = np.where(explicit, "explicit", "inferred").astype(object)
+    reasons: list[str | None] = [None] * n_traces
+    for t, why in g.flat.items():
+        method[t] = "flat"
+        reasons[t] = why
+    deviation = _deviations(edges, nodes, spec, trace_ids.to_pylist())
+    return pa.table({"trace_id": trace_ids, "method": pa.array(method, pa.string()),
+                     "fallback_reason": pa.array(reasons, pa.string()),
+                     "deviation_reason": pa.array(deviation, pa.string())})
+
+
+def _deviations(edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None, trace_ids: list[str]) -> list[str | None]:
+    if spec is None:
+        return [None] * len(trace_ids)
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("e", edges)
+        con.register("n", nodes)
+        pairs = arrow(con, """
+            select e.trace_id, u.spec_node as a, d.spec_node as b from e
+            join n u on u.trace_id = e.trace_id and u.span_id = e.upstream_span_id
+            join n d on d.trace_id = e.trace_id and d.span_id = e.downstream_span_id
+            where e.edge_kind in ('sequence', 'explicit') and u.spec_node is not null and d.spec_node is not null
+        """).to_pylist()
+        present = arrow(con, "select distinct trace_id, spec_node from n where spec_node is not null").to_pylist()
+    finally:
+        con.close()
+    by_pairs: dict[str, set[tuple[str, str]]] = {}
+    by_nodes: dict[str, set[str]] = {}
+    for r in pairs:
+        by_pairs.setdefault(r["trace_id"], set()).add((r["a"], r["b"]))
+    for r in present:
+        by_nodes.setdefault(r["trace_id"], set()).add(r["spec_node"])
+    return [spec.deviation(by_nodes.get(t, set()), by_pairs.get(t, set())) for t in trace_ids]
+
+
+def assemble(
+    con: duckdb.DuckDBPyConnection,
+    prep: pa.Table,
+    g: Graph | None,
+    build_id: str,
+    built_unix_nano: int,
+    spec: WorkflowSpec | None,
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Return (traces, dag_nodes, dag_edges) for a finished reconstruction (``g`` None: no spans)."""
+    if g is None:
+        return TRACES_V1.empty_table(), DAG_NODES_V1.empty_table(), DAG_EDGES_V1.empty_table()
+    nodes = nodes_table(prep, g, build_id, spec)
+    edges = edges_table(prep, g, build_id)
+    meta = _trace_meta(prep, g, edges, nodes, spec)
+    con.register("out_nodes", nodes)
+    con.register("out_meta", meta)
+    traces = arrow(con, _TRACES_SQL, {"build_id": build_id, "built": built_unix_nano})
+    return traces.cast(TRACES_V1), nodes, edges

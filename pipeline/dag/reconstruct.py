@@ -1,0 +1,262 @@
+"""DAG reconstruction: a pure function from the spans of complete traces to traces/dag_nodes/dag_edges.
+
+``reconstruct(spans, build_id, built_unix_nano)`` works on any number of traces at once; nothing in
+the result depends on the order of the input rows or on how a trace's spans were batched.
+Steps (DESIGN.md section 5, README "DAG semantics"):
+
+1. dedupe (trace_id, span_id), sort rows by (trace_id, start, span_id), resolve parents;
+2. repair the call tree: break parent cycles, attach orphans to the span enclosing them in time,
+   shift subtrees that start before their parent (clock skew);
+3. order siblings (LangGraph super-steps where present, else timestamps with a tolerance);
+4. nested sets, topological index, parallel branches, loop iterations;
+5. explicit edges (links, execution ids, graph node parents) resolved per trace with networkx;
+   a cycle among them makes the trace flat (call tree only), with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracedag.pipeline.dag import loops, tree
+from tracedag.pipeline.dag.explicit import TraceGraph, explicit_edges, resolve
+from tracedag.pipeline.dag.output import Graph, assemble
+from tracedag.pipeline.dag.siblings import SiblingOrder, arrow, sibling_order
+from tracedag.pipeline.dag.spec import WorkflowSpec
+from tracedag.pipeline.dag.tree import BoolArray, IntArray
+from tracedag.schemas.spans import SPANS_V1
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOLERANCE_NS = 1_000_000  # 1 ms: B follows A if it started no earlier than 1 ms before A ended
+
+INPUT_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "service_name", "status_code", "start_time_unix_nano", "end_time_unix_nano", "received_unix_nano", "batch_id", "links", "step_type", "step_name", "conversation_id", "langgraph_node", "langgraph_step", "graph_node_id", "graph_node_parent_id", "node_execution_id", "previous_execution_id", "run_id", "scenario_id", "replay_index", "variant_id", "service_version"]
+
+_PREP_SQL = """
+with d as (
+    select * from spans_in
+    qualify row_number() over (
+        partition by trace_id, span_id order by received_unix_nano desc, batch_id desc nulls last) = 1
+), r as (
+    select *, coalesce(start_time_unix_nano, 0) as s0,
+           row_number() over (order by trace_id, coalesce(start_time_unix_nano, 0), span_id) - 1 as idx,
+           dense_rank() over (order by trace_id) - 1 as trace_no
+    from d
+)
+select c.idx, c.trace_no, c.trace_id, c.span_id, c.parent_span_id,
+       coalesce(p.idx, -1) as parent_idx, c.parent_span_id is not null as has_parent_ref,
+       c.s0 as s, greatest(coalesce(c.end_time_unix_nano, c.s0), c.s0) as e,
+       coalesce(c.status_code, 0)::tinyint as status_code, c.received_unix_nano,
+       c.step_type::varchar as step_type,
+       coalesce(c.step_name, c.langgraph_node, c.name::varchar, '?') as step_name,
+       c.langgraph_step, c.langgraph_node, c.graph_node_id, c.graph_node_parent_id,
+       c.node_execution_id, c.previous_execution_id,
+       coalesce([x.span_id for x in c.links if x.trace_id = c.trace_id], [])
+           as link_span_ids,
+       c.service_name::varchar as service_name, c.service_version, c.conversation_id, c.run_id,
+       c.scenario_id, c.replay_index, c.variant_id
+from r c left join r p on p.trace_id = c.trace_id and p.span_id = c.parent_span_id and p.span_id <> c.span_id
+order by c.idx
+"""
+
+
+def conform(spans: pa.Table) -> pa.Table:
+    """Select the input columns, adding any missing one as nulls of its ``SPANS_V1`` type."""
+    cols = []
+    for name in INPUT_COLUMNS:
+        f = SPANS_V1.field(name)
+        cols.append(spans.column(name) if name in spans.column_names else pa.nulls(spans.num_rows, f.type))
+    return pa.table(cols, names=INPUT_COLUMNS)
+
+
+@dataclass
+class Frame:
+    """One chunk of spans as numpy arrays (row = idx in ``prep``)."""
+
+    prep: pa.Table
+    trace: IntArray
+    parent: IntArray
+    s: IntArray
+    e: IntArray
+    failed: BoolArray
+    trace_lo: IntArray
+    trace_hi: IntArray
+
+    @property
+    def n(self) -> int:
+        """Number of rows."""
+        return int(self.trace.size)
+
+
+def _np(t: pa.Table, name: str) -> IntArray:
+    return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def prepare(con: duckdb.DuckDBPyConnection, spans: pa.Table) -> Frame:
+    """Dedupe, sort and index the spans; register them as ``prep`` on ``con``."""
+    con.register("spans_in", conform(spans))
+    prep = arrow(con, _PREP_SQL)
+    con.unregister("spans_in")
+    con.register("prep", prep)
+    trace = _np(prep, "trace_no")
+    bounds = np.flatnonzero(np.diff(trace, prepend=-1, append=trace.size + 1 if trace.size else 1))
+    lo = np.repeat(bounds[:-1], np.diff(bounds)) if trace.size else trace
+    hi = np.repeat(bounds[1:], np.diff(bounds)) if trace.size else trace
+    return Frame(
+        prep=prep,
+        trace=trace,
+        parent=_np(prep, "parent_idx"),
+        s=_np(prep, "s"),
+        e=_np(prep, "e"),
+        failed=_np(prep, "status_code") == 2,
+        trace_lo=lo.astype(np.int64),
+        trace_hi=hi.astype(np.int64),
+    )
+
+
+@dataclass
+class CallTree:
+    """The repaired call tree."""
+
+    parent: IntArray
+    levels: tree.Levels
+    orphan: BoolArray
+    attached: BoolArray  # orphan re-attached under a span (edge kind orphan_attach)
+    true_root: BoolArray
+    eff_s: IntArray
+    eff_e: IntArray
+    skew: BoolArray
+
+
+def repair(f: Frame, has_ref: BoolArray, tolerance: int) -> CallTree:
+    """Break parent cycles, attach orphans by time, clamp clock skew."""
+    parent = f.parent.copy()
+    orphan = has_ref & (parent < 0)
+    lv = tree.levels(parent)
+    while (lv.depth < 0).any():
+        cut = np.asarray(tree.cycle_members(parent, lv.depth), dtype=np.int64)
+        logger.info("breaking %d parent cycles", cut.size)
+        parent[cut] = -1
+        orphan[cut] = True
+        lv = tree.levels(parent)
+    true_root = (parent < 0) & ~orphan
+    main = true_root[lv.component]
+    rows = np.flatnonzero(orphan)
+    target = tree.attach_orphans(rows, f.trace_lo, f.trace_hi, main, lv.depth, f.s, f.e)
+    attached = np.zeros(f.n, dtype=np.bool_)
+    attached[rows[target >= 0]] = True
+    parent[rows[target >= 0]] = target[target >= 0]
+    if attached.any():
+        lv = tree.levels(parent)
+    eff_s, eff_e, skew = tree.clamp_skew(parent, lv.by_depth, f.s, f.e, tolerance)
+    return CallTree(parent, lv, orphan, attached, true_root, eff_s, eff_e, skew)
+
+
+def _sibling_input(f: Frame, ct: CallTree) -> tuple[pa.Table, IntArray]:
+    """The ``sib`` table for sibling ordering and the group of each row (roots grouped per trace)."""
+    group = np.where(ct.parent >= 0, ct.parent, f.n + f.trace)
+    p = np.maximum(ct.parent, 0)
+    step = f.prep.column("langgraph_step")
+    node = f.prep.column("langgraph_node")
+    no_parent = pa.array(ct.parent < 0)
+    sib = pa.table(
+        {
+            "idx": np.arange(f.n, dtype=np.int64),
+            "grp": group,
+            "s": ct.eff_s,
+            "e": ct.eff_e,
+            "step": step,
+            "node": node,
+            "pstep": pc.if_else(no_parent, pa.nulls(f.n, pa.int64()), step.take(pa.array(p))),
+            "pnode": pc.if_else(no_parent, pa.nulls(f.n, pa.string()), node.take(pa.array(p))),
+        }
+    )
+    return sib, group
+
+
+def _sibling_sort(f: Frame, ct: CallTree, group: IntArray, order: SiblingOrder) -> IntArray:
+    """All rows sorted by (group, stage, effective start, effective end, row)."""
+    return np.lexsort((np.arange(f.n), ct.eff_e, ct.eff_s, order.n_pred, group)).astype(np.int64)
+
+
+def reconstruct(
+    spans: pa.Table,
+    build_id: str,
+    built_unix_nano: int,
+    tolerance_ns: int = DEFAULT_TOLERANCE_NS,
+    spec: WorkflowSpec | None = None,
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Build (traces, dag_nodes, dag_edges) tables for the complete traces in ``spans``."""
+    con = duckdb.connect(":memory:")
+    try:
+        f = prepare(con, spans)
+        if f.n == 0:
+            empty: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, None, build_id, built_unix_nano, spec)
+            return empty
+        has_ref = f.prep.column("has_parent_ref").to_numpy(zero_copy_only=False).astype(np.bool_)
+        ct = repair(f, has_ref, tolerance_ns)
+        sib, group = _sibling_input(f, ct)
+        order = sibling_order(con, sib, tolerance_ns)
+        sorted_rows = _sibling_sort(f, ct, group, order)
+        left, right = tree.nested_sets(ct.parent, ct.levels.by_depth, sorted_rows, group)
+        graph = _graph(con, f, ct, order, left, right)
+        out: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, graph, build_id, built_unix_nano, spec)
+        return out
+    finally:
+        con.close()
+
+
+def _graph(
+    con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, order: SiblingOrder, left: IntArray, right: IntArray
+) -> Graph:
+    """Everything per row and per edge that the output tables need."""
+    names = f.prep.column("step_name").combine_chunks().dictionary_encode()
+    local = np.asarray(names.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    key, key_texts = loops.step_keys(ct.parent, ct.levels.by_depth, local, names.dictionary.to_pylist())
+    prank = loops.path_ranks(ct.parent, ct.levels.by_depth, order.n_pred)
+    iteration, retry = loops.iterations(f.trace, key, prank, f.failed)
+    branch = loops.branches(
+        ct.parent, ct.levels.by_depth, f.trace, left, order.concurrent, order.src, order.dst
+    )
+    g = Graph(
+        trace=f.trace, parent=ct.parent, depth=ct.levels.depth, left=left, right=right,
+        topo=tree.rank_within(f.trace, right), branch=branch, key=key, key_texts=key_texts,
+        iteration=iteration, retry=retry, orphan=ct.orphan, attached=ct.attached, skew=ct.skew,
+        true_root=ct.true_root, eff_s=ct.eff_s, eff_e=ct.eff_e,
+        seq_src=order.src, seq_dst=order.dst, step_mode=order.step_mode,
+    )
+    x_src, x_dst = explicit_edges(con, left, right)
+    if x_src.size:
+        _apply_explicit(f, g, x_src, x_dst)
+    return g
+
+
+def _apply_explicit(f: Frame, g: Graph, x_src: IntArray, x_dst: IntArray) -> None:
+    """Resolve the traces that carry explicit edges one by one; update ``g`` in place."""
+    traces = np.unique(f.trace[x_src])
+    involved = np.isin(f.trace, traces)
+    keep_seq = ~involved[g.seq_src]
+    seq_src, seq_dst = list(g.seq_src[~keep_seq]), list(g.seq_dst[~keep_seq])
+    by_trace: dict[int, TraceGraph] = {}
+    for t in traces.tolist():
+        rows = range(int(f.trace_lo[np.searchsorted(f.trace, t)]), int(f.trace_hi[np.searchsorted(f.trace, t)]))
+        by_trace[t] = TraceGraph(rows=list(rows))
+        by_trace[t].parent = [(r, int(g.parent[r])) for r in rows if g.parent[r] >= 0]
+    for a, b in zip(x_src.tolist(), x_dst.tolist(), strict=True):
+        by_trace[int(f.trace[a])].explicit.append((a, b))
+    for a, b in sorted(zip(seq_src, seq_dst, strict=True), key=lambda e: (g.right[e[1]], g.right[e[0]])):
+        by_trace[int(f.trace[a])].sequence.append((int(a), int(b)))
+    new_src: list[int] = []
+    new_dst: list[int] = []
+    for t, tg in by_trace.items():
+        res = resolve(tg, {r: int(g.right[r]) for r in tg.rows})
+        g.record_explicit(t, tg.rows, res)
+        new_src += [a for a, _ in res.sequence]
+        new_dst += [b for _, b in res.sequence]
+    g.seq_src = np.concatenate([g.seq_src[keep_seq], np.asarray(new_src, dtype=np.int64)])
+    g.seq_dst = np.concatenate([g.seq_dst[keep_seq], np.asarray(new_dst, dtype=np.int64)])
