@@ -1,8 +1,44 @@
-"""Named SQL queries: one ``.sql`` file per result, loaded by name."""
+"""Named SQL queries: one ``.sql`` file per result, loaded by name.
+
+Each file starts with a comment header. Its first line is ``-- <name>: <one-line description>``;
+parameter lines read ``--   $name  type  = default  help text`` (type: double, bigint, integer,
+varchar or boolean; ``''`` is the empty string; ``one of a|b|c`` in the help text restricts the
+values). The body refers to parameters as ``$name`` and they are always bound, never formatted in.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from importlib.resources import files
+
+PARAM_TYPES = ("double", "bigint", "integer", "varchar", "boolean")
+_PARAM_LINE = re.compile(
+    r"^\s*\$(?P<name>\w+)\s+(?P<type>" + "|".join(PARAM_TYPES) + r")\s*=\s*(?P<default>'[^']*'|\S+)\s*(?P<help>.*)$"
+)
+_CHOICES = re.compile(r"one of ([\w.-]+(?:\|[\w.-]+)+)")
+_USED = re.compile(r"\$([A-Za-z_]\w*)")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter declared in a query header."""
+
+    name: str
+    type: str
+    default: str
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QueryDoc:
+    """What a query's header says: description, parameters; and the ``$names`` its body binds."""
+
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    used: tuple[str, ...]
 
 
 def load(name: str) -> str:
@@ -13,3 +49,44 @@ def load(name: str) -> str:
 def names() -> list[str]:
     """Return the names of every bundled query, sorted."""
     return sorted(p.name[:-4] for p in files(__name__).iterdir() if p.name.endswith(".sql"))
+
+
+def header_lines(text: str) -> list[str]:
+    """Return the leading ``--`` comment lines of ``text`` without their ``--`` prefix."""
+    out = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("--"):
+            break
+        out.append(stripped[2:])
+    return out
+
+
+def body_params(text: str) -> tuple[str, ...]:
+    """Return the distinct ``$names`` used in the SQL outside comments, in order of appearance."""
+    code = re.sub(r"--[^\n]*", "", text)
+    code = re.sub(r"'(?:[^']|'')*'", "''", code)
+    return tuple(dict.fromkeys(_USED.findall(code)))
+
+
+def _param(line: str) -> Param | None:
+    m = _PARAM_LINE.match(line)
+    if m is None:
+        return None
+    default = m["default"]
+    if default.startswith("'"):
+        default = default[1:-1]
+    choices = _CHOICES.search(m["help"])
+    return Param(m["name"], m["type"], default, m["help"].strip(),
+                 tuple(choices.group(1).split("|")) if choices else ())
+
+
+def describe(name: str) -> QueryDoc:
+    """Parse the header of ``queries/<name>.sql``."""
+    text = load(name)
+    lines = header_lines(text)
+    first = lines[0].strip() if lines else ""
+    prefix = f"{name}:"
+    description = first[len(prefix):].strip() if first.startswith(prefix) else first
+    params = tuple(p for p in (_param(line) for line in lines) if p is not None)
+    return QueryDoc(name, description, params, body_params(text))

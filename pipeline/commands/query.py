@@ -1,7 +1,132 @@
-"""CLI commands: query."""
+"""CLI commands: query, queries, sql."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
 import click
 
-COMMANDS: list[click.Command] = []
+from tracedag.pipeline.commands._options import data_option
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _with_data(f: _F) -> _F:
+    """The shared ``--data`` option, typed for mypy --strict."""
+    return cast(_F, data_option(f))
+
+TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everything
+
+
+@click.command("query")
+@click.argument("name", required=False)
+@click.option("--sql", "sql_text", help="Run this SQL over the views instead of a named query.")
+@click.option("--param", "-p", "params", multiple=True, metavar="NAME=VALUE",
+              help="Bind a query parameter (repeatable); `tracedag queries` lists them.")
+@click.option("--since", help="Only traces that started in this window: 15m, 1h, 2d, 1w, or an ISO time.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to this file instead of stdout.")
+@_with_data
+def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...], since: str | None,
+                  fmt: str, output: Path | None, data: Path) -> None:
+    """Run the named query NAME (or --sql) over the store and print or write the result."""
+    from tracedag.pipeline import querying
+    from tracedag.pipeline.errors import QueryFailed
+
+    if (name is None) == (sql_text is None):
+        raise click.UsageError("give either a query NAME or --sql, not both")
+    if sql_text is not None:
+        if params or since:
+            raise QueryFailed("--sql", "--param and --since apply to named queries only")
+        table = querying.run_sql(data, sql_text)
+    else:
+        table = querying.run_named(data, name or "", querying.parse_param_args(params), since)
+    _emit(table, fmt, output)
+
+
+def _emit(table: Any, fmt: str, output: Path | None) -> None:
+    from tracedag.pipeline import querying
+
+    if fmt == "table":
+        _print_table(table, output)
+        return
+    if output is None:
+        querying.write_result(table, fmt, click.get_binary_stream("stdout"))
+        return
+    with open(output, "wb") as fh:
+        querying.write_result(table, fmt, fh)
+    click.echo(f"wrote {table.num_rows} rows to {output}", err=True)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _print_table(table: Any, output: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_lines=False)
+    for col in table.column_names:
+        view.add_column(col, overflow="fold")
+    for row in table.slice(0, TABLE_ROWS).to_pylist():
+        view.add_row(*(_cell(v) for v in row.values()))
+    more = table.num_rows - TABLE_ROWS
+    view.caption = f"{table.num_rows} rows" + (f" ({more} not shown: use --format csv)" if more > 0 else "")
+    if output is None:
+        Console(width=max(200, shutil.get_terminal_size().columns)).print(view)
+        return
+    with open(output, "w", encoding="utf-8") as fh:
+        Console(file=fh, width=240).print(view)
+
+
+@click.command("queries")
+def queries_command() -> None:
+    """List the named queries with their descriptions and parameters."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tracedag import queries
+
+    view = Table("query", "description", "params (default)")
+    for name in queries.names():
+        doc = queries.describe(name)
+        params = ", ".join(f"{p.name}={p.default!r}" if p.type == "varchar" else f"{p.name}={p.default}"
+                           for p in doc.params)
+        view.add_row(name, doc.description, params)
+    Console(width=max(160, shutil.get_terminal_size().columns)).print(view)
+
+
+@click.command("sql")
+@click.option("--print-only", is_flag=True, help="Only write the init file and print how to attach.")
+@_with_data
+def sql_command(print_only: bool, data: Path) -> None:
+    """Open the duckdb shell with the tracedag views defined (or print how to attach)."""
+    from tracedag.pipeline import querying
+
+    init = querying.write_init_file(data)
+    duckdb_bin = shutil.which("duckdb")
+    if duckdb_bin and not print_only:
+        sys.exit(subprocess.call([duckdb_bin, "-init", str(init)]))
+    click.echo(f"Views written to {init}.")
+    if not duckdb_bin:
+        click.echo("No `duckdb` binary on PATH (install it from https://duckdb.org/docs/installation).")
+    click.echo(f"Shell:  duckdb -init {init}")
+    click.echo("Python:")
+    click.echo("    from tracedag.pipeline.views import connect")
+    click.echo(f"    con = connect({str(data)!r})")
+    click.echo("    con.sql('select * from traces limit 10').show()")
+
+
+COMMANDS: list[click.Command] = [query_command, queries_command, sql_command]

@@ -1,0 +1,63 @@
+-- failures: failed steps (aggregated score <= $fail_threshold) with score, category, trace, conversation and time.
+--
+-- Inputs:  traces, dag_nodes, step_scores (views of tracedag.pipeline.views.connect)
+-- Output:  trace_id, span_id, step_type, step_name, step_key, iteration, score, metric, source,
+--          taxonomy_l1, taxonomy_l2, taxonomy_l3, explanation, recovered, conversation_id,
+--          service_name, start_time, start_time_unix_nano, duration_ms
+-- Params:
+--   $fail_threshold  double  = 2.0  a step fails when its aggregated score is <= this (scale 1..5)
+--   $since_ns        bigint  = 0    only traces that started at or after this time (ns since epoch)
+--   $trace_id        varchar = ''   only this trace ('' = every trace)
+--
+-- A step's score: the minimum over its step_scores rows (one per metric/source); when a human label
+-- exists for the step, only the human rows count. The category (taxonomy) and metric are those of
+-- the lowest-scoring row (ties: a row with a taxonomy first, then by metric, source).
+-- recovered: a later iteration of the same step_key in the same trace did not fail (a retry fixed
+-- it); such a failure never propagates (see propagation.sql).
+with
+win as (
+    select trace_id, conversation_id, service_name
+    from traces
+    where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
+      and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
+),
+score_rows as (
+    select trace_id, span_id, cast(score as double) as score, metric, source,
+           taxonomy_l1, taxonomy_l2, taxonomy_l3, explanation,
+           bool_or(source = 'human') over (partition by trace_id, span_id) as has_human
+    from step_scores
+    where score is not null and trace_id in (select trace_id from win)
+),
+step_score as (
+    select * exclude (has_human)
+    from score_rows
+    where source = 'human' or not has_human
+    qualify row_number() over (
+        partition by trace_id, span_id order by score, taxonomy_l1 is null, metric, source) = 1
+),
+node as (
+    select n.trace_id, n.span_id, cast(n.step_type as varchar) as step_type, n.step_name,
+           coalesce(n.step_key, n.step_name, n.span_id) as step_key, coalesce(n.iteration, 1) as iteration,
+           n.start_time_unix_nano, n.duration_ns, s.score, s.metric, s.source,
+           s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation,
+           coalesce(s.score <= cast($fail_threshold as double), false) as failed
+    from dag_nodes n
+    left join step_score s on s.trace_id = n.trace_id and s.span_id = n.span_id
+    where n.trace_id in (select trace_id from win)
+),
+fail as (
+    select f.*,
+           exists (select 1 from node later
+                   where later.trace_id = f.trace_id and later.step_key = f.step_key
+                     and later.iteration > f.iteration and not later.failed) as recovered
+    from node f
+    where f.failed
+)
+select f.trace_id, f.span_id, f.step_type, f.step_name, f.step_key, f.iteration, f.score, f.metric,
+       f.source, f.taxonomy_l1, f.taxonomy_l2, f.taxonomy_l3, f.explanation, f.recovered,
+       w.conversation_id, w.service_name,
+       make_timestamp(f.start_time_unix_nano // 1000) as start_time, f.start_time_unix_nano,
+       f.duration_ns / 1e6 as duration_ms
+from fail f
+join win w on w.trace_id = f.trace_id
+order by f.start_time_unix_nano, f.trace_id, f.span_id

@@ -1,0 +1,119 @@
+-- propagation: for each failed step, originating or propagated, its failing upstream steps and its chain length.
+--
+-- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores
+-- Output:  trace_id, span_id, step_type, step_name, iteration, score, taxonomy_l1, taxonomy_l2,
+--          taxonomy_l3, recovered, kind ('originating' | 'propagated'), nearest_failing_upstream
+--          (span ids, by start), failing_upstream (span ids, by start), chain_length, start_time,
+--          start_time_unix_nano
+-- Params:
+--   $fail_threshold  double  = 2.0  a step fails when its aggregated score is <= this (scale 1..5)
+--   $since_ns        bigint  = 0    only traces that started at or after this time (ns since epoch)
+--   $trace_id        varchar = ''   only this trace ('' = every trace)
+--   $max_hops        integer = 1000 bound on the failure-chain recursion
+--
+-- Step score and category as in failures.sql (minimum over metrics, human labels override).
+-- Dependency direction (dag_edges): an earlier sibling influences a later one, a child its parent.
+-- A failure is *recovered* when a later iteration of the same step_key did not fail; a recovered
+-- failure is never a cause: propagation does not start from it (it may itself be propagated, and
+-- paths pass through it).
+-- Failure DAG: an edge u -> v when u is a non-recovered failure, v a failure, and v is reachable
+-- from u along dependency edges whose intermediate steps are not non-recovered failures.
+-- nearest_failing_upstream = the u of those edges; failing_upstream = every failure that reaches v
+-- in the failure DAG (transitively). kind = 'propagated' when failing_upstream is not empty.
+-- chain_length = hops of the longest failure-DAG path from an originating failure to the step
+-- (0 for an originating failure).
+with recursive
+win as (
+    select trace_id
+    from traces
+    where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
+      and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
+),
+score_rows as (
+    select trace_id, span_id, cast(score as double) as score, metric, source,
+           taxonomy_l1, taxonomy_l2, taxonomy_l3,
+           bool_or(source = 'human') over (partition by trace_id, span_id) as has_human
+    from step_scores
+    where score is not null and trace_id in (select trace_id from win)
+),
+step_score as (
+    select * exclude (has_human)
+    from score_rows
+    where source = 'human' or not has_human
+    qualify row_number() over (
+        partition by trace_id, span_id order by score, taxonomy_l1 is null, metric, source) = 1
+),
+node as (
+    select n.trace_id, n.span_id, cast(n.step_type as varchar) as step_type, n.step_name,
+           coalesce(n.step_key, n.step_name, n.span_id) as step_key, coalesce(n.iteration, 1) as iteration,
+           n.start_time_unix_nano, s.score, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3,
+           coalesce(s.score <= cast($fail_threshold as double), false) as failed
+    from dag_nodes n
+    left join step_score s on s.trace_id = n.trace_id and s.span_id = n.span_id
+    where n.trace_id in (select trace_id from win)
+),
+fail as (
+    select f.*,
+           exists (select 1 from node later
+                   where later.trace_id = f.trace_id and later.step_key = f.step_key
+                     and later.iteration > f.iteration and not later.failed) as recovered
+    from node f
+    where f.failed
+),
+src as (
+    select trace_id, span_id from fail where not recovered
+),
+dep as (
+    select distinct e.trace_id, e.upstream_span_id as up, e.downstream_span_id as down,
+           s.span_id is not null as down_is_src
+    from dag_edges e
+    left join src s on s.trace_id = e.trace_id and s.span_id = e.downstream_span_id
+    where e.upstream_span_id is not null and e.downstream_span_id is not null
+      and e.trace_id in (select trace_id from src)
+),
+-- walk downstream from every non-recovered failure, stopping at the next non-recovered failure
+reach(trace_id, src_id, node_id, stop) as (
+    select d.trace_id, d.up, d.down, d.down_is_src
+    from dep d join src s on s.trace_id = d.trace_id and s.span_id = d.up
+    union
+    select r.trace_id, r.src_id, d.down, d.down_is_src
+    from reach r join dep d on d.trace_id = r.trace_id and d.up = r.node_id
+    where not r.stop
+),
+fe as (
+    select distinct r.trace_id, r.src_id as up, r.node_id as down
+    from reach r join fail f on f.trace_id = r.trace_id and f.span_id = r.node_id
+    where r.src_id <> r.node_id
+),
+-- transitive failing upstream; dist = hops of the longest failure-DAG path (USING KEY keeps the last)
+anc(trace_id, v, a, dist) using key (trace_id, v, a) as (
+    select trace_id, down, up, 1 from fe
+    union
+    select anc.trace_id, anc.v, fe.up, anc.dist + 1
+    from anc join fe on fe.trace_id = anc.trace_id and fe.down = anc.a
+    where anc.dist < cast($max_hops as integer)
+),
+nearest as (
+    select fe.trace_id, fe.down as span_id,
+           list(fe.up order by u.start_time_unix_nano, fe.up) as nearest_failing_upstream
+    from fe join fail u on u.trace_id = fe.trace_id and u.span_id = fe.up
+    group by all
+),
+upstream as (
+    select anc.trace_id, anc.v as span_id,
+           list(anc.a order by u.start_time_unix_nano, anc.a) as failing_upstream,
+           max(anc.dist) as chain_length
+    from anc join fail u on u.trace_id = anc.trace_id and u.span_id = anc.a
+    group by all
+)
+select f.trace_id, f.span_id, f.step_type, f.step_name, f.iteration, f.score,
+       f.taxonomy_l1, f.taxonomy_l2, f.taxonomy_l3, f.recovered,
+       case when u.span_id is null then 'originating' else 'propagated' end as kind,
+       coalesce(n.nearest_failing_upstream, []::varchar[]) as nearest_failing_upstream,
+       coalesce(u.failing_upstream, []::varchar[]) as failing_upstream,
+       coalesce(u.chain_length, 0) as chain_length,
+       make_timestamp(f.start_time_unix_nano // 1000) as start_time, f.start_time_unix_nano
+from fail f
+left join nearest n on n.trace_id = f.trace_id and n.span_id = f.span_id
+left join upstream u on u.trace_id = f.trace_id and u.span_id = f.span_id
+order by f.trace_id, f.start_time_unix_nano, f.span_id
