@@ -1,7 +1,88 @@
-"""CLI commands: collect."""
+"""CLI commands: collect (the OTLP collector)."""
 
 from __future__ import annotations
 
+import re
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
 import click
 
-COMMANDS: list[click.Command] = []
+from tracedag.pipeline.commands._options import data_option as _shared_data_option
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+data_option: Callable[[_F], _F] = _shared_data_option
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size such as ``67108864``, ``64MiB`` or ``1g``."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"not a size: {text!r} (e.g. 64MiB)")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+@click.command("collect")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; use 0.0.0.0 to listen on all interfaces.")
+@click.option("--http-port", default=4318, show_default=True, type=int, help="OTLP/HTTP port (0: any free port).")
+@click.option("--grpc-port", default=4317, show_default=True, type=int, help="OTLP/gRPC port (0: any free port).")
+@data_option
+@click.option("--token", "tokens", multiple=True, envvar="TRACEDAG_TOKEN",
+              help="Accepted bearer token (repeatable; env TRACEDAG_TOKEN). Without tokens, no auth.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="File of bearer tokens, one per line; re-read when it changes.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="TLS certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="TLS private key (PEM).")
+@click.option("--max-body", default="64MiB", show_default=True, help="Largest request, after decompression.")
+@click.option("--max-inflight", default="128MiB", show_default=True,
+              help="Decompressed bytes in flight before answering 503.")
+@click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
+@click.option("--build-idle", default=30.0, show_default=True, type=float,
+              help="Seconds without new spans before a trace is built.")
+@click.option("--grace", default=10.0, show_default=True, type=float,
+              help="Seconds to drain in-flight requests on SIGTERM/SIGINT.")
+def collect(
+    host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
+    tls_cert: Path | None, tls_key: Path | None, max_body: str, max_inflight: str, build: bool,
+    build_idle: float, grace: float,
+) -> None:
+    """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
+    from tracedag.collector.server import CollectorConfig, start_collector
+
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    config = CollectorConfig(
+        data=data, host=host, http_port=http_port, grpc_port=grpc_port, tokens=tokens, token_file=token_file,
+        tls_cert=tls_cert, tls_key=tls_key, max_body_bytes=parse_size(max_body),
+        max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    running = start_collector(config)
+    scheme = "https" if tls_cert else "http"
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"tracedag collect: OTLP/HTTP {scheme}://{shown}:{running.http_port}/v1/traces", nl=True)
+    click.echo(f"tracedag collect: OTLP/gRPC {shown}:{running.grpc_port}")
+    click.echo(f"tracedag collect: data in {data}; metrics at {scheme}://{shown}:{running.http_port}/metrics")
+    click.echo(f"listening http_port={running.http_port} grpc_port={running.grpc_port}")
+    while not stop.wait(0.5):
+        pass
+    click.echo("tracedag collect: draining and flushing ...")
+    running.stop(grace)
+    click.echo("tracedag collect: stopped")
+
+
+COMMANDS: list[click.Command] = [collect]
