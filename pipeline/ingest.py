@@ -38,6 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tracedag.collector import faults
 from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
+from tracedag.pipeline.compact import Compactor, CompactStats
 from tracedag.pipeline.convert import Converted, convert_records
 from tracedag.pipeline.dedupe import DedupeIndex, write_sidecar
 from tracedag.pipeline.evaluations import extract_evaluations
@@ -152,7 +153,7 @@ class StoreWriter:
             keys, content = conv.keys[res.keep], conv.content[res.keep]
             for hour, idx in _hour_groups(table):
                 self._commit_hour(hour, table.take(idx), keys[idx], content[idx], stem, stats)
-            self._bump()
+            self.bump()
 
     def _commit_hour(
         self, hour: str, table: pa.Table, keys: np.ndarray, content: np.ndarray, stem: str, stats: ConvertStats
@@ -180,9 +181,10 @@ class StoreWriter:
         if gen != self._generation or not self._generation:
             self.index = DedupeIndex(self.index.window_hours)
             self.index.load_dir(table_dir(self.data, "spans"))
-            self._generation = gen or self._bump()
+            self._generation = gen or self.bump()
 
-    def _bump(self) -> str:
+    def bump(self) -> str:
+        """Record that the stored files changed (other writers reload their dedupe index)."""
         gen = f"{os.getpid()}-{time.time_ns()}"
         tmp = self._gen_path.with_name(self._gen_path.name + ".tmp")
         tmp.write_text(gen)
@@ -250,10 +252,15 @@ def _resync(data: bytes, start: int) -> int:
 class SpoolConverter:
     """Converts sealed spool segments into Parquet; safe to stop and restart at any point."""
 
-    def __init__(self, data: Path | str, workers: int = 1, window_hours: int = 48) -> None:
+    def __init__(
+        self, data: Path | str, workers: int = 1, window_hours: int = 48, compact_interval: float = 60.0
+    ) -> None:
         self.data = Path(data)
         self.spool = self.data / "spool"
         self.writer = StoreWriter(self.data, window_hours)
+        self.compactor = Compactor(self.data)
+        self.compact_interval = compact_interval
+        self._last_compact = time.monotonic()
         self.workers = workers
         self.totals = ConvertStats()
         self._rounds = 0
@@ -269,7 +276,9 @@ class SpoolConverter:
         """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
         stats = ConvertStats()
         if self._rounds == 0:
-            _remove_temp_files(self.data)
+            with self.writer.locked():  # another writer's temp files are not leftovers
+                _remove_temp_files(self.data)
+                self.compactor.cleanup()
         self._rounds += 1
         for seg in self.sealed():
             try:
@@ -280,10 +289,22 @@ class SpoolConverter:
                 stats.write_errors += 1
                 logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
                 break
+        if time.monotonic() - self._last_compact >= self.compact_interval:
+            self.compact()
         with self._stats_lock:
             self.totals.add(stats)
         publish(stats)
         return stats
+
+    def compact(self, now_unix: float | None = None) -> CompactStats:
+        """Compact the partitions that are due (under the writer lock); a write error skips it."""
+        self._last_compact = time.monotonic()
+        with self.writer.locked():
+            try:
+                result = self.compactor.run(now_unix)
+            finally:
+                self.writer.bump()
+        return result
 
     def run_forever(self, stop: threading.Event, interval: float = 0.2) -> None:
         """Convert until ``stop`` is set, then convert what is left once more."""

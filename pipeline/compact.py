@@ -1,0 +1,193 @@
+"""Compaction: merge the small Parquet files of a receive-hour partition into a few large ones.
+
+The new state of a partition is built in ``<data>/state/compact/<table>/recv_hour=H/``: small
+files merged (streamed, one input file in memory at a time) into files of at most
+``target_rows`` rows, large files hard-linked unchanged, spans de-duplicated on their dedupe
+keys (first file in write order wins). Then the staging directory and the partition directory
+are swapped with one ``renameat2(RENAME_EXCHANGE)``: a reader listing the partition sees either
+every old file or every new file, never both and never neither. The old files, now in the
+staging path, are deleted. A crash at any point leaves the partition complete (old or new);
+leftover staging directories are removed on the next run.
+
+Compaction runs under the ingest writer lock, so no converter adds files to a partition while
+it is being rebuilt. A query that listed the old files just before the swap and opens them
+after it gets "file not found" and should be re-run (see README, "Data layout").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracedag.collector import faults
+from tracedag.pipeline.dedupe import first_occurrence, read_sidecar, sidecar_path, write_sidecar
+from tracedag.pipeline.store import fsync_dir, table_dir
+
+logger = logging.getLogger(__name__)
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+@dataclass
+class CompactStats:
+    """What one compaction pass did."""
+
+    partitions: int = 0
+    files_before: int = 0
+    files_after: int = 0
+    duplicates: int = 0
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))
+
+
+def hour_closed(hour: str, now_unix: float, grace_seconds: float = 300.0) -> bool:
+    """Return whether receive hour ``YYYY-MM-DD-HH`` ended more than ``grace_seconds`` ago."""
+    start = time.mktime(time.strptime(hour + " UTC", "%Y-%m-%d-%H %Z")) - time.timezone
+    return start + 3600 + grace_seconds <= now_unix
+
+
+class Compactor:
+    """Decides which partitions to compact and rebuilds them (call with the writer lock held)."""
+
+    def __init__(self, data: Path, target_rows: int = 250_000, max_open_files: int = 64) -> None:
+        self.data = data
+        self.target_rows = target_rows
+        self.max_open_files = max_open_files
+        self.staging_root = data / "state" / "compact"
+
+    def cleanup(self) -> None:
+        """Remove staging directories left by a crash (the partitions themselves are complete)."""
+        if self.staging_root.exists():
+            shutil.rmtree(self.staging_root)
+
+    def due(self, table: str, now_unix: float) -> list[Path]:
+        """Return partitions of ``table`` worth compacting now."""
+        root = table_dir(self.data, table)
+        if not root.exists():
+            return []
+        out = []
+        for part in sorted(p for p in root.glob("recv_hour=*") if p.is_dir()):
+            files = list(part.glob("*.parquet"))
+            closed = hour_closed(part.name.split("=", 1)[1], now_unix)
+            if len(files) > self.max_open_files or (closed and len(self._small(files)) > 1):
+                out.append(part)
+        return out
+
+    def _small(self, files: list[Path]) -> list[Path]:
+        return [f for f in files if pq.ParquetFile(f).metadata.num_rows < self.target_rows // 2]
+
+    def run(self, now_unix: float | None = None) -> CompactStats:
+        """Compact every partition that is due, spans and evaluations; return what was done."""
+        now = time.time() if now_unix is None else now_unix
+        stats = CompactStats()
+        self.cleanup()
+        for table in ("spans", "evaluations"):
+            for part in self.due(table, now):
+                try:
+                    self.compact(part, table == "spans", stats)
+                except OSError as exc:
+                    logger.warning("compaction of %s skipped: %s", part, exc)
+                    self.cleanup()
+                    if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                        return stats
+        return stats
+
+    def compact(self, part: Path, dedupe: bool, stats: CompactStats) -> None:
+        """Rebuild one partition with its small files merged, then swap it in atomically."""
+        files = sorted(part.glob("*.parquet"), key=lambda f: f.name)
+        small = set(self._small(files))
+        stage = self.staging_root / part.parent.name / part.name
+        stage.mkdir(parents=True)
+        merger = _Merger(stage, self.target_rows, dedupe)
+        for f in files:
+            if f in small:
+                merger.add(f)
+            else:
+                os.link(f, stage / f.name)
+                if dedupe and sidecar_path(f).exists():
+                    os.link(sidecar_path(f), sidecar_path(stage / f.name))
+        merger.close()
+        fsync_dir(stage)
+        faults.hit("compact.middle")
+        exchange(stage, part)
+        fsync_dir(part.parent)
+        fsync_dir(stage.parent)
+        shutil.rmtree(stage)
+        after = len(list(part.glob("*.parquet")))
+        stats.partitions += 1
+        stats.files_before += len(files)
+        stats.files_after += after
+        stats.duplicates += merger.duplicates
+        logger.info("compacted %s: %d -> %d files", part, len(files), after)
+
+
+class _Merger:
+    """Streams small files into merged files of at most ``target_rows`` rows."""
+
+    def __init__(self, out_dir: Path, target_rows: int, dedupe: bool) -> None:
+        self.out_dir = out_dir
+        self.target_rows = target_rows
+        self.dedupe = dedupe
+        self.seen = np.empty(0, dtype=np.uint64)  # sorted keys already merged
+        self.duplicates = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._path: Path | None = None
+        self._rows = 0
+        self._keys: list[np.ndarray] = []
+        self._content: list[np.ndarray] = []
+        self._count = 0
+
+    def add(self, f: Path) -> None:
+        """Append the rows of ``f`` (minus spans already merged) to the current output file."""
+        table = pq.read_table(f)
+        if self.dedupe:
+            keys, content = read_sidecar(f)
+            keep = first_occurrence(keys) & ~np.isin(keys, self.seen)
+            self.seen = np.union1d(self.seen, keys[keep])
+            self.duplicates += int(len(keys) - keep.sum())
+            table = table.filter(pa.array(keep))
+            self._keys.append(keys[keep])
+            self._content.append(content[keep])
+        if table.num_rows:
+            self._write(table)
+
+    def _write(self, table: pa.Table) -> None:
+        if self._writer is None or self._rows >= self.target_rows:
+            self._finish_file()
+            self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self._count:04d}.parquet"
+            self._count += 1
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="zstd")
+        self._writer.write_table(table, row_group_size=64 * 1024)
+        self._rows += table.num_rows
+
+    def _finish_file(self) -> None:
+        if self._writer is None or self._path is None:
+            return
+        self._writer.close()
+        with open(self._path, "rb") as fh:
+            os.fsync(fh.fileno())
+        if self.dedupe:
+            write_sidecar(self._path, np.concatenate(self._keys), np.concatenate(self._content))
+        self._writer, self._rows, self._keys, self._content = None, 0, [], []
+
+    def close(self) -> None:
+        """Finish the last output file."""
+        self._finish_file()
