@@ -1,0 +1,144 @@
+"""Determinism over replays and variants, and graph utility: the library behind ``tracedag determinism``.
+
+``analyze`` reads the runs from the store (``trajectories.load_runs``), registers them as the
+relations ``runs`` and ``visits`` and runs the named queries ``determinism``,
+``determinism_agent``, ``node_utility``, ``edge_utility`` and ``agent_utility`` over them. Response
+consistency (judge or offline, see ``response``) is added to the determinism rows in Python.
+``write_outputs`` writes each table as Parquet and one picture per agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tracedag import queries
+from tracedag.pipeline.analysis.graph_dsl import AgentGraph
+from tracedag.pipeline.analysis.response import (
+    ResponseScorer,
+    TokenJaccardScorer,
+    replay_consistency,
+    variant_consistency,
+)
+from tracedag.pipeline.analysis.trajectories import Run, load_runs, runs_table, visits_table
+from tracedag.pipeline.errors import QueryFailed
+from tracedag.pipeline.store import write_parquet_atomic
+from tracedag.pipeline.views import connect
+from tracedag.schemas.spans import SCHEMA_KEY
+
+logger = logging.getLogger(__name__)
+
+TABLES = ("determinism", "determinism_agent", "node_utility", "edge_utility", "agent_utility")
+GroupKey = tuple[str, str | None, str]
+
+
+@dataclass
+class AnalysisResult:
+    """Every output table of one analysis, plus the runs it was computed from."""
+
+    tables: dict[str, pa.Table]
+    runs: list[Run]
+    graph: AgentGraph | None = None
+    pictures: dict[str, Path] = field(default_factory=dict)
+
+
+def _run_query(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
+    try:
+        return con.sql(queries.load(name)).to_arrow_table()
+    except duckdb.Error as e:
+        raise QueryFailed(name, str(e)) from e
+
+
+def _base_reference(base_runs: list[Run], base_path: list[str] | None) -> str | None:
+    """The final response of the first exact replay whose node path is the base path."""
+    ordered = sorted(base_runs, key=lambda r: (r.replay_index is None, r.replay_index or 0, r.start_ns))
+    for r in ordered:
+        if base_path is None or r.nodes == base_path:
+            response: str | None = r.final_response
+            return response
+    return None
+
+
+def _response_columns(det: pa.Table, runs: list[Run], scorer: ResponseScorer) -> pa.Table:
+    """Add response_consistency and response_consistency_method to the determinism rows."""
+    groups: dict[GroupKey, list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[(r.agent, r.agent_version, r.scenario)].append(r)
+    values: list[float | None] = []
+    for row in det.to_pylist():
+        members = groups[(row["agent"], row["agent_version"], row["scenario"])]
+        base = [r for r in members if r.is_base]
+        if row["comparison"] == "replays":
+            values.append(replay_consistency(scorer, [r.final_response for r in base]))
+        else:
+            ref = _base_reference(base, row["base_node_path"]) if base else None
+            values.append(variant_consistency(scorer, ref, [r.final_response for r in members if not r.is_base]))
+    methods = [scorer.method if v is not None else None for v in values]
+    det = det.append_column("response_consistency", pa.array(values, pa.float64()))
+    return det.append_column("response_consistency_method", pa.array(methods, pa.string()))
+
+
+def analyze(
+    data: Path,
+    group_by: str | None = None,
+    graph: AgentGraph | None = None,
+    scorer: ResponseScorer | None = None,
+) -> AnalysisResult:
+    """Compute determinism and utility tables over every run in ``data``."""
+    con = connect(data)
+    try:
+        runs = load_runs(con, group_by)
+        return _analyze_runs(con, runs, graph, scorer or TokenJaccardScorer())
+    finally:
+        con.close()
+
+
+def analyze_runs(
+    runs: list[Run], graph: AgentGraph | None = None, scorer: ResponseScorer | None = None
+) -> AnalysisResult:
+    """Compute the same tables over runs already in memory (tests, simulations)."""
+    con = duckdb.connect(":memory:")
+    try:
+        return _analyze_runs(con, runs, graph, scorer or TokenJaccardScorer())
+    finally:
+        con.close()
+
+
+def _analyze_runs(
+    con: duckdb.DuckDBPyConnection, runs: list[Run], graph: AgentGraph | None, scorer: ResponseScorer
+) -> AnalysisResult:
+    con.register("runs", runs_table(runs))
+    con.register("visits", visits_table(runs, graph))
+    det = _response_columns(_run_query(con, "determinism"), runs, scorer)
+    con.register("determinism", det)
+    tables = {"determinism": det}
+    for name in TABLES[1:]:
+        tables[name] = _run_query(con, name)
+    logger.info("determinism over %d runs, %d scenario rows", len(runs), det.num_rows)
+    return AnalysisResult(tables, runs, graph)
+
+
+def _out_path(data: Path, output: Path | None, name: str) -> tuple[Path, str]:
+    if output is not None:
+        return output, name
+    return data / "tables" / name, name
+
+
+def write_outputs(result: AnalysisResult, data: Path, output: Path | None = None) -> dict[str, Path]:
+    """Write each table as Parquet (replacing the previous one) and one SVG picture per agent."""
+    from tracedag.pipeline.analysis.picture import write_pictures
+
+    written: dict[str, Path] = {}
+    for name, table in result.tables.items():
+        directory, stem = _out_path(data, output, name)
+        tagged = table.replace_schema_metadata({SCHEMA_KEY: f"{name}/v1".encode()})
+        written[name] = write_parquet_atomic(tagged, directory, stem=stem)
+    pictures_dir = output if output is not None else data / "pictures"
+    result.pictures = write_pictures(result, pictures_dir)
+    written.update({f"picture {agent}": p for agent, p in result.pictures.items()})
+    return written

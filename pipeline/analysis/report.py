@@ -1,0 +1,108 @@
+"""Rich tables of an analysis: determinism per scenario and per agent, node utilization, graph figures."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tracedag.pipeline.analysis.determinism import AnalysisResult
+
+logger = logging.getLogger(__name__)
+
+_METRICS = [
+    ("node_consistency", "node cons."), ("node_coverage", "node cov."),
+    ("action_consistency", "action cons."), ("action_coverage", "action cov."),
+    ("action_input_consistency", "act+input cons."), ("action_input_coverage", "act+input cov."),
+]
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def _agent(row: dict[str, Any]) -> str:
+    return str(row["agent"]) + (f" {row['agent_version']}" if row.get("agent_version") else "")
+
+
+def _response(row: dict[str, Any]) -> str:
+    value = row.get("response_consistency")
+    if value is None:
+        return "—"
+    method = row.get("response_consistency_method") or ""
+    return f"{value:.2f} ({'offline' if 'offline' in method else method})"
+
+
+def determinism_table(rows: list[dict[str, Any]], title: str, per_scenario: bool) -> Table:
+    """Determinism rows as a rich table (per agent and scenario, or per agent)."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("agent")
+    if per_scenario:
+        t.add_column("scenario")
+    t.add_column("vs")
+    t.add_column("runs", justify="right")
+    for _, label in _METRICS:
+        t.add_column(label, justify="right")
+    t.add_column("response 1–4", justify="right")
+    for r in rows:
+        cells = [_agent(r)] + ([r["scenario"]] if per_scenario else []) + [r["comparison"], _f(r["runs"])]
+        cells += [_f(r[k]) for k, _ in _METRICS] + [_response(r)]
+        if per_scenario and r.get("reason"):
+            cells[-1] = r["reason"]
+        t.add_row(*cells)
+    return t
+
+
+def node_table(rows: list[dict[str, Any]]) -> Table:
+    """Node utilization per agent."""
+    t = Table(title="node utilization per agent", title_justify="left")
+    for name, justify in (("agent", "left"), ("node", "left"), ("conversations", "right"),
+                          ("share", "right"), ("visits", "right"), ("visits/conv.", "right"),
+                          ("failures", "right")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(_agent(r), r["node"], str(r["conversations"]), _pct(r["conversation_share"]),
+                  str(r["visits"]), _f(r["visits_per_conversation"]), str(r["failures"]))
+    return t
+
+
+def agent_table(rows: list[dict[str, Any]]) -> Table:
+    """Graph-level figures per agent."""
+    t = Table(title="agent graph per agent", title_justify="left")
+    cols = ["agent", "conv.", "turns", "transitions/turn", "failed visits", "adherence",
+            "convergence", "completion"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "agent" else "right")
+    for r in rows:
+        t.add_row(_agent(r), str(r["conversations"]), str(r["turns"]), _f(r["transitions_per_turn"]),
+                  str(r["failed_visits"]), _pct(r["adherence"]), _pct(r["convergence_rate"]),
+                  _pct(r["completion_rate"]))
+    return t
+
+
+def print_report(console: Console, result: AnalysisResult, written: dict[str, Path]) -> None:
+    """Print every table and where the outputs went."""
+    if not result.runs:
+        console.print("[yellow]no runs found in the store[/yellow]")
+    tables = {k: v.to_pylist() for k, v in result.tables.items()}
+    console.print(determinism_table(tables["determinism"], "determinism per agent and scenario", True))
+    console.print(determinism_table(tables["determinism_agent"], "determinism per agent", False))
+    console.print(node_table(tables["node_utility"]))
+    console.print(agent_table(tables["agent_utility"]))
+    methods = {r["response_consistency_method"] for r in tables["determinism"]} - {None}
+    if any("offline" in m for m in methods):
+        console.print("response consistency: offline token-Jaccard measure (1 + 3·J), not a judge score; "
+                      "set --judge-model for a judge.")
+    for name, path in written.items():
+        console.print(f"{name}: {path}")

@@ -1,0 +1,144 @@
+"""Response consistency on the 1–4 scale: an LLM judge when configured, else an offline measure.
+
+Scale: 4 = the responses all agree in meaning, 3 = they agree on the main point with minor
+differences, 2 = they partly agree, 1 = they contradict each other or are unrelated.
+
+- ``JudgeScorer`` asks an OpenAI-compatible chat endpoint (the real ``openai`` client, temperature
+  0) for one digit on that rubric; its method name is ``judge:<model>``. The key comes from
+  ``TRACEDAG_JUDGE_API_KEY``, else ``OPENAI_API_KEY``.
+- ``TokenJaccardScorer`` needs no network: responses are lower-cased and split into word tokens,
+  and the score is ``1 + 3 * J`` where J is the mean pairwise Jaccard similarity of the token sets
+  (two empty sets count as identical). Its method name is ``token_jaccard_offline``; it measures
+  lexical overlap, not meaning, and every output labels it as such.
+
+A single response agrees with itself: 4.0. Runs without any response give null.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+from typing import Protocol
+
+from tracedag.pipeline.errors import TracedagError
+
+logger = logging.getLogger(__name__)
+
+OFFLINE_METHOD = "token_jaccard_offline"
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+_DIGIT = re.compile(r"[1-4]")
+
+RUBRIC = (
+    "You compare the final answers that several runs of the same AI agent gave to the same task. "
+    "Rate how much they agree in meaning (facts, decisions, outcome), ignoring wording and style. "
+    "Reply with one digit only: 4 = all agree; 3 = agree on the main point with minor differences; "
+    "2 = partly agree; 1 = contradict each other or are unrelated."
+)
+
+
+class JudgeFailed(TracedagError):  # type: ignore[misc,unused-ignore]
+    """The judge endpoint failed or answered outside the 1–4 scale."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(f"judge {model}: {reason}")
+        self.model = model
+        self.reason = reason
+
+
+class ResponseScorer(Protocol):
+    """Scores the agreement of responses on the 1–4 scale."""
+
+    method: str
+
+    def agreement(self, responses: list[str]) -> float:
+        """Agreement of two or more responses (1–4)."""
+        ...
+
+
+def tokens(text: str | None) -> frozenset[str]:
+    """Lower-cased word tokens of ``text``."""
+    return frozenset(_TOKEN.findall((text or "").lower()))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity; two empty sets are identical (1.0)."""
+    union = a | b
+    return 1.0 if not union else len(a & b) / len(union)
+
+
+class TokenJaccardScorer:
+    """Offline fallback: ``1 + 3 * mean pairwise token-set Jaccard``."""
+
+    method = OFFLINE_METHOD
+
+    def agreement(self, responses: list[str]) -> float:
+        """1 + 3 x the mean pairwise Jaccard of the responses' token sets."""
+        sets = [tokens(r) for r in responses]
+        pairs = list(itertools.combinations(sets, 2))
+        if not pairs:
+            return 4.0
+        return 1.0 + 3.0 * sum(jaccard(a, b) for a, b in pairs) / len(pairs)
+
+
+class JudgeScorer:
+    """LLM judge behind an OpenAI-compatible endpoint, rubric ``RUBRIC``, temperature 0."""
+
+    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None) -> None:
+        from openai import OpenAI
+
+        self.model = model
+        self.method = f"judge:{model}"
+        key = api_key or os.environ.get("TRACEDAG_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        self._client = OpenAI(base_url=base_url, api_key=key or "unused", max_retries=2)
+        self._cache: dict[tuple[str, ...], float] = {}
+
+    def agreement(self, responses: list[str]) -> float:
+        """Ask the judge for one digit 1–4 (cached per set of responses)."""
+        if len(responses) < 2:
+            return 4.0
+        key = tuple(responses)
+        if key not in self._cache:
+            self._cache[key] = self._ask(responses)
+        return self._cache[key]
+
+    def _ask(self, responses: list[str]) -> float:
+        listing = "\n\n".join(f"Answer {i + 1}:\n{r}" for i, r in enumerate(responses))
+        try:
+            reply = self._client.chat.completions.create(
+                model=self.model, temperature=0, max_tokens=4,
+                messages=[{"role": "system", "content": RUBRIC}, {"role": "user", "content": listing}],
+            )
+        except Exception as e:  # the client raises many transport and API error types
+            raise JudgeFailed(self.model, f"{type(e).__name__}: {e}") from e
+        text = reply.choices[0].message.content or ""
+        match = _DIGIT.search(text)
+        if match is None:
+            raise JudgeFailed(self.model, f"answer {text!r} is not a digit 1-4")
+        return float(match.group())
+
+
+def make_scorer(model: str | None, base_url: str | None = None) -> ResponseScorer:
+    """The judge when a model is configured, else the offline token-Jaccard scorer."""
+    if model:
+        return JudgeScorer(model, base_url)
+    return TokenJaccardScorer()
+
+
+def replay_consistency(scorer: ResponseScorer, responses: list[str | None]) -> float | None:
+    """Agreement of the replays' final responses; null when no run has a response."""
+    present = [r for r in responses if r]
+    if not present:
+        return None
+    return scorer.agreement(present)
+
+
+def variant_consistency(
+    scorer: ResponseScorer, base: str | None, variants: list[str | None]
+) -> float | None:
+    """Mean over variant runs of the agreement of each variant's response with the base response."""
+    if not base:
+        return None
+    scores = [scorer.agreement([base, v]) for v in variants if v]
+    return sum(scores) / len(scores) if scores else None

@@ -1,0 +1,108 @@
+-- run_steps: the ordered steps of every run that determinism and graph utility are computed from.
+-- A run is one conversation: all traces sharing run_id, else conversation_id; a trace without
+-- either is a run of its own. Each trace of a run is one turn.
+-- Inputs: views spans, dag_nodes, step_scores; temp view run_group(trace_id, group_key) that the
+--   caller creates from --group-by (group_key null when not grouping by an expression).
+-- agent = the agent_name of the earliest span that has one, else the root's service_name.
+-- Steps (kind):
+--   node      a graph-node visit: the outermost span of a LangGraph node execution
+--             (langgraph_node set and differing from the parent's node or step), or a span marked
+--             with gen_ai.node.name / tracedag.node.name / graph.node.name / graph_node_id;
+--             name = langgraph_node, else the marking attribute, else step_name. __start__/__end__
+--             are not nodes. failed = status ERROR in the node's subtree or a step score <= 2.
+--   tool      a tool span (step_type 'tool'); name = tool_name, detail = its arguments
+--             (gen_ai.tool.call.arguments, else input_text).
+--   response  one per trace: the root's output_text, else the last llm/agent/chain output_text.
+-- Params: none.
+-- Output columns: run_key, trace_id, span_id, kind, name, detail, failed, agent, agent_version,
+--   scenario, variant_id, replay_index, trace_start, topo_index, start_time_unix_nano,
+--   intended_path (JSON text of tracedag.intended_path on the root span or resource).
+-- Order: run_key, trace_start, trace_id, topo_index (nulls last), start_time_unix_nano, span_id.
+with recursive
+roots as (
+    select trace_id, span_id, service_name::varchar as service_name, start_time_unix_nano, output_text,
+           coalesce(attributes['tracedag.intended_path'],
+                    resource_attributes['tracedag.intended_path']) as intended_path
+    from spans
+    where parent_span_id is null
+    qualify row_number() over (partition by trace_id order by start_time_unix_nano, span_id) = 1
+),
+trace_info as (
+    select s.trace_id,
+           coalesce(max(s.run_id), max(s.conversation_id), s.trace_id) as run_key,
+           coalesce(arg_min(s.agent_name, s.start_time_unix_nano) filter (where s.agent_name is not null),
+                    any_value(r.service_name), max(s.service_name::varchar)) as agent,
+           max(s.service_version) as agent_version,
+           coalesce(any_value(g.group_key), max(s.scenario_id)) as scenario,
+           max(s.variant_id) as variant_id,
+           max(s.replay_index) as replay_index,
+           coalesce(any_value(r.start_time_unix_nano), min(s.start_time_unix_nano)) as trace_start,
+           any_value(r.intended_path) as intended_path,
+           any_value(r.output_text) as root_output
+    from spans s
+    left join roots r on r.trace_id = s.trace_id
+    left join run_group g on g.trace_id = s.trace_id
+    group by s.trace_id
+),
+marked as (
+    select s.trace_id, s.span_id, s.start_time_unix_nano,
+           coalesce(s.langgraph_node, s.attributes['gen_ai.node.name'], s.attributes['tracedag.node.name'],
+                    s.attributes['graph.node.name'], s.step_name) as node,
+           s.langgraph_node is not null
+             and (p.span_id is null or p.langgraph_node is distinct from s.langgraph_node
+                  or p.langgraph_step is distinct from s.langgraph_step) as lg_top,
+           s.attributes['gen_ai.node.name'] is not null or s.attributes['tracedag.node.name'] is not null
+             or s.attributes['graph.node.name'] is not null or s.graph_node_id is not null as other_mark
+    from spans s
+    left join spans p on p.trace_id = s.trace_id and p.span_id = s.parent_span_id
+),
+node_spans as (
+    select trace_id, span_id, start_time_unix_nano, node
+    from marked
+    where (lg_top or other_mark) and node not in ('__start__', '__end__')
+),
+subtree(trace_id, node_span_id, span_id) as (
+    select trace_id, span_id, span_id from node_spans
+    union all
+    select c.trace_id, t.node_span_id, c.span_id
+    from subtree t join spans c on c.trace_id = t.trace_id and c.parent_span_id = t.span_id
+),
+bad_spans as (
+    select trace_id, span_id from spans where status_code = 2
+    union
+    select trace_id, span_id from step_scores where cast(score as double) <= 2
+),
+node_failed as (
+    select t.trace_id, t.node_span_id, count(b.span_id) > 0 as failed
+    from subtree t
+    left join bad_spans b on b.trace_id = t.trace_id and b.span_id = t.span_id
+    group by t.trace_id, t.node_span_id
+),
+steps as (
+    select n.trace_id, n.span_id, 'node' as kind, n.node as name, null::varchar as detail,
+           f.failed, n.start_time_unix_nano
+    from node_spans n
+    join node_failed f on f.trace_id = n.trace_id and f.node_span_id = n.span_id
+    union all
+    select trace_id, span_id, 'tool', coalesce(tool_name, step_name, name::varchar),
+           coalesce(attributes['gen_ai.tool.call.arguments'], input_text), status_code = 2,
+           start_time_unix_nano
+    from spans
+    where step_type = 'tool'
+    union all
+    select s.trace_id, max(s.span_id), 'response', null,
+           coalesce(any_value(i.root_output),
+                    max_by(s.output_text, s.end_time_unix_nano)
+                      filter (where s.output_text is not null and s.step_type in ('llm', 'agent', 'chain'))),
+           null, max(s.end_time_unix_nano)
+    from spans s join trace_info i on i.trace_id = s.trace_id
+    group by s.trace_id
+)
+select i.run_key, st.trace_id, st.span_id, st.kind, st.name, st.detail, coalesce(st.failed, false) as failed,
+       coalesce(i.agent, 'unknown') as agent, i.agent_version, i.scenario, i.variant_id, i.replay_index,
+       i.trace_start, d.topo_index, st.start_time_unix_nano, i.intended_path
+from steps st
+join trace_info i on i.trace_id = st.trace_id
+left join dag_nodes d on d.trace_id = st.trace_id and d.span_id = st.span_id
+order by i.run_key, i.trace_start, st.trace_id, st.kind = 'response', d.topo_index nulls last,
+         st.start_time_unix_nano, st.span_id
