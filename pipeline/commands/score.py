@@ -1,7 +1,80 @@
-"""CLI commands: score."""
+"""CLI commands: score, labels import, labels agreement."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 
-COMMANDS: list[click.Command] = []
+from tracedag.pipeline.commands._options import data_option
+
+
+@click.command("score")
+@data_option  # type: ignore[untyped-decorator, unused-ignore]
+@click.option("--judge/--no-judge", "use_judge", default=None,
+              help="Also grade steps with the LLM judge (default: on when TRACEDAG_JUDGE_MODEL is set).")
+@click.option("--judge-model", envvar="TRACEDAG_JUDGE_MODEL", help="Judge model (env TRACEDAG_JUDGE_MODEL).")
+@click.option("--judge-base-url", envvar="TRACEDAG_JUDGE_BASE_URL",
+              help="OpenAI-compatible endpoint (env TRACEDAG_JUDGE_BASE_URL).")
+@click.option("--judge-concurrency", type=int, help="Judge requests in flight (env TRACEDAG_JUDGE_CONCURRENCY).")
+@click.option("--judge-max-steps", type=int, help="Judge at most this many steps in this run.")
+@click.option("--max-iterations", type=int, help="Flag loop iterations at or above this bound.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def score_command(data: Path, use_judge: bool | None, judge_model: str | None, judge_base_url: str | None,
+                  judge_concurrency: int | None, judge_max_steps: int | None, max_iterations: int | None,
+                  no_progress: bool) -> None:
+    """Score every built step not scored yet: rules, evaluations in the spans, optional LLM judge."""
+    from rich.console import Console
+
+    from tracedag.pipeline.score import JudgeConfig, score_store
+    from tracedag.pipeline.score.report import stats_renderable
+
+    if use_judge is None:
+        use_judge = bool(os.environ.get("TRACEDAG_JUDGE_MODEL"))
+    judge = None
+    if use_judge:
+        judge = JudgeConfig.from_env(model=judge_model, base_url=judge_base_url, concurrency=judge_concurrency,
+                                     max_steps=judge_max_steps)
+    stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations)
+    Console().print(stats_renderable(stats))
+
+
+@click.group("labels")
+def labels_group() -> None:
+    """Human labels: import them, and measure how the automatic scores agree with them."""
+
+
+@labels_group.command("import")
+@data_option  # type: ignore[untyped-decorator, unused-ignore]
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--annotator", help="Annotator for rows without an annotator column.")
+@click.option("--strict", is_flag=True, help="Import nothing when any row is bad.")
+def labels_import(data: Path, file: Path, annotator: str | None, strict: bool) -> None:
+    """Import human labels from FILE (.csv or .parquet); bad rows are listed with their line numbers."""
+    from rich.console import Console
+
+    from tracedag.pipeline.score.labels import import_labels
+    from tracedag.pipeline.score.labels_report import import_renderable
+
+    result = import_labels(data, file, annotator=annotator, strict=strict)
+    Console().print(import_renderable(result, strict))
+    if result.bad:
+        raise click.exceptions.Exit(1)
+
+
+@labels_group.command("agreement")
+@data_option  # type: ignore[untyped-decorator, unused-ignore]
+@click.option("--metric", help="Compare this metric only (default: each step's lowest score).")
+def labels_agreement(data: Path, metric: str | None) -> None:
+    """Cohen's kappa, confusion matrix and failure recall of each source against the human labels."""
+    from rich.console import Console
+
+    from tracedag.pipeline.score.agreement import agreement_report
+    from tracedag.pipeline.score.labels_report import agreement_renderable
+
+    results, labelled = agreement_report(data, metric)
+    Console().print(agreement_renderable(results, labelled))
+
+
+COMMANDS: list[click.Command] = [score_command, labels_group]

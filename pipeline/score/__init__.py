@@ -1,1 +1,11 @@
-"""tracedag.pipeline.score."""
+"""Step scoring: deterministic rules, evaluations in the spans, an LLM judge, human labels.
+
+``score_store(data, judge=None, progress=False)`` fills ``step_scores`` for every built step not
+scored yet; ``JudgeConfig.from_env()`` configures the judge; ``stats_renderable(stats)`` gives the
+final rich tables.
+"""
+
+from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats
+from tracedag.pipeline.score.runner import ScoreStats, score_store
+
+__all__ = ["JudgeConfig", "JudgeStats", "ScoreStats", "score_store"]

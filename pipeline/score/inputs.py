@@ -1,0 +1,156 @@
+"""Reading what scoring needs from the views: pending builds, step facts, tool definitions, judge inputs.
+
+These are stage-internal reads (like ``build`` reading spans), not analytical results, so the SQL
+stays here. Every query works on the ``pending`` relation: the (trace_id, build_id) pairs of the
+latest builds that are being scored in this pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from tracedag.pipeline.score.rubrics import JudgeInput
+from tracedag.pipeline.score.rules import StepFacts
+from tracedag.pipeline.score.toolschema import is_definition_key, parse_definitions
+
+# Latest builds (dag_nodes view) that have no rule rows yet: rules and evaluations score them.
+PENDING_RULES_SQL = """
+select distinct n.trace_id, n.build_id from dag_nodes n
+where not exists (select 1 from step_scores_all s
+                  where s.trace_id = n.trace_id and s.build_id = n.build_id and s.source = 'rule')
+order by 1
+"""
+
+STEP_FACTS_SQL = """
+select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
+       n.iteration, coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.error_type,
+       s.finish_reason, s.output_text, s.input_text, s.output_tokens, s.tool_name,
+       coalesce(s.attributes['http.response.status_code'], s.attributes['http.status_code']) as http_status,
+       coalesce(s.attributes['gen_ai.tool.call.arguments'], s.attributes['tool_call.function.arguments'])
+           as tool_args,
+       coalesce(s.output_text, s.attributes['gen_ai.tool.call.result']) as result_text,
+       s.attributes['gen_ai.task.status'] as task_status,
+       [concat_ws(': ', e.attributes['exception.type'], e.attributes['exception.message'])
+        for e in coalesce(s.events, []) if e.name = 'exception'] as exceptions
+from dag_nodes n join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
+left join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
+order by n.trace_id, n.topo_index
+"""
+
+DEFINITIONS_SQL = """
+select s.trace_id, unnest(map_keys(s.attributes)) as k, unnest(map_values(s.attributes)) as v
+from spans s semi join pending p on p.trace_id = s.trace_id
+where len(list_filter(map_keys(s.attributes),
+          lambda k: k in ('gen_ai.tool.definitions', 'tool.json_schema')
+               or (k like 'llm.tools.%' and k like '%.tool.json_schema'))) > 0
+"""
+
+EVALUATIONS_SQL = """
+select e.trace_id, e.span_id, e.name, e.score_value, e.label, e.explanation, e.evaluator, e.source_kind,
+       e.time_unix_nano
+from evaluations e semi join pending p on p.trace_id = e.trace_id
+"""
+
+
+def pending_rule_builds(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """(trace_id, build_id) of the latest builds that have not been rule-scored."""
+    return con.sql(PENDING_RULES_SQL).to_arrow_table()
+
+
+def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:
+    """Make ``pending`` the relation the other queries join on."""
+    con.register("pending", pending)
+
+
+def tool_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{trace_id: {tool name: parameters schema}}`` for the pending traces."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for trace_id, key, value in con.execute(DEFINITIONS_SQL).fetchall():
+        if is_definition_key(key) and value:
+            out.setdefault(trace_id, {}).update(parse_definitions(value))
+    return out
+
+
+def step_facts(con: duckdb.DuckDBPyConnection, defs: dict[str, dict[str, dict[str, Any]]],
+               max_iterations: int | None, batch_rows: int = 50_000) -> Iterator[list[StepFacts]]:
+    """Yield the pending steps as ``StepFacts``, ``batch_rows`` at a time."""
+    reader = con.sql(STEP_FACTS_SQL).to_arrow_reader(batch_rows)
+    for batch in reader:
+        yield [_facts(r, defs, max_iterations) for r in batch.to_pylist()]
+
+
+def _facts(r: dict[str, Any], defs: dict[str, dict[str, dict[str, Any]]], max_iterations: int | None) -> StepFacts:
+    tool = r["tool_name"] or (r["step_name"] if r["step_type"] == "tool" else None)
+    schema = defs.get(r["trace_id"], {}).get(tool) if tool else None
+    return StepFacts(
+        trace_id=r["trace_id"], span_id=r["span_id"], build_id=r["build_id"], step_type=r["step_type"],
+        step_name=r["step_name"], tool_name=tool, iteration=r["iteration"], status_code=r["status_code"],
+        status_message=r["status_message"], error_type=r["error_type"], finish_reason=r["finish_reason"],
+        output_text=r["result_text"], input_text=r["input_text"], output_tokens=r["output_tokens"],
+        http_status=r["http_status"], tool_args=r["tool_args"], task_status=r["task_status"],
+        exceptions=[e for e in (r["exceptions"] or []) if e], tool_schema=schema, max_iterations=max_iterations,
+    )
+
+
+def evaluation_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """The ``evaluations`` rows of the pending traces."""
+    rows: list[dict[str, Any]] = con.sql(EVALUATIONS_SQL).to_arrow_table().to_pylist()
+    return rows
+
+
+# ---- judge ----------------------------------------------------------------------------------------
+
+JUDGE_CANDIDATES_SQL = """
+with judged as (
+    select trace_id, span_id, build_id, list(distinct metric) as metrics from step_scores_all
+    where source = 'judge' group by all
+), upstream as (
+    select e.trace_id, e.downstream_span_id as span_id,
+           list(struct_pack(label := concat_ws(' ', cast(u.step_type as varchar),
+                                               coalesce(u.step_name, cast(u.name as varchar))),
+                            text := u.output_text) order by u.end_time_unix_nano desc) as ups
+    from dag_edges e join spans u on u.trace_id = e.trace_id and u.span_id = e.upstream_span_id
+    where e.downstream_span_id is not null
+    group by all
+)
+select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_type,
+       coalesce(n.step_name, cast(s.name as varchar)) as step_name, s.tool_name, s.model,
+       coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.input_text, s.output_text,
+       coalesce(j.metrics, []) as judged, coalesce(up.ups, []) as upstream
+from dag_nodes n
+left join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
+left join judged j on j.trace_id = n.trace_id and j.span_id = n.span_id and j.build_id = n.build_id
+left join upstream up on up.trace_id = n.trace_id and up.span_id = n.span_id
+where cast(n.step_type as varchar) in (select unnest($types))
+order by n.trace_id, n.topo_index
+"""
+
+_STATUS = {0: "unset", 1: "ok", 2: "error"}
+
+
+def _clip(text: str | None, limit: int) -> str:
+    if not text:
+        return ""
+    return text if len(text) <= limit else text[:limit] + f" ... [{len(text) - limit} more characters]"
+
+
+def judge_input(r: dict[str, Any], max_chars: int, max_upstream: int) -> JudgeInput:
+    """What the judge sees of one candidate row: no upstream scores, only upstream outputs."""
+    status = _STATUS.get(r["status_code"] or 0, "unset")
+    if r["status_message"]:
+        status += f" ({_clip(r['status_message'], 300)})"
+    ups = tuple((u["label"] or "step", _clip(u["text"], max_chars // 4) or "(no output recorded)")
+                for u in (r["upstream"] or [])[:max_upstream])
+    return JudgeInput(step_type=r["step_type"], step_name=r["step_name"] or "", tool_name=r["tool_name"],
+                      status=status, input_text=_clip(r["input_text"], max_chars),
+                      output_text=_clip(r["output_text"], max_chars), upstream=ups)
+
+
+def judge_candidates(con: duckdb.DuckDBPyConnection, step_types: list[str]) -> list[dict[str, Any]]:
+    """Latest-build steps of the given types, with the metrics already judged on that build."""
+    rows: list[dict[str, Any]] = con.sql(JUDGE_CANDIDATES_SQL, params={"types": step_types}).to_arrow_table().to_pylist()
+    return rows

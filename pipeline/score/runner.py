@@ -1,0 +1,187 @@
+"""``score_store``: fill ``step_scores`` for the built steps not scored yet, incrementally.
+
+Pass 1 (no network): the latest builds without rule rows get rule rows for every step plus the
+mapped evaluations of their spans. Pass 2 (with a judge): every step of a latest build whose
+step type has a rubric and that has no judge row for that rubric's metric on that build is
+graded. Each pass writes its own Parquet files; ``build_id`` is the build scored, so the
+``step_scores`` view drops scores of superseded builds by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tracedag.pipeline import store
+from tracedag.pipeline.score import inputs
+from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
+from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
+from tracedag.pipeline.score.judge_cache import JudgeCache
+from tracedag.pipeline.score.judge_client import Judge, JudgeTask, run_judge
+from tracedag.pipeline.score.rows import ScoreRow, to_table
+from tracedag.pipeline.score.rubrics import load_rubrics
+from tracedag.pipeline.score.rules import score_step
+from tracedag.pipeline.views import connect
+
+logger = logging.getLogger(__name__)
+
+CACHE_FILE = "judge_cache.sqlite"
+TRACES_PER_CHUNK = 5_000
+
+
+@dataclass
+class ScoreStats:
+    """What one ``score_store`` run did."""
+
+    builds: int = 0
+    steps: int = 0
+    rows_by_source: Counter[str] = field(default_factory=Counter)
+    steps_by_source: Counter[str] = field(default_factory=Counter)
+    failures_by_category: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    evaluations: MapStats = field(default_factory=MapStats)
+    judge: JudgeStats | None = None
+    files: list[Path] = field(default_factory=list)
+
+    def count(self, rows: list[ScoreRow]) -> None:
+        """Add ``rows`` to the counters."""
+        steps: dict[str, set[tuple[str, str]]] = {}
+        for r in rows:
+            self.rows_by_source[r.source] += 1
+            steps.setdefault(r.source, set()).add((r.trace_id, r.span_id))
+            if r.failed and r.category is not None:
+                self.failures_by_category[(r.category.l1, r.category.l2, r.category.l3)] += 1
+        for source, keys in steps.items():
+            self.steps_by_source[source] += len(keys)
+
+
+Advance = Callable[[str, int, int | None], None]  # (phase, steps done, total or None)
+
+
+def _write(data: Path, rows: list[ScoreRow], stats: ScoreStats) -> None:
+    if not rows:
+        return
+    stats.files.append(store.write_parquet_atomic(to_table(rows), store.table_dir(data, "step_scores")))
+    stats.count(rows)
+
+
+def _chunks(table: pa.Table, size: int) -> Iterator[pa.Table]:
+    for start in range(0, table.num_rows, size):
+        yield table.slice(start, size)
+
+
+def _score_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
+                 stats: ScoreStats, advance: Advance) -> list[ScoreRow]:
+    inputs.use_pending(con, chunk)
+    defs = inputs.tool_definitions(con)
+    rows: list[ScoreRow] = []
+    builds: dict[tuple[str, str], str] = {}
+    for facts in inputs.step_facts(con, defs, max_iterations):
+        for f in facts:
+            rows.extend(score_step(f))
+            builds[(f.trace_id, f.span_id)] = f.build_id or ""
+        stats.steps += len(facts)
+        advance("rules", len(facts), None)
+    rows.extend(map_evaluations(inputs.evaluation_rows(con), builds, stats.evaluations))
+    con.unregister("pending")
+    return rows
+
+
+def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
+                max_iterations: int | None, advance: Advance) -> None:
+    """Pass 1: rules and evaluations for the latest builds that have no rule rows yet."""
+    pending = inputs.pending_rule_builds(con)
+    stats.builds = pending.num_rows
+    for chunk in _chunks(pending, TRACES_PER_CHUNK):
+        _write(data, _score_chunk(con, chunk, max_iterations, stats, advance), stats)
+
+
+def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
+    rubrics = load_rubrics(cfg.rubric_dir)
+    tasks: list[JudgeTask] = []
+    models: set[str] = set()
+    for r in inputs.judge_candidates(con, sorted(rubrics)):
+        todo = [rb for rb in rubrics[r["step_type"]] if rb.metric not in r["judged"]]
+        if not todo:
+            continue
+        if r["model"]:
+            models.add(r["model"])
+        step = inputs.judge_input(r, cfg.max_chars, cfg.max_upstream)
+        tasks.extend(JudgeTask(r["trace_id"], r["span_id"], r["build_id"], rb, step) for rb in todo)
+    if cfg.max_steps is not None:
+        tasks = tasks[: cfg.max_steps]
+    return tasks, sorted(models)
+
+
+def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, stats: ScoreStats,
+                advance: Advance) -> None:
+    """Pass 2: grade every latest-build step whose rubric metric has no judge row on that build."""
+    jstats = stats.judge = JudgeStats(model=cfg.model)
+    tasks, models = _judge_tasks(con, cfg)
+    family = model_family(cfg.model)
+    jstats.same_family_models = [m for m in models if family and model_family(m) == family]
+    if jstats.same_family_models:
+        logger.warning("judge %s is of the same model family (%s) as the agent's %s: its grades may be biased",
+                       cfg.model, family, ", ".join(jstats.same_family_models))
+    cache = JudgeCache(data / "state" / CACHE_FILE)
+    judge = Judge(cfg, cache, jstats)
+    try:
+        advance("judge", 0, len(tasks))
+        rows = run_judge(judge, tasks, lambda: advance("judge", 1, len(tasks)))
+    finally:
+        judge.close()
+        cache.close()
+    jstats.price(cfg.prices())
+    _write(data, rows, stats)
+
+
+def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = False,
+                *, max_iterations: int | None = None) -> ScoreStats:
+    """Score the built steps not scored yet (rules, evaluations, and the judge when configured).
+
+    Args:
+        data: the data directory.
+        judge: judge configuration; None scores with rules and evaluations only (no network).
+        progress: show rich progress bars.
+        max_iterations: flag loop iterations at or above this bound (rule ``iteration_bound``).
+    Returns:
+        ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
+    """
+    stats = ScoreStats()
+    con = connect(data)
+    try:
+        with _progress(progress) as advance:
+            score_rules(data, con, stats, max_iterations, advance)
+            if judge is not None:
+                con.close()
+                con = connect(data)  # see the rule rows just written
+                score_judge(data, con, judge, stats, advance)
+    finally:
+        con.close()
+    logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
+    return stats
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Advance]:
+    if not enabled:
+        yield lambda phase, n, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=False) as bar:
+        ids: dict[str, object] = {}
+
+        def advance(phase: str, n: int, total: int | None) -> None:
+            if phase not in ids:
+                ids[phase] = bar.add_task(f"score: {phase}", total=total)
+            bar.update(ids[phase], advance=n, total=total)  # type: ignore[arg-type]
+
+        yield advance
