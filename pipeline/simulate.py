@@ -4,7 +4,9 @@ Each path of the agent graph (from ``tracedag paths``) becomes a scenario: scrip
 that lead a well-behaved agent along it. Every scenario runs as exact replays (``variant_id``
 ``base``, ``replay_index`` 0..n-1) and as variants (the same task rephrased, with other days and
 times: ``v1``, ``v2``...), once per agent variant (constrained, permissive). Every span carries the
-run labels ``tracedag.run_id|scenario_id|replay_index|variant_id|intended_path``.
+run labels ``tracedag.run_id`` (one per conversation, as ``tracedag determinism`` groups runs),
+``scenario_id``, ``replay_index``, ``variant_id`` (absent on exact replays), ``intended_path``,
+and ``tracedag.simulation_id`` naming the whole simulation.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class SimulationConfig:
     noise: float = 0.04
     latency_scale: float = 1.0
     agent_variants: tuple[graph.Variant, ...] = graph.VARIANTS
-    run_id: str | None = None
+    simulation_id: str | None = None
     service_name: str = "court-booking-agent"
 
 
@@ -101,21 +103,22 @@ class Run:
     replay_index: int
 
     @property
-    def variant_id(self) -> str:
-        """``base`` for exact replays, ``v1``, ``v2``... for rephrased variants."""
-        return "base" if self.variant_index == 0 else f"v{self.variant_index}"
+    def variant_id(self) -> str | None:
+        """None for exact replays, ``v1``, ``v2``... for rephrased variants."""
+        return None if self.variant_index == 0 else f"v{self.variant_index}"
 
     @property
     def conversation_id(self) -> str:
         """A conversation id unique within the simulation."""
-        return f"{self.agent_variant}-{self.scenario.scenario_id}-{self.variant_id}-r{self.replay_index}"
+        variant = self.variant_id or "base"
+        return f"{self.agent_variant}-{self.scenario.scenario_id}-{variant}-r{self.replay_index}"
 
 
 @dataclass
 class SimulationResult:
     """What happened in a simulation."""
 
-    run_id: str
+    simulation_id: str
     runs: int = 0
     failed: int = 0
     calendar_faults: int = 0
@@ -133,9 +136,9 @@ def plan(config: SimulationConfig, scenario_list: Sequence[Scenario]) -> list[Ru
     ]
 
 
-def run_one(config: SimulationConfig, run: Run, run_id: str) -> ConversationResult:
+def run_one(config: SimulationConfig, run: Run, simulation_id: str) -> ConversationResult:
     """Hold one planned conversation inside its run labels (a seeded function of the run)."""
-    key = f"{config.seed}:{run.scenario.scenario_id}:{run.variant_id}:{run.replay_index}"
+    key = f"{config.seed}:{run.scenario.scenario_id}:{run.variant_index}:{run.replay_index}"
     agent = BookingAgent.create(
         run.agent_variant,
         random.Random(f"llm:{run.agent_variant}:{key}"),
@@ -145,7 +148,8 @@ def run_one(config: SimulationConfig, run: Run, run_id: str) -> ConversationResu
         latency_scale=config.latency_scale,
     )
     labels = td.run_labels(
-        run_id=run_id,
+        run_id=f"{simulation_id}/{run.conversation_id}",
+        simulation_id=simulation_id,
         scenario_id=run.scenario.scenario_id,
         replay_index=run.replay_index,
         variant_id=run.variant_id,
@@ -165,7 +169,7 @@ def simulate(
 
     ``exporter`` replaces the OTLP exporter (tests keep spans in memory with it).
     """
-    run_id = config.run_id or f"sim-seed{config.seed}"
+    simulation_id = config.simulation_id or f"sim-seed{config.seed}"
     runs = plan(config, scenarios(paths))
     td.configure(
         config.endpoint,
@@ -175,10 +179,10 @@ def simulate(
         set_global=False,
         exporter=exporter,
     )
-    result = SimulationResult(run_id)
+    result = SimulationResult(simulation_id)
     try:
         for i, run in enumerate(runs):
-            outcome = run_one(config, run, run_id)
+            outcome = run_one(config, run, simulation_id)
             _count(result, run, outcome)
             if progress is not None:
                 progress(i + 1, len(runs))

@@ -1,0 +1,124 @@
+"""The stages of ``tracedag demo``, each a thin call into the library that owns it.
+
+Every upstream entry point is looked up with ``demo.resolve`` so that a missing one is reported
+as an unavailable stage, naming the module and function it needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tracedag.pipeline.demo import QUERIES, DemoConfig, resolve
+from tracedag.pipeline.examples import booking_graph
+
+logger = logging.getLogger(__name__)
+
+# The designed graph: determinism's structural adherence and the picture are measured against it.
+DESIGN_VARIANT: booking_graph.Variant = "constrained"
+
+
+def design_graph() -> Any:
+    """The constrained agent graph, parsed by the agent-graph DSL."""
+    return resolve("parse_graph")(booking_graph.agent_graph(DESIGN_VARIANT))
+
+
+def conversation_paths(max_visits: int) -> list[list[str]]:
+    """Every conversation path of the designed graph (DFS, each node at most ``max_visits`` times)."""
+    return [list(p) for p in resolve("enumerate_paths")(design_graph(), max_visits)]
+
+
+def planned_runs(config: DemoConfig) -> int:
+    """How many conversations the simulation will hold (0 when the paths cannot be enumerated)."""
+    from tracedag.pipeline import simulate as sim
+
+    try:
+        paths = conversation_paths(config.max_visits)
+    except Exception:
+        logger.debug("paths not available yet", exc_info=True)
+        return 0
+    return len(sim.plan(sim_config(config, "unused"), sim.scenarios(paths)))
+
+
+def sim_config(config: DemoConfig, endpoint: str) -> Any:
+    """The simulation settings of a demo run."""
+    from tracedag.pipeline.simulate import SimulationConfig
+
+    return SimulationConfig(
+        endpoint=endpoint,
+        seed=config.seed,
+        replays=config.replays,
+        variants=config.variants,
+        fault_rate=config.fault_rate,
+        latency_scale=config.latency_scale,
+        simulation_id=f"demo-seed{config.seed}",
+    )
+
+
+def start(data: Path) -> Any:
+    """Start the collector on free loopback ports, storing under ``data``."""
+    start_collector, collector_config = resolve("start_collector"), resolve("CollectorConfig")
+    return start_collector(collector_config(data=data, host="127.0.0.1", http_port=0, grpc_port=0))
+
+
+def simulate(config: DemoConfig, collector: Any, progress: Callable[[int, int], None]) -> Any:
+    """Run the simulation against the collector's OTLP/HTTP port."""
+    from tracedag.pipeline.simulate import simulate as run_simulation
+
+    endpoint = f"http://127.0.0.1:{collector.http_port}"
+    return run_simulation(sim_config(config, endpoint), conversation_paths(config.max_visits), progress)
+
+
+def flush(collector: Any) -> None:
+    """Make every acknowledged span visible as Parquet."""
+    collector.flush()
+
+
+def stop(collector: Any) -> None:
+    """Stop the collector if it was started."""
+    if collector is not None:
+        collector.stop()
+
+
+def build(data: Path) -> None:
+    """Build the DAGs of every trace now (no idle wait: the simulation is over)."""
+    resolve("build_store")(data, idle_seconds=0)
+
+
+def score(data: Path) -> None:
+    """Score every built step with the offline rules and the evaluations in the spans."""
+    resolve("score_store")(data)
+
+
+def named_queries(data: Path) -> dict[str, pa.Table]:
+    """Run the named queries the demo prints."""
+    run_named = resolve("run_named")
+    return {name: run_named(data, name) for name in QUERIES}
+
+
+_COUNTS_SQL = """
+select (select count(*) from spans) as spans,
+       (select count(*) from traces) as traces,
+       (select count(distinct run_id) from spans where run_id is not null) as conversations,
+       (select count(distinct trace_id) from spans where status_code = 2) as traces_with_errors
+"""
+
+
+def store_counts(data: Path) -> dict[str, int]:
+    """Spans, traces, conversations and traces with an error span, read back from the store."""
+    from tracedag.pipeline.querying import run_sql
+
+    row = run_sql(data, _COUNTS_SQL).to_pylist()[0]
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def determinism(data: Path) -> tuple[dict[str, pa.Table], dict[str, Path]]:
+    """Determinism and utility tables, written as Parquet, and the pictures of the agent graph."""
+    result = resolve("analyze")(data, graph=design_graph())
+    written = resolve("write_outputs")(result, data)
+    files = {name: Path(path) for name, path in written.items() if name.startswith("picture")}
+    return dict(result.tables), files
