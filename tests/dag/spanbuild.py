@@ -48,3 +48,33 @@ def table(rows: list[dict[str, Any]]) -> pa.Table:
     """A ``SPANS_V1`` table of the given rows (missing columns null)."""
     cols = {f.name: [r.get(f.name) for r in rows] for f in SPANS_V1}
     return pa.Table.from_pydict(cols, schema=SPANS_V1)
+
+
+def run(rows: list[dict[str, Any]], **kw: Any) -> Built:
+    """Reconstruct ``rows`` and index the result for assertions."""
+    from tracedag.pipeline.dag.reconstruct import reconstruct
+
+    traces, nodes, edges = reconstruct(table(rows), "build-test", 42, **kw)
+    return Built(traces.to_pylist(), {n["span_id"]: n for n in nodes.to_pylist()}, edges.to_pylist())
+
+
+class Built:
+    """Result of one reconstruction, indexed."""
+
+    def __init__(self, traces: list[dict[str, Any]], nodes: dict[str, dict[str, Any]], edges: list[dict[str, Any]]):
+        self.traces = traces
+        self.trace = traces[0] if traces else {}
+        self.nodes = nodes
+        self.edges = edges
+
+    def kind(self, kind: str) -> set[tuple[str, str]]:
+        """(src, dst) pairs of the edges of one kind."""
+        return {(e["src_span_id"], e["dst_span_id"]) for e in self.edges if e["edge_kind"] == kind}
+
+    def col(self, name: str) -> dict[str, Any]:
+        """span_id -> value of one dag_nodes column."""
+        return {s: n[name] for s, n in self.nodes.items()}
+
+    def topo_order(self) -> list[str]:
+        """span ids by topological index."""
+        return sorted(self.nodes, key=lambda s: (self.nodes[s]["trace_id"], self.nodes[s]["topo_index"]))
