@@ -25,6 +25,7 @@ from tracedag.pipeline.normalize_extract import (
     pick,
     regex_field,
     scatter,
+    single_chunk,
     to_int,
 )
 from tracedag.pipeline.normalize_rules import (
@@ -154,7 +155,7 @@ def clean_name(names: pa.Array) -> pa.Array:
 
 def _error_type(a: Cols, base: pa.Table) -> pa.Array:
     """``error.type`` (a class repr ``<class 'x.Y'>`` becomes ``x.Y``), else the exception event's type on ERROR."""
-    failed = pc.equal(base["status_code"].combine_chunks(), 2)
+    failed = pc.equal(single_chunk(base["status_code"]), 2)
     exc = pc.if_else(pc.fill_null(failed, False), exception_types(base["events"]), _NULL)
     err = coalesce(a["error.type"], exc)
     repr_name = regex_field(err, r"^<class '(?P<v>[^']+)'>$")
@@ -163,7 +164,7 @@ def _error_type(a: Cols, base: pa.Table) -> pa.Array:
 
 def exception_types(events: pa.ChunkedArray) -> pa.Array:
     """Per span, ``exception.type`` of its last ``exception`` event (null when none)."""
-    ev = events.combine_chunks()
+    ev = single_chunk(events)
     offsets = np.asarray(ev.offsets, dtype=np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
     flat = ev.values.slice(start, stop - start)

@@ -28,9 +28,16 @@ class Entries:
     n: int
 
 
+def single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The column as one array, without copying when it already is one chunk."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
 def map_entries(column: pa.ChunkedArray | pa.Array) -> Entries:
     """Flatten a map column into its (row, key, value) entries."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    arr = single_chunk(column)
     n = len(arr)
     if n == 0:
         empty = pa.array([], pa.string())
@@ -54,18 +61,19 @@ def pick(entries: Entries, wanted: list[str]) -> dict[str, pa.Array]:
     """Return one string column per key of ``wanted`` (null where the row lacks the key)."""
     idx = pc.index_in(entries.keys, value_set=pa.array(wanted, pa.string()))
     valid = np.asarray(pc.is_valid(idx), dtype=bool)
+    pos = np.flatnonzero(valid)
     k = np.asarray(idx.filter(pa.array(valid)), dtype=np.int64)
-    rows = entries.rows[valid]
-    vals = entries.values.filter(pa.array(valid))
     order = np.argsort(k, kind="stable")
     bounds = np.searchsorted(k[order], np.arange(len(wanted) + 1))
     out: dict[str, pa.Array] = {}
     for j, key in enumerate(wanted):
-        sel = order[bounds[j] : bounds[j + 1]]
+        sel = pos[order[bounds[j] : bounds[j + 1]]]
         if len(sel) == 0:
             out[key] = pa.nulls(entries.n, pa.string())
-        else:
-            out[key] = scatter(vals.take(pa.array(sel)), rows[sel], entries.n)
+            continue
+        take = np.full(entries.n, -1, dtype=np.int64)
+        take[entries.rows[sel]] = sel
+        out[key] = entries.values.take(pa.array(take, mask=take < 0))
     return out
 
 

@@ -25,7 +25,7 @@ from tracedag.pipeline.normalize_extract import Entries, family
 logger = logging.getLogger(__name__)
 
 TEXT_CAP = 8192
-_PARSE_LIMIT = 1 << 20  # larger JSON payloads are kept as raw text rather than parsed
+_PARSE_LIMIT = 256 * 1024  # larger JSON payloads are kept as raw (capped) text rather than parsed
 _INDEXED = r"^{p}\.(?P<idx>\d+)\.(?P<field>{f})$"
 
 

@@ -11,6 +11,11 @@ through ``tests/normalize/conftest.py`` or the importing area's own conftest):
 - ``traceloop_spans()``: OpenLLMetry (traceloop) decorators workflow/task/agent/tool;
 - ``genai_plain_spans()``: plain OTel SDK spans with GenAI attributes, old and new names;
 - ``to_table(spans)``: OTLP-encode and convert with ``tracedag.pipeline.convert.requests_to_table``.
+
+Caveat: OpenLLMetry's LangChain instrumentation does not fully uninstrument (its callback
+handler survives, so a later OpenInference capture in the same process gets a foreign parent on
+its graph root, and later OpenLLMetry captures may repeat a span). Capture OpenInference runs
+before any OpenLLMetry run in a process when the call tree matters.
 """
 
 from __future__ import annotations
@@ -187,6 +192,44 @@ def build_report_graph() -> Any:
     return g.compile()
 
 
+_OPENLLMETRY: list[tuple[TracerProvider, InMemorySpanExporter]] = []
+
+
+def _openllmetry_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    if not _OPENLLMETRY:
+        attrs = {"service.name": "weather-agent", "service.version": "1.4.0", **RUN_LABELS}
+        provider = TracerProvider(resource=Resource.create(attrs))
+        exporter = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        _OPENLLMETRY.append((provider, exporter))
+    return _OPENLLMETRY[0]
+
+
+def _stream_graph(
+    graph: Any, question: str, config: dict[str, Any], steps: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Run the graph, appending LangGraph's own task records to ``steps``; return the final state."""
+    from langchain_core.messages import HumanMessage
+
+    result: dict[str, Any] = {}
+    for mode, payload in graph.stream(
+        {"messages": [HumanMessage(content=question)]}, config, stream_mode=["debug", "values"]
+    ):
+        if mode == "debug" and payload["type"] == "task":
+            p = payload["payload"]
+            steps.append(
+                {
+                    "step": payload["step"],
+                    "node": p["name"],
+                    "triggers": list(p["triggers"]),
+                    "task_id": p["id"],
+                }
+            )
+        elif mode == "values":
+            result = payload
+    return result
+
+
 def langgraph_spans(
     thread_id: str = "conv-42", question: str = "What's the weather in Paris?", dialect: str = "openinference"
 ) -> LangGraphCapture:
@@ -195,7 +238,6 @@ def langgraph_spans(
     ``dialect`` picks the instrumentation: ``openinference`` (openinference-instrumentation-langchain)
     or ``openllmetry`` (OpenLLMetry's opentelemetry-instrumentation-langchain, what traceloop-sdk runs).
     """
-    from langchain_core.messages import HumanMessage
 
     if dialect == "openinference":
         from openinference.instrumentation.langchain import LangChainInstrumentor as Instrumentor
@@ -206,29 +248,28 @@ def langgraph_spans(
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": 40}
     steps: list[dict[str, Any]] = []
     result: dict[str, Any] = {}
-    with capture("weather-agent", **RUN_LABELS) as (provider, exporter):
+    if dialect == "openinference":
+        with capture("weather-agent", **RUN_LABELS) as (provider, exporter):
+            instrumentor = Instrumentor()
+            instrumentor.instrument(tracer_provider=provider)
+            try:
+                result = _stream_graph(graph, question, config, steps)
+            finally:
+                instrumentor.uninstrument()
+            spans = list(exporter.get_finished_spans())
+    else:
+        # OpenLLMetry's callback handler keeps the tracer of its first instrument() call for the
+        # life of the process, so every capture uses one process-wide provider.
+        provider, exporter = _openllmetry_provider()
+        exporter.clear()
         instrumentor = Instrumentor()
         instrumentor.instrument(tracer_provider=provider)
         try:
-            for chunk in graph.stream(
-                {"messages": [HumanMessage(content=question)]}, config, stream_mode=["debug", "values"]
-            ):
-                mode, payload = chunk
-                if mode == "debug" and payload["type"] == "task":
-                    p = payload["payload"]
-                    steps.append(
-                        {
-                            "step": payload["step"],
-                            "node": p["name"],
-                            "triggers": list(p["triggers"]),
-                            "task_id": p["id"],
-                        }
-                    )
-                elif mode == "values":
-                    result = payload
+            result = _stream_graph(graph, question, config, steps)
         finally:
             instrumentor.uninstrument()
         spans = list(exporter.get_finished_spans())
+        exporter.clear()
     return LangGraphCapture(spans=spans, steps=steps, result=result, thread_id=thread_id)
 
 
