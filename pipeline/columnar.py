@@ -30,9 +30,17 @@ _MAP = pa.map_(pa.string(), pa.string())
 
 
 class ColumnBuilder:
-    """Accumulates the ``BASE_SCHEMA`` columns of many requests."""
+    """Accumulates the ``BASE_SCHEMA`` columns of many requests.
 
-    def __init__(self) -> None:
+    With ``shard=(w, k)`` only the spans of traces whose last trace-id byte is ``w`` modulo ``k``
+    are kept (whole traces per shard), and ``positions`` records each kept span's index among all
+    spans seen, so the shards of ``k`` workers can be put back in request order.
+    """
+
+    def __init__(self, shard: tuple[int, int] = (0, 1)) -> None:
+        self.shard = shard
+        self.seen = 0
+        self.positions: list[int] = []
         self.n = 0
         self.trace_ids: list[bytes] = []
         self.span_ids: list[bytes] = []
@@ -70,11 +78,19 @@ class ColumnBuilder:
                 si = len(self.scopes)
                 self.scopes.append((ss.scope.name or None, ss.scope.version or None))
                 before = self.n
-                self._spans(ss.spans)
+                self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
                 k = self.n - before
                 self.res_index.extend([ri] * k)
                 self.scope_index.extend([si] * k)
                 self.received.extend([received] * k)
+
+    def _mine(self, spans: Any) -> list[Any]:
+        w, k = self.shard
+        start = self.seen
+        self.seen += len(spans)
+        kept = [(i, sp) for i, sp in enumerate(spans, start) if (sp.trace_id[-1] if sp.trace_id else 0) % k == w]
+        self.positions.extend(i for i, _ in kept)
+        return [sp for _, sp in kept]
 
     def _spans(self, spans: Any) -> None:
         keys, vals, offs = self.attr_keys, self.attr_vals, self.attr_offsets

@@ -157,6 +157,7 @@ class Converted:
     keys: np.ndarray
     content: np.ndarray
     bad_records: int = 0  # payloads that did not parse
+    positions: np.ndarray | None = None  # row -> index among all spans of the batch (sharded only)
 
 
 def content_hashes(request: ExportTraceServiceRequest) -> list[int]:
@@ -178,11 +179,14 @@ def convert_reference(records: Iterable[tuple[ExportTraceServiceRequest, int]], 
     return Converted(table, keys, content)
 
 
-def convert_records(records: list[tuple[bytes, int]], batch_id: str, workers: int = 1) -> Converted:
+def convert_records(
+    records: list[tuple[bytes, int]], batch_id: str, workers: int = 1, shard: tuple[int, int] = (0, 1)
+) -> Converted:
     """Convert serialized requests with their receive times into one ``Converted`` batch.
 
     Payloads that do not parse are skipped and counted in ``bad_records``. With ``workers > 1``
-    the records are split into that many chunks converted in worker processes.
+    each worker process converts the whole traces of one shard (``shard=(w, k)``: traces whose
+    last id byte is ``w`` mod ``k``), so normalization sees the same traces as in one process.
     """
     if workers > 1 and len(records) > 1:
         from tracedag.pipeline.convert_pool import convert_parallel
@@ -196,17 +200,19 @@ def convert_records(records: list[tuple[bytes, int]], batch_id: str, workers: in
             good.append((parse_request(payload), received))
         except DecodeError:
             bad += 1
-    conv = convert_fast(good, batch_id)
+    conv = convert_fast(good, batch_id, shard)
     conv.bad_records = bad
     return conv
 
 
-def convert_fast(records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str) -> Converted:
+def convert_fast(
+    records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str, shard: tuple[int, int] = (0, 1)
+) -> Converted:
     """Convert (request, received) pairs with the columnar builder; equal to ``convert_reference``."""
     from tracedag.pipeline.columnar import ColumnBuilder
 
-    builder = ColumnBuilder()
+    builder = ColumnBuilder(shard)
     for request, received in records:
         builder.add(request, received)
     base, keys, content = builder.finish(batch_id)
-    return Converted(normalize(base), keys, content)
+    return Converted(normalize(base), keys, content, positions=np.array(builder.positions, dtype=np.int64))

@@ -45,19 +45,20 @@ def shutdown() -> None:
             _POOL = None
 
 
-def _chunks(records: list[tuple[bytes, int]], k: int) -> list[list[tuple[bytes, int]]]:
-    size = -(-len(records) // k)
-    return [records[i : i + size] for i in range(0, len(records), size)]
-
-
 def convert_parallel(records: list[tuple[bytes, int]], batch_id: str, workers: int) -> Converted:
-    """Convert ``records`` in ``workers`` processes; rows keep the order of ``records``."""
+    """Convert ``records`` in ``workers`` processes, one trace shard each; rows keep request order.
+
+    Each worker parses every record (parsing is cheap) but converts and normalizes only the
+    spans of its shard of traces, so traces are never split between workers.
+    """
     pool = _pool(workers)
-    parts = list(pool.map(convert_records, _chunks(records, workers), [batch_id] * workers))
-    table = pa.concat_tables([p.table for p in parts]).unify_dictionaries()
+    shards = [(w, workers) for w in range(workers)]
+    parts = list(pool.map(convert_records, [records] * workers, [batch_id] * workers, [0] * workers, shards))
+    order = np.argsort(np.concatenate([p.positions for p in parts if p.positions is not None]), kind="stable")
+    table = pa.concat_tables([p.table for p in parts]).unify_dictionaries().take(pa.array(order))
     return Converted(
         table,
-        np.concatenate([p.keys for p in parts]),
-        np.concatenate([p.content for p in parts]),
-        sum(p.bad_records for p in parts),
+        np.concatenate([p.keys for p in parts])[order],
+        np.concatenate([p.content for p in parts])[order],
+        parts[0].bad_records,
     )
