@@ -4,6 +4,7 @@
 ``spans``, ``evaluations``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``,
 ``human_labels``. A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
+Each view reads a ``<table>_all`` view of the raw files where it refines them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 # Views built on the raw file views: keep only the latest build of each trace.
 _LATEST = {
+    # A trace split across batches may carry its conversation id on only some spans: the others
+    # inherit the id of the earliest span of the trace that has one (normalize does the same
+    # within a batch).
+    "spans": """
+        select * replace (coalesce(conversation_id, first_value(conversation_id ignore nulls) over (
+                 partition by trace_id order by start_time_unix_nano
+                 rows between unbounded preceding and unbounded following)) as conversation_id)
+        from spans_all
+    """,
     "traces": """
         select * from traces_all
         qualify row_number() over (partition by trace_id order by built_unix_nano desc, build_id desc) = 1
@@ -94,7 +104,7 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
     for table in SCHEMAS:
         raw = f"{table}_all" if table in _LATEST else table
         con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
-    for table in ("traces", "dag_nodes", "dag_edges", "step_scores"):
+    for table in ("spans", "traces", "dag_nodes", "dag_edges", "step_scores"):
         con.execute(f"create or replace view {table} as {_LATEST[table]}")
 
 
