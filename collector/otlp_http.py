@@ -282,21 +282,26 @@ class OtlpHttpServer:
                 reply.close = True
             return reply
         assert enc is not None
-        chunks = body_chunks(reader, framing(head), self._loop.time() + self.settings.body_timeout)
+        fr = framing(head)
+        chunks = body_chunks(reader, fr, self._loop.time() + self.settings.body_timeout)
         reserved = [0]
 
         def reserve(n: int) -> None:
             self.admission.acquire(n)
             reserved[0] += n
 
+        gzip = head.get("content-encoding").strip().lower() == "gzip"
+        sink = BodySink(self.settings.max_body_bytes, gzip, reserve)
         try:
-            return await self._receive_and_store(head, enc, chunks, reserve)
+            return await self._receive_and_store(enc, chunks, sink)
         except HttpError as exc:
-            return await self._abandon(status_reply(exc.status, exc.message, enc), chunks, exc.status == 408)
+            reply = status_reply(exc.status, exc.message, enc)
         except Overloaded as exc:
-            return await self._abandon(status_reply(503, f"overloaded: {exc}; retry later", enc), chunks)
+            reply = status_reply(503, f"overloaded: {exc}; retry later", enc)
         finally:
             self.admission.release(reserved[0])
+        rest = -1 if fr.chunked or reply.status == 408 else fr.length - sink.wire_bytes
+        return await _abandon(reply, chunks, rest)
 
     def _precheck(self, head: Head, enc: Encoding | None) -> Reply | None:
         """Everything decided on headers alone: method, token, media type, encoding, size, admission."""
@@ -329,10 +334,7 @@ class OtlpHttpServer:
         limit = self.settings.max_body_bytes
         return limit + limit // 100 + 65536 if gzip else limit
 
-    async def _receive_and_store(
-        self, head: Head, enc: Encoding, chunks: AsyncIterator[bytes], reserve: Callable[[int], None]
-    ) -> Reply:
-        sink = BodySink(self.settings.max_body_bytes, head.get("content-encoding").strip().lower() == "gzip", reserve)
+    async def _receive_and_store(self, enc: Encoding, chunks: AsyncIterator[bytes], sink: BodySink) -> Reply:
         async for chunk in chunks:
             sink.feed(chunk)
         body = sink.finish()
@@ -346,21 +348,18 @@ class OtlpHttpServer:
             return status_reply(503, f"{exc}; retry later", enc)
         return success_reply(decoded, enc)
 
-    async def _abandon(self, reply: Reply, chunks: AsyncIterator[bytes], timed_out: bool = False) -> Reply:
-        """After an error mid-body: discard a small rest and keep the connection, else close."""
-        if timed_out:
-            reply.close = True
-            return reply
-        budget = DRAIN_BEFORE_ANSWER
-        try:
-            async for chunk in chunks:
-                budget -= len(chunk)
-                if budget < 0:
-                    reply.close = True
-                    break
-        except HttpError:
-            reply.close = True
+
+async def _abandon(reply: Reply, chunks: AsyncIterator[bytes], rest: int) -> Reply:
+    """After an error mid-body: discard a small known rest and keep the connection, else close."""
+    if rest < 0 or rest > DRAIN_BEFORE_ANSWER:
+        reply.close = True
         return reply
+    try:
+        async for _ in chunks:
+            pass
+    except HttpError:
+        reply.close = True
+    return reply
 
 
 def _healthz() -> Reply:

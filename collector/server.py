@@ -43,6 +43,8 @@ class CollectorConfig:
     segment_bytes: int = SEGMENT_BYTES
     seal_age: float = SEAL_AGE_SECONDS
     workers: int = 16
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
     convert: bool = True
     convert_interval: float = 0.25
     build: bool = False
@@ -100,7 +102,10 @@ class RunningCollector:
             self._spawn("dag-builder", self._build_loop)
         cfg = self.config
         if cfg.http_port is not None:
-            settings = HttpSettings(cfg.host, cfg.http_port, cfg.max_body_bytes, workers=cfg.workers, tls=_ssl(cfg))
+            settings = HttpSettings(
+                cfg.host, cfg.http_port, cfg.max_body_bytes, cfg.header_timeout, cfg.body_timeout,
+                workers=cfg.workers, tls=_ssl(cfg),
+            )
             self.http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
             self.http_port = self.http.start()
         if cfg.grpc_port is not None:
