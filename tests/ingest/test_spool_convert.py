@@ -1,0 +1,184 @@
+"""Spool segments -> Parquet: dedupe (E40), torn/corrupt segments (E43, E44), disk full (E45), dates (C32)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import request_ids, span_count, stored, stored_ids, write_segment
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.gen import requests
+from tracedag.collector.metrics import REGISTRY
+from tracedag.collector.spool import SpoolWriter
+from tracedag.collector.spoolfmt import HEADER_SIZE
+from tracedag.pipeline.ingest import SpoolConverter
+from tracedag.pipeline.views import connect
+
+NOW = time.time_ns()
+
+
+def _reqs(n_spans: int, seed: int) -> list[ExportTraceServiceRequest]:
+    return list(requests(n_spans, seed))
+
+
+def test_real_spool_writer_segments_are_converted_and_moved_to_done(data: Path) -> None:
+    reqs = _reqs(2000, 1)
+    writer = SpoolWriter(data, segment_bytes=600_000)
+    for r in reqs:
+        writer.append(r.SerializeToString(), time.time_ns())
+    writer.flush()
+    writer.close()
+    conv = SpoolConverter(data)
+    st = conv.run_once()
+    assert st.spans_stored == sum(span_count(r) for r in reqs) == stored(data)[0]
+    assert stored_ids(data) == request_ids(reqs)
+    assert not list((data / "spool").glob("*.sealed"))
+    assert len(list((data / "spool" / "done").glob("*.sealed"))) == st.segments > 1
+
+
+def test_rows_are_sorted_by_trace_and_start_within_a_file(data: Path) -> None:
+    write_segment(data, 1, [(r.SerializeToString(), NOW) for r in _reqs(1500, 2)])
+    SpoolConverter(data).run_once()
+    (f,) = list((data / "tables" / "spans").rglob("*.parquet"))
+    t = pq.read_table(f, columns=["trace_id", "start_time_unix_nano"]).to_pylist()
+    keys = [(r["trace_id"], r["start_time_unix_nano"]) for r in t]
+    assert keys == sorted(keys)
+
+
+def test_e40_same_body_twice_and_across_restarts_is_stored_once(data: Path) -> None:
+    reqs = _reqs(1000, 3)
+    body = [(r.SerializeToString(), NOW) for r in reqs]
+    write_segment(data, 1, body)
+    write_segment(data, 2, body)
+    conv = SpoolConverter(data)
+    st = conv.run_once()
+    n = sum(span_count(r) for r in reqs)
+    assert (st.spans_stored, st.duplicates, st.conflicts) == (n, n, 0)
+    write_segment(data, 3, body[:1])
+    st2 = SpoolConverter(data).run_once()  # a new process: the index comes back from the files
+    assert (st2.spans_stored, st2.duplicates) == (0, span_count(reqs[0]))
+    assert stored(data) == (n, n)
+
+
+def test_e40_same_spans_rebatched_differently_are_stored_once(data: Path) -> None:
+    reqs = _reqs(1024, 4)
+    spans = [(rs.resource, ss.scope, s) for r in reqs for rs in r.resource_spans for ss in rs.scope_spans
+             for s in ss.spans]
+    random.Random(0).shuffle(spans)
+    rebatched = []
+    for i in range(0, len(spans), 300):
+        req = ExportTraceServiceRequest()
+        for res, scope, s in spans[i : i + 300]:
+            rs = req.resource_spans.add()
+            rs.resource.CopyFrom(res)
+            ss = rs.scope_spans.add()
+            ss.scope.CopyFrom(scope)
+            ss.spans.append(s)
+        rebatched.append(req)
+    write_segment(data, 1, [(r.SerializeToString(), NOW) for r in reqs])
+    write_segment(data, 2, [(r.SerializeToString(), NOW) for r in rebatched])
+    st = SpoolConverter(data).run_once()
+    assert st.duplicates == len(spans) and st.conflicts == 0
+    assert stored(data) == (len(spans), len(spans))
+
+
+def test_e40_same_id_different_content_first_write_wins_and_counts_a_conflict(data: Path) -> None:
+    first = _reqs(600, 5)[0]
+    changed = ExportTraceServiceRequest()
+    changed.CopyFrom(first)
+    for s in changed.resource_spans[0].scope_spans[0].spans[:10]:
+        s.name = "rewritten"
+    before = REGISTRY.counter("tracedag_ingest_conflicts_total", "").value()
+    write_segment(data, 1, [(first.SerializeToString(), NOW)])
+    write_segment(data, 2, [(changed.SerializeToString(), NOW)])
+    st = SpoolConverter(data).run_once()
+    assert st.conflicts == 10 and st.duplicates == span_count(first)
+    names = connect(data).execute("select count(*) from spans where name = 'rewritten'").fetchone()
+    assert names == (0,)
+    assert REGISTRY.counter("tracedag_ingest_conflicts_total", "").value() - before == 10
+
+
+def test_e43_torn_tail_keeps_every_intact_record(data: Path) -> None:
+    reqs = _reqs(1536, 6)
+    seg = write_segment(data, 7, [(r.SerializeToString(), NOW) for r in reqs])
+    size = seg.stat().st_size
+    last = len(reqs[-1].SerializeToString()) + HEADER_SIZE
+    cut = random.Random(1).randrange(size - last + 1, size)  # somewhere inside the last record
+    with open(seg, "r+b") as fh:
+        fh.truncate(cut)
+    st = SpoolConverter(data).run_once()
+    assert st.torn_tails == 1 and st.quarantined == 0
+    assert stored_ids(data) == request_ids(reqs[:-1])
+    assert (data / "spool" / "done" / seg.name).exists()
+
+
+def test_e44_corrupt_middle_record_quarantines_the_segment_and_keeps_the_others(data: Path) -> None:
+    reqs = _reqs(1536, 7)
+    bodies = [r.SerializeToString() for r in reqs]
+    seg = write_segment(data, 8, [(b, NOW) for b in bodies])
+    middle = HEADER_SIZE * 2 + len(bodies[0]) + 100  # inside the payload of record 2
+    raw = bytearray(seg.read_bytes())
+    raw[middle : middle + 8] = bytes(8)
+    seg.write_bytes(bytes(raw))
+    st = SpoolConverter(data).run_once()
+    assert st.quarantined == 1 and st.corrupt_records >= 1
+    assert stored_ids(data) == request_ids([reqs[0], reqs[2]])
+    assert (data / "quarantine" / seg.name).exists()
+
+
+def test_e44_record_with_good_checksum_but_bad_protobuf_is_skipped(data: Path) -> None:
+    good = _reqs(600, 8)[0]
+    write_segment(data, 9, [(b"\x0a\xff\xff\xff\xff\x0f", NOW), (good.SerializeToString(), NOW)])
+    st = SpoolConverter(data).run_once()
+    assert st.corrupt_records == 1 and st.quarantined == 1
+    assert stored_ids(data) == request_ids([good])
+
+
+def test_e45_disk_full_leaves_the_spool_intact_and_resumes(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = _reqs(1000, 9)
+    seg = write_segment(data, 10, [(r.SerializeToString(), NOW) for r in reqs])
+    monkeypatch.setenv("TRACEDAG_FAULT", "enospc")
+    conv = SpoolConverter(data)
+    st = conv.run_once()
+    assert st.write_errors == 1 and st.spans_stored == 0
+    assert seg.exists()
+    assert not [p for p in (data / "tables").rglob("*") if p.is_file() and "spans" in p.parts]
+    monkeypatch.delenv("TRACEDAG_FAULT")
+    st = conv.run_once()
+    n = sum(span_count(r) for r in reqs)
+    assert st.spans_stored == n and stored(data) == (n, n)
+    assert not seg.exists()
+
+
+def test_c32_crafted_span_dates_are_stored_in_the_receive_hour(data: Path) -> None:
+    req = _reqs(600, 10)[0]
+    spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    year_ns = 365 * 24 * 3600 * 10**9
+    stamps = [0, 1, 4_102_444_800 * 10**9, NOW - 30 * 24 * 3600 * 10**9, NOW + 3600 * 10**9]
+    for i, s in enumerate(spans):  # every span in a different year, plus the named cases
+        start = stamps[i] if i < len(stamps) else (i * year_ns) % (2**62)
+        s.start_time_unix_nano, s.end_time_unix_nano = start, start + 1000
+    write_segment(data, 11, [(req.SerializeToString(), NOW)])
+    SpoolConverter(data).run_once()
+    parts = list((data / "tables" / "spans").iterdir())
+    assert len(parts) == 1 and len(list(parts[0].glob("*.parquet"))) == 1
+    assert stored(data)[0] == len(spans)
+    for stamp in stamps:
+        row = connect(data).execute("select count(*) from spans where start_time_unix_nano = $s",
+                                {"s": stamp}).fetchone()
+        assert row == (1,)
+
+
+def test_receive_hours_split_a_segment_into_partitions(data: Path) -> None:
+    reqs = _reqs(1536, 12)
+    hour = 3600 * 10**9
+    write_segment(data, 12, [(r.SerializeToString(), NOW - i * hour) for i, r in enumerate(reqs)])
+    SpoolConverter(data).run_once()
+    parts = sorted(p.name for p in (data / "tables" / "spans").iterdir())
+    assert len(parts) == len(reqs)
+    assert all(p.startswith("recv_hour=") for p in parts)
+    assert stored_ids(data) == request_ids(reqs)
