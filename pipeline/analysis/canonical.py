@@ -47,11 +47,28 @@ def _parse(text: str) -> tuple[bool, Any]:
         return False, None
 
 
+_ENVELOPE_KEYS = {"input_str", "inputs", "tags", "metadata", "kwargs"}
+
+
+def _unwrap(value: Any) -> tuple[bool, Any]:
+    """The arguments inside a LangChain callback envelope (see the module docstring)."""
+    if not isinstance(value, dict) or not ({"inputs", "input_str"} & set(value)):
+        return True, value
+    if not set(value) <= _ENVELOPE_KEYS:
+        return True, value
+    if value.get("inputs") not in (None, {}, ""):
+        return True, value["inputs"]
+    inner = value.get("input_str")
+    return _parse(inner.strip()) if isinstance(inner, str) else (True, inner)
+
+
 def canonical_args(text: str | None) -> str:
     """Return the canonical form of an arguments text (see the module docstring)."""
     if text is None or not text.strip():
         return ""
     ok, value = _parse(text.strip())
+    if ok:
+        ok, value = _unwrap(value)
     if not ok:
         return _WS.sub(" ", text).strip()
     if isinstance(value, str):

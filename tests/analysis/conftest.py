@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,11 @@ import pytest
 
 from tracedag.pipeline.store import table_dir, write_parquet_atomic
 from tracedag.schemas.spans import SPANS_V1
+
+# tests/ on sys.path for the shared capture module (``from realspans import ...``)
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 _ids = itertools.count(1)
 
@@ -44,7 +50,10 @@ class Store:
         return span_id
 
     def turn(self, labels, steps, response=None, agent="agentA", intended=None, status=None):
-        """One trace: a root agent span, then per step ('node', name, [(tool, args), ...])."""
+        """One trace: a root agent span, then per step (node, [(tool, args), ...], failed?).
+
+        A failed step fails its tools (status ERROR), or the node span itself when it has none.
+        """
         trace_id = _hex(next(_ids), 32)
         root_attrs = {"tracedag.intended_path": json.dumps(intended)} if intended else {}
         root = self.span(trace_id, None, f"invoke_agent {agent}", "agent", agent_name=agent,
@@ -53,6 +62,7 @@ class Store:
             name, tools = step[0], step[1]
             failed = len(step) > 2 and step[2]
             node = self.span(trace_id, root, f"invoke_node {name}", "chain", step_name=name,
+                             status_code=2 if failed and not tools else 1,
                              attributes={"gen_ai.node.name": name}, **labels)
             for tool, args in tools:
                 self.span(trace_id, node, f"execute_tool {tool}", "tool", tool_name=tool,

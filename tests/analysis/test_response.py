@@ -1,0 +1,80 @@
+"""Response consistency: the offline measure and a judge behind a real local chat-completions server."""
+
+from __future__ import annotations
+
+import pytest
+from realspans import chat_completion, fake_openai_server
+
+from tracedag.pipeline.analysis.determinism import analyze_runs
+from tracedag.pipeline.analysis.response import (
+    JudgeFailed,
+    TokenJaccardScorer,
+    make_scorer,
+    tokens,
+)
+from tracedag.pipeline.analysis.trajectories import Run
+
+
+def run(key, response, variant=None, replay=0):
+    r = Run(run_key=key, agent="ag", agent_version=None, scenario="s", variant_id=variant,
+            replay_index=replay, start_ns=replay)
+    r.nodes, r.node_failed, r.node_turn = ["A"], [False], [0]
+    r.responses, r.trace_ids = [response], [key]
+    return r
+
+
+RUNS = [
+    run("b0", "Court 3 is booked for Friday at 6pm.", replay=0),
+    run("b1", "Booked court 3, Friday 6pm.", replay=1),
+    run("v1", "Your court is booked: Friday 18:00, court 3.", "polite"),
+    run("v2", "Court 3 booked for Friday evening.", "terse"),
+    run("v3", "Sorry, no court is free on Friday.", "late"),
+]
+
+
+def test_judge_scores_variants_and_replays_through_the_openai_client():
+    replies = [(200, chat_completion(d)) for d in ("3", "4", "4", "3")]
+    with fake_openai_server(replies) as srv:
+        scorer = make_scorer("judge-model-x", srv.base_url)
+        rows = analyze_runs(RUNS, scorer=scorer).tables["determinism"].to_pylist()
+    replays = next(r for r in rows if r["comparison"] == "replays")
+    variants = next(r for r in rows if r["comparison"] == "variants")
+    assert replays["response_consistency"] == 3.0
+    # the issue's worked example: 4, 4, 3 -> 3.67
+    assert variants["response_consistency"] == pytest.approx(11 / 3)
+    assert round(variants["response_consistency"], 2) == 3.67
+    assert variants["response_consistency_method"] == "judge:judge-model-x"
+    assert len(srv.requests) == 4
+    first = srv.requests[0]
+    assert first["model"] == "judge-model-x" and first["temperature"] == 0
+    assert "4 = all agree" in first["messages"][0]["content"]
+    # each variant is compared with the base reference: replay 0's response
+    for req, variant in zip(srv.requests[1:], RUNS[2:], strict=True):
+        user = req["messages"][1]["content"]
+        assert RUNS[0].final_response in user and variant.final_response in user
+
+
+def test_judge_answer_outside_the_scale_is_an_error():
+    with fake_openai_server([(200, chat_completion("excellent"))]) as srv:
+        scorer = make_scorer("m", srv.base_url)
+        with pytest.raises(JudgeFailed, match="not a digit"):
+            scorer.agreement(["a", "b"])
+
+
+def test_judge_transport_failure_is_an_error():
+    with fake_openai_server([(400, {"error": {"message": "bad model"}})]) as srv:
+        scorer = make_scorer("m", srv.base_url)
+        with pytest.raises(JudgeFailed, match="bad model"):
+            scorer.agreement(["a", "b"])
+
+
+def test_offline_scorer_without_a_model():
+    scorer = make_scorer(None)
+    assert isinstance(scorer, TokenJaccardScorer)
+    assert scorer.method == "token_jaccard_offline"
+    assert scorer.agreement(["Hello, World!", "hello world"]) == 4.0
+    assert scorer.agreement(["a", "b"]) == 1.0
+    assert scorer.agreement(["only one"]) == 4.0
+    # three responses: pairs (ab, ab)=1, (ab, a)=1/2, (ab, a)=1/2 -> mean 2/3 -> 3.0
+    assert scorer.agreement(["a b", "a b", "a"]) == pytest.approx(3.0)
+    assert tokens("Ça va? Oui.") == {"ça", "va", "oui"}
