@@ -36,24 +36,27 @@ def _table(title: str, columns: list[str]) -> Table:
     return t
 
 
-def root_cause_summary(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, int, str]]:
-    """Failed traces per root-cause step: (step name, type, category, failed traces, an example trace)."""
-    counts: Counter[tuple[str, str, str]] = Counter()
-    example: dict[tuple[str, str, str], str] = {}
+def root_cause_summary(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, int, float]]:
+    """Failed traces per root-cause step: (step name, type, categories, failed traces, mean hops)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    hops: Counter[tuple[str, str]] = Counter()
+    categories: dict[tuple[str, str], Counter[str]] = {}
     for r in rows:
-        key = (str(r["root_step_name"]), str(r["root_step_type"]), str(r.get("root_taxonomy_l2") or "—"))
+        key = (str(r["root_step_name"]), str(r["root_step_type"]))
         counts[key] += 1
-        example.setdefault(key, r["trace_id"])
-    return [(*k, n, example[k]) for k, n in counts.most_common()]
+        hops[key] += int(r["hops"] or 0)
+        categories.setdefault(key, Counter())[str(r.get("root_taxonomy_l3") or "unclassified")] += 1
+    return [(*k, ", ".join(c for c, _ in categories[k].most_common()), n, hops[k] / n)
+            for k, n in counts.most_common()]
 
 
 def root_causes_table(result: DemoResult) -> Table:
     """Root causes of the failed traces, grouped by step."""
     rows = _rows(result, "root_causes")
-    t = _table(f"root causes of the {len(rows)} failed traces (greedy walk up the failure DAG)",
-               ["root-cause step", "type", "category", "failed traces", "example trace"])
-    for name, kind, category, n, trace in root_cause_summary(rows)[:TOP]:
-        t.add_row(name, kind, category, str(n), trace)
+    t = _table(f"root causes of the {len(rows)} failed traces",
+               ["root-cause step", "type", "categories", "failed traces", "mean hops"])
+    for name, kind, category, n, mean_hops in root_cause_summary(rows)[:TOP]:
+        t.add_row(name, kind, category, str(n), f"{mean_hops:.1f}")
     return t
 
 
@@ -62,8 +65,8 @@ def propagation_line(result: DemoResult) -> str:
     rows = _rows(result, "propagation")
     originating = sum(1 for r in rows if r["kind"] == "originating")
     longest = max((int(r["chain_length"] or 0) for r in rows), default=0)
-    return (f"propagation: {len(rows)} failed steps, {originating} originating, "
-            f"{len(rows) - originating} propagated, longest chain {longest} hops")
+    return (f"propagation: {len(rows)} failed steps: {originating} originating, "
+            f"{len(rows) - originating} propagated; longest chain {longest} hops")
 
 
 def amplification_table(result: DemoResult) -> Table:
@@ -79,7 +82,7 @@ def amplification_table(result: DemoResult) -> Table:
 
 def slowest_table(result: DemoResult) -> Table:
     """The steps with the highest p90 latency."""
-    rows = [r for r in _rows(result, "step_stats") if r["grain"] == "step"]
+    rows = [r for r in _rows(result, "step_stats") if r["grain"] == "step" and r["step_type"] != "agent"]
     rows.sort(key=lambda r: -(r["p90_ms"] or 0.0))
     t = _table("slowest steps (p90)", ["step", "type", "runs", "failure rate", "p50 ms", "p90 ms"])
     for r in rows[:TOP]:
@@ -141,8 +144,8 @@ def _utility_cell(r: dict[str, Any] | None) -> str:
     return f"{_pct(r['conversation_share'])} / {r['visits']} / {r['failures']}"
 
 
-def headline(result: DemoResult) -> str:
-    """Simulated conversations and what the store holds."""
+def headline(result: DemoResult) -> list[str]:
+    """Simulated conversations and what the store holds (one line each)."""
     sim, c = result.simulation, result.counts
     parts = []
     if sim is not None:
@@ -151,7 +154,7 @@ def headline(result: DemoResult) -> str:
     if c:
         parts.append(f"store: {c['spans']} spans, {c['traces']} traces, {c['conversations']} conversations, "
                      f"{c['traces_with_errors']} traces with an error span")
-    return "; ".join(parts)
+    return parts
 
 
 def example_trace(result: DemoResult) -> str | None:
@@ -167,10 +170,11 @@ def print_demo(console: Console, result: DemoResult) -> None:
     for stage, status in result.stages.items():
         if status != "ok":
             console.print(f"[yellow]stage {stage}: {status}[/yellow]")
-    console.print(headline(result))
+    for line in headline(result):
+        console.print(line, soft_wrap=True)
     if result.ok("queries"):
         console.print(root_causes_table(result))
-        console.print(propagation_line(result))
+        console.print(propagation_line(result), soft_wrap=True)
         console.print(amplification_table(result))
     if result.ok("determinism"):
         for table in (determinism_table(result), agent_table(result), node_table(result)):

@@ -52,7 +52,16 @@ class State:
     path: list[str] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
     failed_nodes: list[str] = field(default_factory=list)
+    failed_visits: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+    def unrecovered(self) -> list[str]:
+        """Failed nodes that no later visit of the same node made good."""
+        failed = set(self.failed_visits)
+        return [
+            self.path[i] for i in self.failed_visits
+            if not any(self.path[j] == self.path[i] and j not in failed for j in range(i + 1, len(self.path)))
+        ]
 
     def next_user_turn(self) -> str:
         """The user's next message ('' once the script is exhausted)."""
@@ -68,11 +77,12 @@ class ConversationResult:
     failed_nodes: tuple[str, ...]
     errors: tuple[str, ...]
     booking_id: str | None
+    unrecovered: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
-        """True when some node failed."""
-        return bool(self.failed_nodes)
+        """True when a node failed and no later visit of it succeeded (the conversation failed)."""
+        return bool(self.unrecovered)
 
 
 @dataclass
@@ -106,13 +116,14 @@ class BookingAgent:
         try:
             with td.agent(graph.agent_name(self.variant), version="1.0") as step:
                 self._walk(state)
-                if state.failed_nodes:
-                    raise ConversationFailed(f"failed steps: {', '.join(state.failed_nodes)}")
+                if state.unrecovered():
+                    raise ConversationFailed(f"failed steps: {', '.join(state.unrecovered())}")
                 step.set_output(state.replies[-1] if state.replies else "", finish_reason="stop")
         except ConversationFailed:
             logger.debug("conversation failed at %s", state.failed_nodes)
         return ConversationResult(
-            tuple(state.path), tuple(state.replies), tuple(state.failed_nodes), tuple(state.errors), state.booking_id
+            tuple(state.path), tuple(state.replies), tuple(state.failed_nodes), tuple(state.errors),
+            state.booking_id, tuple(state.unrecovered()),
         )
 
     def _walk(self, state: State) -> None:
@@ -135,6 +146,7 @@ class BookingAgent:
         except Exception as exc:
             logger.debug("node %s failed", name, exc_info=True)
             state.failed_nodes.append(name)
+            state.failed_visits.append(len(state.path) - 1)
             state.errors.append(type(exc).__name__)
             return self._route(state, name)
 
