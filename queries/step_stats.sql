@@ -35,28 +35,46 @@ prices(model_key, input_per_mtok, output_per_mtok) as (
            ('claude-3-opus', 15.00, 75.00), ('gemini-1.5-flash', 0.075, 0.30),
            ('gemini-1.5-pro', 1.25, 5.00), ('gemini-2.0-flash', 0.10, 0.40)
 ),
-score_rows as (
-    select trace_id, span_id, cast(score as double) as score, source,
-           bool_or(source = 'human') over (partition by trace_id, span_id) as has_human
+candidate as (
+    -- only a step with a score row <= threshold can fail
+    select distinct trace_id, span_id
     from step_scores
-    where score is not null and trace_id in (select trace_id from win)
+    where cast(score as double) <= cast($fail_threshold as double) and trace_id in (select trace_id from win)
 ),
 step_score as (
-    select trace_id, span_id, min(score) as score
-    from score_rows
-    where source = 'human' or not has_human
-    group by all
+    -- the lowest human score if there is one, else the lowest score (candidate steps only)
+    select s.trace_id, s.span_id,
+           coalesce(min(cast(s.score as double)) filter (where s.source = 'human'), min(cast(s.score as double)))
+               as score
+    from step_scores s
+    semi join candidate c on c.trace_id = s.trace_id and c.span_id = s.span_id
+    where s.score is not null
+    group by s.trace_id, s.span_id
+),
+span_model as (
+    select trace_id, span_id, model, coalesce(input_tokens, 0) as input_tokens,
+           coalesce(output_tokens, 0) as output_tokens
+    from spans
+    where trace_id in (select trace_id from win)
+),
+model_price as (
+    -- the longest price-list name contained in the model name
+    select m.model,
+           coalesce(arg_max(p.input_per_mtok, length(p.model_key)), cast($default_input_per_mtok as double))
+               as input_per_mtok,
+           coalesce(arg_max(p.output_per_mtok, length(p.model_key)), cast($default_output_per_mtok as double))
+               as output_per_mtok
+    from (select distinct model from span_model where model is not null) m
+    left join prices p on contains(lower(m.model), p.model_key)
+    group by m.model
 ),
 span_cost as (
-    select s.trace_id, s.span_id, coalesce(s.input_tokens, 0) as input_tokens,
-           coalesce(s.output_tokens, 0) as output_tokens,
-           (coalesce(s.input_tokens, 0) * coalesce(p.input_per_mtok, cast($default_input_per_mtok as double))
-            + coalesce(s.output_tokens, 0) * coalesce(p.output_per_mtok, cast($default_output_per_mtok as double)))
-           / 1e6 as cost_usd
-    from spans s
-    left join prices p on contains(lower(s.model), p.model_key)
-    where s.trace_id in (select trace_id from win)
-    qualify row_number() over (partition by s.trace_id, s.span_id order by length(p.model_key) desc) = 1
+    select s.trace_id, s.span_id, s.input_tokens, s.output_tokens,
+           (s.input_tokens * coalesce(p.input_per_mtok, cast($default_input_per_mtok as double))
+            + s.output_tokens * coalesce(p.output_per_mtok, cast($default_output_per_mtok as double))) / 1e6
+               as cost_usd
+    from span_model s
+    left join model_price p on p.model = s.model
 ),
 node as (
     select n.trace_id, n.span_id, cast(n.step_type as varchar) as step_type, n.step_name,

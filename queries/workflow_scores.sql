@@ -12,9 +12,10 @@
 --   $trace_id        varchar = ''   only this trace ('' = every trace)
 --
 -- Step score as in failures.sql (minimum over metrics, human labels override other sources).
--- weight(step) = 1 + number of its descendants in the call tree (steps whose nested-set interval
--- lies inside its own), so the root that answers the user weighs most; a flat-fallback trace (no
--- nested set) weighs every step 1.
+-- weight(step) = 1 + number of its descendants in the call tree, read from the nested-set bounds
+-- of dag_nodes ((nested_right - nested_left - 1) / 2: one counter per trace, bumped on entering and
+-- leaving a node), so the root that answers the user weighs most; a flat-fallback trace (no nested
+-- set) weighs every step 1.
 -- workflow_score = sum(weight) / sum(weight / score) over the counted steps (scores below 1 are
 -- clamped to 1); null, and passed null, when the trace has no scored step. Recovered failures count
 -- (the retry cost something); failed_steps counts them too.
@@ -25,37 +26,24 @@ win as (
     where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
       and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
 ),
-score_rows as (
-    select trace_id, span_id, cast(score as double) as score, metric, source,
-           bool_or(source = 'human') over (partition by trace_id, span_id) as has_human
+step_score as (
+    -- one row per step: the lowest human score if there is one, else the lowest score
+    select trace_id, span_id,
+           coalesce(min(cast(score as double)) filter (where source = 'human'), min(cast(score as double)))
+               as score
     from step_scores
     where score is not null and trace_id in (select trace_id from win)
+    group by trace_id, span_id
 ),
-step_score as (
-    select trace_id, span_id, min(score) as score
-    from score_rows
-    where source = 'human' or not has_human
-    group by all
-),
-node as (
-    select n.trace_id, n.span_id, n.nested_left, n.nested_right, s.score
+counted as (
+    select n.trace_id, n.span_id, s.score,
+           1 + coalesce(greatest((n.nested_right - n.nested_left - 1) // 2, 0), 0) as weight,
+           case when s.score is not null then greatest(s.score, 1.0)
+                when cast($unscored_score as double) >= 0 then greatest(cast($unscored_score as double), 1.0)
+           end as used_score
     from dag_nodes n
     left join step_score s on s.trace_id = n.trace_id and s.span_id = n.span_id
     where n.trace_id in (select trace_id from win)
-),
-weighted as (
-    select a.trace_id, a.span_id, a.score, 1 + count(d.span_id) as weight
-    from node a
-    left join node d
-      on d.trace_id = a.trace_id and d.nested_left > a.nested_left and d.nested_right < a.nested_right
-    group by a.trace_id, a.span_id, a.score
-),
-counted as (
-    select trace_id, span_id, weight, score,
-           case when score is not null then greatest(score, 1.0)
-                when cast($unscored_score as double) >= 0 then greatest(cast($unscored_score as double), 1.0)
-           end as used_score
-    from weighted
 ),
 per_trace as (
     select trace_id, count(*) as steps, count(score) as scored_steps,

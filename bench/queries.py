@@ -1,0 +1,193 @@
+"""Benchmark: every named query of issue 6 on generated bench stores, on 2 DuckDB threads.
+
+Stores: ``bench/gen.py`` spans (``make_store``), DAGs from ``tracedag.pipeline.dag.build_store``,
+step scores from ``tracedag.pipeline.score.score_store`` (rules, no judge). When scoring fails or
+``--synthetic-scores`` is given, step scores are derived in SQL from the nodes instead: status
+ERROR -> 1.0 (rule), about 4% of the other steps -> 2.0 (rule), an extra judge row on LLM steps
+(about 3% -> 2.0, else 4.0) and a human row on about 0.2% of the steps, so the queries meet several
+rows per step, human overrides, retries and propagated failures.
+
+Baseline, measured in the same run: a full scan of the ``dag_nodes`` view (count and sum of
+durations), i.e. the cheapest query over the same files. Prints the median of ``--runs`` runs of
+each query, its ratio to the baseline, and ``root_causes`` at every store size (linearity).
+
+    python bench/queries.py --sizes 250000,500000,1000000 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gen  # noqa: E402
+
+from tracedag.pipeline.querying import bind_params, query_doc  # noqa: E402
+from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic  # noqa: E402
+from tracedag.pipeline.views import connect  # noqa: E402
+from tracedag.queries import load  # noqa: E402
+from tracedag.schemas.tables import STEP_SCORES_V1  # noqa: E402
+
+QUERIES = ["failures", "propagation", "root_causes", "amplification", "workflow_scores", "step_stats",
+           "trace_summary"]
+VARIANTS: dict[str, dict[str, str]] = {
+    "root_causes per=step": {"per": "step"},
+    "root_causes weighted": {"strategy": "weighted"},
+    "root_causes full_path_min": {"strategy": "full_path_min"},
+}
+BASELINE = "select count(*), sum(duration_ns) from dag_nodes"
+SYNTHETIC_SCORES = """
+select trace_id, span_id, build_id, 'status' as metric,
+       case when status_code = 2 then 1.0 when hash(span_id || 'r') % 100 < 4 then 2.0 else 5.0 end as score,
+       null as label, 'rule' as source, 'synthetic' as rule_name, null as judge_model, null as rubric_version,
+       null as explanation,
+       case when status_code = 2 then 'tool_execution' when hash(span_id || 'r') % 100 < 4 then 'planning' end
+           as taxonomy_l1,
+       null as taxonomy_l2, null as taxonomy_l3, 0 as scored_unix_nano
+from dag_nodes
+union all
+select trace_id, span_id, build_id, 'faithfulness', case when hash(span_id || 'j') % 100 < 3 then 2.0 else 4.0 end,
+       null, 'judge', null, 'bench-judge', 'v1', null,
+       case when hash(span_id || 'j') % 100 < 3 then 'generation' end, null, null, 0
+from dag_nodes where step_type = 'llm'
+union all
+select trace_id, span_id, null, 'correctness', 5.0, null, 'human', null, null, null, null, null, null, null, 0
+from dag_nodes where hash(span_id || 'h') % 1000 < 2
+"""
+
+
+def _log(msg: str) -> None:
+    Console(stderr=True).print(f"[dim]{msg}[/dim]")
+
+
+def synthetic_scores(data: Path) -> int:
+    """Write step scores derived from the nodes (see the module docstring); return the row count."""
+    con = connect(data)
+    try:
+        rel = con.sql(SYNTHETIC_SCORES)
+        table = getattr(rel, "to_arrow_table", None) or rel.arrow
+        rows: pa.Table = table()
+    finally:
+        con.close()
+    rows = rows.cast(STEP_SCORES_V1)
+    write_parquet_atomic(rows, table_dir(data, "step_scores"), "bench-synthetic", row_group_size=256 * 1024)
+    return rows.num_rows
+
+
+def ensure_store(data: Path, n_spans: int, synthetic: bool) -> None:
+    """Generate, build and score a bench store of about ``n_spans`` spans unless it already exists."""
+    from tracedag.pipeline.dag.build import build_store
+
+    if not parquet_files(data, "spans"):
+        t0 = time.perf_counter()
+        _log(f"{data}: {gen.make_store(data, n_spans)} spans in {time.perf_counter() - t0:.0f}s")
+    if not parquet_files(data, "traces"):
+        _log(f"{data}: built in {build_store(data, idle_seconds=0, full=True).seconds}s")
+    if parquet_files(data, "step_scores"):
+        return
+    if not synthetic:
+        try:
+            from tracedag.pipeline.score.runner import score_store
+
+            score_store(data)
+            return
+        except Exception as e:  # the scorer is another area; fall back so the queries can be measured
+            _log(f"score_store failed ({type(e).__name__}: {str(e).splitlines()[0]}); synthetic scores")
+    _log(f"{data}: {synthetic_scores(data)} synthetic score rows")
+
+
+def _median(fn: Callable[[], int], runs: int) -> tuple[float, int]:
+    times, rows = [], 0
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        rows = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), rows
+
+
+def _runner(data: Path, sql: str, params: dict[str, object]) -> Callable[[], int]:
+    def run() -> int:
+        con = connect(data, threads=2)
+        try:
+            return len(con.execute(sql, params).fetchall())
+        finally:
+            con.close()
+
+    return run
+
+
+def _named(data: Path, label: str) -> Callable[[], int]:
+    name = label.split()[0]
+    given = VARIANTS.get(label, {})
+    return _runner(data, load(name), bind_params(query_doc(name), given))
+
+
+def measure(data: Path, labels: list[str], runs: int) -> dict[str, tuple[float, int]]:
+    """Median seconds and row count of each query label, plus the baseline under ``"baseline"``."""
+    out = {"baseline": _median(_runner(data, BASELINE, {}), runs)}
+    for label in labels:
+        out[label] = _median(_named(data, label), runs)
+    return out
+
+
+def _store_figures(data: Path) -> tuple[int, int, int]:
+    con = connect(data)
+    try:
+        row = con.execute(
+            "select (select count(*) from spans), (select count(*) from traces), "
+            "(select count(*) from step_scores where score <= 2)"
+        ).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the stores, time the queries, print the tables."""
+    ap = argparse.ArgumentParser(description="issue-6 named queries benchmark")
+    ap.add_argument("--sizes", default="250000,500000,1000000", help="store sizes in spans, comma-separated")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench-queries"))
+    ap.add_argument("--synthetic-scores", action="store_true", help="do not run score_store")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    stores = {n: args.dir / f"spans-{n}" for n in sizes}
+    for n, data in stores.items():
+        ensure_store(data, n, args.synthetic_scores)
+    console = Console()
+    largest = max(sizes)
+    spans, traces, failed = _store_figures(stores[largest])
+    result = measure(stores[largest], QUERIES + list(VARIANTS), args.runs)
+    base = result["baseline"][0]
+    table = Table(title=f"{spans} spans, {traces} traces, {failed} failing score rows, 2 threads, "
+                        f"median of {args.runs}")
+    for col in ("query", "median s", "x baseline", "rows"):
+        table.add_column(col, justify="left" if col == "query" else "right")
+    for label, (secs, rows) in result.items():
+        table.add_row(label, f"{secs:.3f}", f"{secs / base:.1f}", str(rows))
+    console.print(table)
+    growth = Table(title="root_causes (greedy, per trace) by store size")
+    for col in ("spans", "traces", "median s", "baseline s", "s per 1M spans"):
+        growth.add_column(col, justify="right")
+    for n in sizes:
+        m = measure(stores[n], ["root_causes"], args.runs)
+        s, t, _ = _store_figures(stores[n])
+        growth.add_row(str(s), str(t), f"{m['root_causes'][0]:.3f}", f"{m['baseline'][0]:.3f}",
+                       f"{m['root_causes'][0] / s * 1e6:.3f}")
+    console.print(growth)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
