@@ -127,9 +127,11 @@ def _latest(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _explanation(r: dict[str, Any]) -> str:
-    who = r.get("evaluator") or r.get("source_kind") or "evaluation"
-    raw = f"value {r['score_value']:g}" if r.get("score_value") is not None else f"label {r.get('label')}"
-    text = f"{who} ({r.get('source_kind') or 'evaluation'}): {raw}"
+    kind = r.get("source_kind") or "evaluation"
+    who = f"{r['evaluator']} via {kind}" if r.get("evaluator") else kind
+    raw = [f"label {r['label']}" if r.get("label") else "",
+           f"value {r['score_value']:g}" if r.get("score_value") is not None else ""]
+    text = f"{who}: {', '.join(x for x in raw if x)}"
     return f"{text}; {r['explanation']}" if r.get("explanation") else text
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from tracedag.pipeline.score.judge import JudgeStats
 from tracedag.pipeline.score.runner import ScoreStats
@@ -11,7 +12,7 @@ from tracedag.pipeline.score.runner import ScoreStats
 
 def sources_table(stats: ScoreStats) -> Table:
     """Steps and rows scored by source."""
-    t = Table(title=f"step scores: {stats.steps} steps of {stats.builds} builds")
+    t = Table(title="steps scored by source")
     t.add_column("source")
     t.add_column("steps", justify="right")
     t.add_column("rows", justify="right")
@@ -53,7 +54,8 @@ def judge_table(j: JudgeStats) -> Table:
 
 def stats_renderable(stats: ScoreStats) -> RenderableType:
     """Every table of a run, ready for ``Console.print``."""
-    parts: list[RenderableType] = [sources_table(stats), failures_table(stats)]
+    head = Text(f"scored {stats.steps} steps of {stats.builds} new builds, {len(stats.files)} files written")
+    parts: list[RenderableType] = [head, sources_table(stats), failures_table(stats)]
     if stats.judge is not None:
         parts.append(judge_table(stats.judge))
     return Group(*parts)
