@@ -7,6 +7,7 @@ as an unavailable stage, naming the module and function it needs.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def sim_config(config: DemoConfig, endpoint: str) -> Any:
         variants=config.variants,
         fault_rate=config.fault_rate,
         latency_scale=config.latency_scale,
-        simulation_id=f"demo-seed{config.seed}",
+        simulation_id=f"demo-seed{config.seed}-{time.strftime('%Y%m%dT%H%M%S')}",
     )
 
 

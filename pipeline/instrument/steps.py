@@ -13,6 +13,7 @@ import functools
 import inspect
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -134,15 +135,22 @@ class StepSpec:
         self.on_return = on_return
         self.is_node = is_node
         self.opens_chain = opens_chain
-        self._stack: list[AbstractContextManager[Step]] = []
+        self._local = threading.local()  # open blocks per thread, so one spec may be shared
+
+    def _stack(self) -> list[AbstractContextManager[Step]]:
+        stack: list[AbstractContextManager[Step]] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def __enter__(self) -> Step:
         cm = self._open()
-        self._stack.append(cm)
-        return cm.__enter__()
+        step = cm.__enter__()
+        self._stack().append(cm)
+        return step
 
     def __exit__(self, *exc_info: Any) -> bool | None:
-        return self._stack.pop().__exit__(*exc_info)
+        return self._stack().pop().__exit__(*exc_info)
 
     @contextmanager
     def _open(self) -> Iterator[Step]:
@@ -182,21 +190,37 @@ class StepSpec:
         return attrs
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        """Decorate ``fn`` so each call runs inside this step."""
+        """Decorate ``fn`` (plain or ``async``) so each call runs inside its own step span."""
         signature = inspect.signature(fn)
+        if inspect.iscoroutinefunction(fn):
+            return self._wrap_async(fn, signature)
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self as step:
-                if self.on_call is not None:
-                    bound = signature.bind_partial(*args, **kwargs)
-                    self.on_call(step, dict(bound.arguments))
+            with self._open() as step:
+                self._called(step, signature, args, kwargs)
                 result = fn(*args, **kwargs)
                 if self.on_return is not None:
                     self.on_return(step, result)
                 return result
 
         return wrapper
+
+    def _wrap_async(self, fn: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self._open() as step:
+                self._called(step, signature, args, kwargs)
+                result = await fn(*args, **kwargs)
+                if self.on_return is not None:
+                    self.on_return(step, result)
+                return result
+
+        return wrapper
+
+    def _called(self, step: Step, signature: inspect.Signature, args: Any, kwargs: Any) -> None:
+        if self.on_call is not None:
+            self.on_call(step, dict(signature.bind_partial(*args, **kwargs).arguments))
 
 
 class _NodeChain:

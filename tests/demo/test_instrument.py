@@ -152,3 +152,30 @@ def test_resolve_endpoint_appends_traces_path(monkeypatch):
     assert td.resolve_endpoint(None, "grpc") == "127.0.0.1:4317"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:9")
     assert td.resolve_endpoint(None, "http/protobuf") == "http://env:9/v1/traces"
+
+
+def test_async_tool_and_shared_spec_across_threads(exporter):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    @td.tool("fetch")
+    async def fetch(url: str) -> str:
+        await asyncio.sleep(0.001)
+        return f"body of {url}"
+
+    assert asyncio.run(fetch("http://x")) == "body of http://x"
+    shared = td.node("worker")
+
+    def work(i: int) -> int:
+        with shared as step:
+            step.set("app.index", i)
+            return i
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sorted(pool.map(work, range(16))) == list(range(16))
+    spans = exporter.get_finished_spans() if td.force_flush() else []
+    fetched = [s for s in spans if s.name == "execute_tool fetch"]
+    assert len(fetched) == 1 and fetched[0].attributes["gen_ai.tool.call.result"] == "body of http://x"
+    assert fetched[0].end_time - fetched[0].start_time >= 1_000_000  # the span covers the awaited body
+    workers = [s for s in spans if s.name == "invoke_node worker"]
+    assert sorted(s.attributes["app.index"] for s in workers) == list(range(16))
