@@ -77,18 +77,22 @@ def _print_table(table: Any, output: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    rows = [[_cell(v) for v in row.values()] for row in table.slice(0, TABLE_ROWS).to_pylist()]
     view = Table(show_lines=False)
-    for col in table.column_names:
-        view.add_column(col, overflow="fold")
-    for row in table.slice(0, TABLE_ROWS).to_pylist():
-        view.add_row(*(_cell(v) for v in row.values()))
+    widths = []
+    for i, col in enumerate(table.column_names):
+        view.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
+        widths.append(min(60, max([len(col)] + [len(r[i]) for r in rows])) + 3)
+    for row in rows:
+        view.add_row(*row)
     more = table.num_rows - TABLE_ROWS
     view.caption = f"{table.num_rows} rows" + (f" ({more} not shown: use --format csv)" if more > 0 else "")
+    width = max(sum(widths) + 1, shutil.get_terminal_size().columns)
     if output is None:
-        Console(width=max(200, shutil.get_terminal_size().columns)).print(view)
+        Console(width=width).print(view)
         return
     with open(output, "w", encoding="utf-8") as fh:
-        Console(file=fh, width=240).print(view)
+        Console(file=fh, width=width).print(view)
 
 
 @click.command("queries")
