@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph
+from tracedag.pipeline.analysis.graph_dsl import AgentGraph, graph_for
 from tracedag.pipeline.analysis.response import (
     ResponseScorer,
     TokenJaccardScorer,
@@ -43,8 +44,12 @@ class AnalysisResult:
 
     tables: dict[str, pa.Table]
     runs: list[Run]
-    graph: AgentGraph | None = None
+    graphs: tuple[AgentGraph, ...] = ()
     pictures: dict[str, Path] = field(default_factory=dict)
+
+    def graph_of(self, agent: str) -> AgentGraph | None:
+        """The agent graph used for ``agent`` (see ``graph_dsl.graph_for``)."""
+        return graph_for(self.graphs, agent)
 
 
 def _run_query(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
@@ -86,41 +91,45 @@ def _response_columns(det: pa.Table, runs: list[Run], scorer: ResponseScorer) ->
 def analyze(
     data: Path,
     group_by: str | None = None,
-    graph: AgentGraph | None = None,
+    graphs: Sequence[AgentGraph] = (),
     scorer: ResponseScorer | None = None,
 ) -> AnalysisResult:
-    """Compute determinism and utility tables over every run in ``data``."""
+    """Compute determinism and utility tables over every run in ``data``.
+
+    ``graphs``: agent graphs for adherence and the pictures; each agent uses the graph named like
+    it, else the only graph given (``graph_dsl.graph_for``).
+    """
     con = connect(data)
     try:
         runs = load_runs(con, group_by)
-        return _analyze_runs(con, runs, graph, scorer or TokenJaccardScorer())
+        return _analyze_runs(con, runs, tuple(graphs), scorer or TokenJaccardScorer())
     finally:
         con.close()
 
 
 def analyze_runs(
-    runs: list[Run], graph: AgentGraph | None = None, scorer: ResponseScorer | None = None
+    runs: list[Run], graphs: Sequence[AgentGraph] = (), scorer: ResponseScorer | None = None
 ) -> AnalysisResult:
     """Compute the same tables over runs already in memory (tests, simulations)."""
     con = duckdb.connect(":memory:")
     try:
-        return _analyze_runs(con, runs, graph, scorer or TokenJaccardScorer())
+        return _analyze_runs(con, runs, tuple(graphs), scorer or TokenJaccardScorer())
     finally:
         con.close()
 
 
 def _analyze_runs(
-    con: duckdb.DuckDBPyConnection, runs: list[Run], graph: AgentGraph | None, scorer: ResponseScorer
+    con: duckdb.DuckDBPyConnection, runs: list[Run], graphs: tuple[AgentGraph, ...], scorer: ResponseScorer
 ) -> AnalysisResult:
     con.register("runs", runs_table(runs))
-    con.register("visits", visits_table(runs, graph))
+    con.register("visits", visits_table(runs, graphs))
     det = _response_columns(_run_query(con, "determinism"), runs, scorer)
     con.register("determinism", det)
     tables = {"determinism": det}
     for name in TABLES[1:]:
         tables[name] = _run_query(con, name)
     logger.info("determinism over %d runs, %d scenario rows", len(runs), det.num_rows)
-    return AnalysisResult(tables, runs, graph)
+    return AnalysisResult(tables, runs, graphs)
 
 
 def _out_path(data: Path, output: Path | None, name: str) -> tuple[Path, str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,14 @@ class AgentGraph:
         out["start"] = self.start[0] if len(self.start) == 1 else list(self.start)
         out["terminals"] = list(self.terminals)
         return out
+
+
+def graph_for(graphs: Sequence[AgentGraph], agent: str) -> AgentGraph | None:
+    """The graph of ``agent``: the one named like it, else the only graph given, else None."""
+    for g in graphs:
+        if g.name == agent:
+            return g
+    return graphs[0] if len(graphs) == 1 else None
 
 
 def _node_dict(n: Node) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
@@ -61,6 +61,8 @@ class Picture:
     edges: list[EdgeStat]
     start: list[str]
     subtitle: str
+    flow: dict[str, float] = field(default_factory=dict)
+    """Mean position of each node's first visit in the runs (orders the layout)."""
 
 
 def _fmt_pct(x: float) -> str:
@@ -68,7 +70,8 @@ def _fmt_pct(x: float) -> str:
 
 
 def build_picture(agent: str, node_rows: list[dict[str, Any]], edge_rows: list[dict[str, Any]],
-                  summary: dict[str, Any], graph: AgentGraph | None) -> Picture:
+                  summary: dict[str, Any], graph: AgentGraph | None,
+                  flow: dict[str, float] | None = None) -> Picture:
     """Merge the utility rows of one agent with its graph (when given) into a ``Picture``."""
     nodes = {n: NodeStat(n) for n in (graph.node_names if graph else [])}
     for r in node_rows:
@@ -82,7 +85,21 @@ def build_picture(agent: str, node_rows: list[dict[str, Any]], edge_rows: list[d
         if graph is None:
             st_e.in_graph = True
     start = list(graph.start) if graph else _observed_starts(nodes, list(edges.values()))
-    return Picture(agent, nodes, list(edges.values()), start, _subtitle(summary))
+    return Picture(agent, nodes, list(edges.values()), start, _subtitle(summary), dict(flow or {}))
+
+
+def first_visit_flow(paths: list[list[str]]) -> dict[str, float]:
+    """Mean index of each node's first visit over the node paths that visit it."""
+    sums: dict[str, list[float]] = {}
+    for path in paths:
+        seen: dict[str, int] = {}
+        for i, node in enumerate(path):
+            seen.setdefault(node, i)
+        for node, i in seen.items():
+            acc = sums.setdefault(node, [0.0, 0.0])
+            acc[0] += i
+            acc[1] += 1
+    return {n: s / c for n, (s, c) in sums.items()}
 
 
 def _observed_starts(nodes: dict[str, NodeStat], edges: list[EdgeStat]) -> list[str]:
@@ -103,31 +120,43 @@ def _subtitle(s: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _distances(g: nx.DiGraph, p: Picture) -> dict[str, int]:
-    """BFS distance from the entry nodes; nodes they cannot reach get their own roots."""
+def _ranks(g: nx.DiGraph, p: Picture) -> dict[str, float]:
+    """Flow rank: the mean first-visit position; unvisited nodes follow their BFS distance."""
     dist: dict[str, int] = {}
     roots = list(p.start)
     while True:
         for s in roots:
             for n, d in nx.single_source_shortest_path_length(g, s).items():
-                if n not in dist or d < dist[n]:
-                    dist[n] = d
+                dist[n] = min(d, dist.get(n, d))
         rest = [n for n in p.nodes if n not in dist]
         if not rest:
-            return dist
+            break
         free = [n for n in rest if not any(m in rest for m in g.predecessors(n))]
         roots = free or sorted(rest, key=lambda n: (-p.nodes[n].visits, n))[:1]
+    return {n: p.flow.get(n, float(dist[n])) for n in p.nodes}
+
+
+def _layers(g: nx.DiGraph, p: Picture) -> dict[str, int]:
+    """Longest-path layering over the edges that go forward in the flow (a DAG by construction)."""
+    rank = _ranks(g, p)
+    order = sorted(p.nodes, key=lambda n: (rank[n], n))
+    index = {n: i for i, n in enumerate(order)}
+    layer: dict[str, int] = {}
+    for n in order:
+        preds = [m for m in g.predecessors(n) if index[m] < index[n]]
+        layer[n] = max((layer[m] + 1 for m in preds), default=0)
+    return layer
 
 
 def layout(p: Picture) -> dict[str, tuple[float, float]]:
-    """Layered positions: x by BFS distance from the entry nodes, y ordered by predecessors."""
+    """Layered positions: x by flow layer, y ordered by the predecessors' positions."""
     g = nx.DiGraph()
     g.add_nodes_from(p.nodes)
     g.add_edges_from((e.source, e.target) for e in p.edges if e.in_graph or e.transitions)
-    dist = _distances(g, p)
+    layer_of = _layers(g, p)
     layers: dict[int, list[str]] = {}
     for n in p.nodes:
-        layers.setdefault(dist[n], []).append(n)
+        layers.setdefault(layer_of[n], []).append(n)
     pos: dict[str, tuple[float, float]] = {}
     for x in sorted(layers):
         order = sorted(layers[x], key=lambda n: (_bary(g, n, pos), -p.nodes[n].visits, n))
@@ -170,7 +199,9 @@ def _edge_color(e: EdgeStat) -> tuple[str, str]:
     return C_OK, ""
 
 
-def _edge_svg(e: EdgeStat, pos: dict[str, tuple[float, float]], p: Picture, top: float) -> str:
+def _edge_svg(
+    e: EdgeStat, pos: dict[str, tuple[float, float]], p: Picture, top: float, with_label: bool = True
+) -> str:
     color, dash = _edge_color(e)
     width = _width(e.share, top) if e.transitions else 1.2
     head = 9.0 + 1.1 * width
@@ -186,7 +217,7 @@ def _edge_svg(e: EdgeStat, pos: dict[str, tuple[float, float]], p: Picture, top:
     bx, by = _toward(ex, ey, c2x, c2y, head * 0.8)
     d = f"M{sx:.1f},{sy:.1f} C{c1x:.1f},{c1y:.1f} {c2x:.1f},{c2y:.1f} {bx:.1f},{by:.1f}"
     label = ""
-    if e.transitions:
+    if e.transitions and with_label:
         text = f"{e.transitions} ({_fmt_pct(e.share)})"
         label = f'<text x="{lx:.1f}" y="{ly:.1f}" class="el" fill="{color}">{escape(text)}</text>'
     title = f"{e.source} → {e.target}: {e.transitions} transitions ({_fmt_pct(e.share)})"
@@ -212,7 +243,7 @@ def _curve_path(
     dx, dy = x2 - x1, y2 - y1
     dist = math.hypot(dx, dy) or 1.0
     ux, uy = dx / dist, dy / dist
-    bend = 0.15 * dist if x2 > x1 + 1 else 0.3 * dist + 40
+    bend = min(0.15 * dist, 150.0) if x2 > x1 + 1 else min(0.3 * dist + 40, 230.0)
     cx, cy = (x1 + x2) / 2 - uy * bend, (y1 + y2) / 2 + ux * bend
     sx, sy = _toward(x1, y1, cx, cy, r1)
     ex, ey = _toward(x2, y2, cx, cy, r2)
@@ -300,14 +331,38 @@ def _legend(x: float, y: float, top_share: float) -> str:
     return "".join(out)
 
 
+def _vertical_extent(p: Picture, pos: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """Lowest and highest y that nodes, their labels and the edge curves reach."""
+    ys = [y - R_MAX for _, y in pos.values()] + [y + R_MAX + 60 for _, y in pos.values()]
+    for e in p.edges:
+        (x1, y1), (x2, y2) = pos[e.source], pos[e.target]
+        if e.source == e.target:
+            ys.append(y1 - _radius(p.nodes[e.source]) - 48)
+            continue
+        (sy, cy, ey) = _curve_path(x1, y1, 0.0, x2, y2, 0.0)[0][1::2]
+        ys.append(0.25 * sy + 0.5 * cy + 0.25 * ey - 14)
+    return min(ys, default=TOP), max(ys, default=TOP)
+
+
+def _labelled(p: Picture, most: int = 18) -> set[tuple[str, str]]:
+    """The edges that get a count label: all of them in a small graph, else the most used."""
+    used = sorted((e for e in p.edges if e.transitions), key=lambda e: -e.transitions)
+    return {(e.source, e.target) for e in used[:most]}
+
+
 def render_svg(p: Picture) -> str:
     """The SVG document of one agent's picture."""
     pos = layout(p)
+    low, high = _vertical_extent(p, pos)
+    dy = max(0.0, TOP - low)
+    pos = {n: (x, y + dy) for n, (x, y) in pos.items()}
     top_share = max((e.share for e in p.edges), default=0.0)
     width = max((x for x, _ in pos.values()), default=0.0) + R_MAX + MARGIN + 40
     graph_w = max(width, 520.0)
-    height = max(max((y for _, y in pos.values()), default=0.0) + R_MAX + 80, TOP + 370)
-    edges = "".join(_edge_svg(e, pos, p, top_share) for e in sorted(p.edges, key=lambda e: e.share))
+    height = max(high + dy + 30, TOP + 370)
+    labelled = _labelled(p)
+    edges = "".join(_edge_svg(e, pos, p, top_share, (e.source, e.target) in labelled)
+                    for e in sorted(p.edges, key=lambda e: e.share))
     nodes = "".join(_node_svg(st, *pos[n], n in p.start) for n, st in p.nodes.items())
     title = f"{p.agent} — agent graph by utility"
     return (
@@ -338,7 +393,8 @@ def write_pictures(result: Any, directory: Path) -> dict[str, Path]:
         pic = build_picture(
             agent + (f" {version}" if version else ""),
             _rows_for(result.tables["node_utility"], agent, version),
-            _rows_for(result.tables["edge_utility"], agent, version), summary, result.graph,
+            _rows_for(result.tables["edge_utility"], agent, version), summary, result.graph_of(agent),
+            first_visit_flow([r.nodes for r in result.runs if r.agent == agent and r.agent_version == version]),
         )
         path = directory / _file_name(agent, version)
         tmp = path.with_name(path.name + ".tmp")

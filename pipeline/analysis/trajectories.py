@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.analysis.canonical import action_with_input
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph
+from tracedag.pipeline.analysis.graph_dsl import AgentGraph, graph_for
 from tracedag.pipeline.errors import QueryFailed
 
 logger = logging.getLogger(__name__)
@@ -193,9 +194,10 @@ def _visit_rows(r: Run, graph: AgentGraph | None) -> list[dict[str, Any]]:
     return rows
 
 
-def visits_table(runs: list[Run], graph: AgentGraph | None = None) -> pa.Table:
-    """One row per node visit: agent, run, position, turn, node, failed, the next node, allowed."""
-    rows = [row for r in runs for row in _visit_rows(r, graph)]
+def visits_table(runs: list[Run], graphs: Sequence[AgentGraph] = ()) -> pa.Table:
+    """One row per node visit: agent, run, position, turn, node, failed, the next node, allowed
+    (whether the agent's graph, see ``graph_for``, declares the transition; null without one)."""
+    rows = [row for r in runs for row in _visit_rows(r, graph_for(graphs, r.agent))]
     return pa.Table.from_pylist(rows, schema=_VISITS_SCHEMA)
 
 

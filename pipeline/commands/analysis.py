@@ -26,8 +26,9 @@ _GRAPH_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--group-by", "group_by", default=None,
               help="SQL expression over the root span that groups runs into scenarios "
                    "(production data without run labels), e.g. \"attributes['app.intent']\".")
-@click.option("--graph", "graph_file", type=_GRAPH_FILE, default=None,
-              help="Agent graph (DSL JSON) for structural adherence and the picture.")
+@click.option("--graph", "graph_files", type=_GRAPH_FILE, multiple=True,
+              help="Agent graph (DSL JSON) for structural adherence and the picture; repeatable. Each agent "
+                   "uses the graph whose name is the agent's name, else the only graph given.")
 @click.option("--output", "output", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write Parquet tables and pictures here (default: <data>/tables/<name>/, <data>/pictures/).")
 @click.option("--judge-model", envvar="TRACEDAG_JUDGE_MODEL", default=None,
@@ -35,7 +36,7 @@ _GRAPH_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--judge-base-url", envvar="TRACEDAG_JUDGE_BASE_URL", default=None,
               help="OpenAI-compatible endpoint of the judge (env TRACEDAG_JUDGE_BASE_URL).")
 def determinism_command(
-    data: Path, group_by: str | None, graph_file: Path | None, output: Path | None,
+    data: Path, group_by: str | None, graph_files: tuple[Path, ...], output: Path | None,
     judge_model: str | None, judge_base_url: str | None,
 ) -> None:
     """Determinism over replays and variants, node/edge utility, and the agent-graph picture."""
@@ -47,10 +48,10 @@ def determinism_command(
     from tracedag.pipeline.analysis.response import make_scorer
 
     console = Console()
-    graph = load_graph(graph_file) if graph_file else None
+    graphs = [load_graph(f) for f in graph_files]
     scorer = make_scorer(judge_model, judge_base_url)
     with console.status("reading runs and computing determinism"):
-        result = analyze(data, group_by=group_by, graph=graph, scorer=scorer)
+        result = analyze(data, group_by=group_by, graphs=graphs, scorer=scorer)
     written = write_outputs(result, data, output)
     print_report(console, result, written)
 

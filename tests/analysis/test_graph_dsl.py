@@ -133,3 +133,14 @@ def test_workflow_attributes_errors():
         from_workflow_attributes("not json", "[]")
     with pytest.raises(GraphInvalid, match="cannot read edge"):
         from_workflow_attributes('["a"]', '["a to b"]')
+
+
+def test_graph_for_picks_by_name_then_the_only_graph():
+    from tracedag.pipeline.analysis.graph_dsl import graph_for
+
+    a = parse_graph(_g(name="agent-a"))
+    b = parse_graph(_g(name="agent-b"))
+    assert graph_for([a, b], "agent-b") is b
+    assert graph_for([a, b], "agent-c") is None
+    assert graph_for([a], "agent-c") is a
+    assert graph_for([], "agent-a") is None

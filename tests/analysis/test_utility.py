@@ -40,7 +40,7 @@ def fill(store):
 
 @pytest.fixture
 def result(store):
-    return analyze(fill(store), graph=GRAPH)
+    return analyze(fill(store), graphs=[GRAPH])
 
 
 def _by(rows, *keys):
@@ -108,6 +108,11 @@ def test_picture_shows_utility(result, tmp_path):
                for c in root.iter(f"{ns}circle") if c.find(f"{ns}title") is not None}
     assert circles["router"] > circles["ask"] > circles["faq"] > circles["human"]
     assert circles["ask"] == circles["book"]  # same share of conversations
+    # left to right in the order the conversations flow
+    cx = {c.find(f"{ns}title").text.split(":")[0]: float(c.get("cx"))
+          for c in root.iter(f"{ns}circle") if c.find(f"{ns}title") is not None}
+    assert cx["router"] < cx["ask"] < cx["book"]
+    assert cx["router"] < cx["faq"]
     paths = {g.find(f"{ns}title").text.split(":")[0]: g.find(f"{ns}path") for g in root.iter(f"{ns}g")
              if g.find(f"{ns}title") is not None}
     assert paths["router → book"].get("stroke") == "#d62728"  # not allowed by the graph
@@ -147,3 +152,17 @@ def test_determinism_command_on_an_empty_store(tmp_path):
     res = CliRunner().invoke(cli, ["determinism", "--data", str(tmp_path / "empty")])
     assert res.exit_code == 0, res.output
     assert "no runs found" in res.output
+
+
+def test_each_agent_uses_its_own_graph(store):
+    n = lambda name: (name, [])  # noqa: E731
+    store.run("x1", "s", [[n("a"), n("b")]], agent="alpha")
+    store.run("y1", "s", [[n("a"), n("b")]], agent="beta")
+    data = store.write()
+    ab = parse_graph({"name": "alpha", "nodes": [{"name": "a"}, {"name": "b"}],
+                      "edges": [{"source": "a", "target": "b"}], "start": "a", "terminals": ["b"]})
+    ba = parse_graph({"name": "beta", "nodes": [{"name": "a"}, {"name": "b"}],
+                      "edges": [{"source": "b", "target": "a"}], "start": "b", "terminals": ["a"]})
+    rows = _by(analyze(data, graphs=[ab, ba]).tables["agent_utility"].to_pylist(), "agent")
+    assert rows["alpha"]["adherence"] == 1.0
+    assert rows["beta"]["adherence"] == 0.0
