@@ -106,8 +106,8 @@ def _pct(value: Any) -> str:
 
 def determinism_table(result: DemoResult) -> Table:
     """Determinism per agent: exact replays and variants against the base path."""
-    t = _table("determinism per agent (1 = every run took the same path)",
-               ["agent", "vs", "runs", "nodes", "node cov", "tools", "tool+args", "reply 1-4"])
+    t = _table("determinism per agent (consistency: 1 = every run took the same path; reply 1-4)",
+               ["agent", "vs", "runs", "nodes", "node cov", "tools", "args", "reply"])
     for r in _rows(result, "determinism_agent"):
         t.add_row(_agent(r), str(r["comparison"]), str(r["runs"]), _f2(r["node_consistency"]),
                   _f2(r["node_coverage"]), _f2(r["action_consistency"]), _f2(r["action_input_consistency"]),
@@ -131,7 +131,7 @@ def node_table(result: DemoResult) -> Table:
     agents = sorted({_agent(r) for r in rows})
     cells = {(_agent(r), r["node"]): r for r in rows}
     order = sorted({r["node"] for r in rows}, key=lambda n: -sum(int(r["visits"]) for r in rows if r["node"] == n))
-    t = _table("node utilization: conversations / visits / failed visits",
+    t = _table("node utilization (conversations / visits / failed)",
                ["node"] + [f"{a}" for a in agents])
     for node in order:
         t.add_row(node, *[_utility_cell(cells.get((a, node))) for a in agents])
