@@ -22,12 +22,14 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as ds
 
 from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, INPUT_COLUMNS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
-from tracedag.pipeline.store import table_dir, write_parquet_atomic
+from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
 from tracedag.pipeline.views import connect
+from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +49,6 @@ order by s.trace_id
 """
 
 Callback = Callable[[int], None]
-
-_LOAD_SQL = "select {cols} from spans where trace_id in (select trace_id from chunk_ids)"
 
 
 @dataclass
@@ -171,18 +171,27 @@ def _run(
         return
     with _progress(progress, plan.spans) as advance:
         for i, ids in enumerate(plan.chunks):
-            spans = _load(con, ids)
+            spans = load_spans(data, ids)
             traces, nodes, edges = reconstruct(spans, stats.build_id, stats.built_unix_nano, tolerance_ns, spec)
             _write(data, stats, i, traces, nodes, edges)
             advance(spans.num_rows)
 
 
-def _load(con: duckdb.DuckDBPyConnection, trace_ids: list[str]) -> pa.Table:
-    con.register("chunk_ids", pa.table({"trace_id": pa.array(trace_ids, pa.string())}))
+def load_spans(data: Path, trace_ids: list[str]) -> pa.Table:
+    """Read the input columns of the spans of ``trace_ids`` (sorted), pruning row groups by id range."""
+    ids = pa.array(trace_ids, pa.string())
+    flt = (ds.field("trace_id") >= trace_ids[0]) & (ds.field("trace_id") <= trace_ids[-1])
+    flt = flt & ds.field("trace_id").isin(ids)
     try:
-        return arrow(con, _LOAD_SQL.format(cols=", ".join(INPUT_COLUMNS)))
-    finally:
-        con.unregister("chunk_ids")
+        return _read(data, flt)
+    except FileNotFoundError:  # compaction swapped a partition after we listed it
+        logger.info("a spans file went away during the build; listing again")
+        return _read(data, flt)
+
+
+def _read(data: Path, flt: ds.Expression) -> pa.Table:
+    files = [str(f) for f in parquet_files(data, "spans")]
+    return ds.dataset(files, schema=SPANS_V1, format="parquet").to_table(columns=INPUT_COLUMNS, filter=flt)
 
 
 def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: pa.Table, edges: pa.Table) -> None:

@@ -23,14 +23,15 @@ logger = logging.getLogger(__name__)
 # src happened before dst, both rows of prep in the same trace
 _EXPLICIT_SQL = """
 with l as (
-    select idx, trace_no, unnest(link_span_ids) as linked from prep where len(link_span_ids) > 0
+    select idx, trace_no, trace_id, unnest(links) as lk from prep where len(links) > 0
 ), g as (
     select t.idx as src, c.idx as dst,
            row_number() over (partition by c.idx order by t.s desc, t.idx desc) as rn
     from prep c join prep t
       on t.trace_no = c.trace_no and t.graph_node_id = c.graph_node_parent_id and t.idx <> c.idx and t.s <= c.s
 )
-select t.idx as src, l.idx as dst from l join prep t on t.trace_no = l.trace_no and t.span_id = l.linked
+select t.idx as src, l.idx as dst from l join prep t
+  on t.trace_no = l.trace_no and t.span_id = l.lk.span_id and l.lk.trace_id = l.trace_id
 union
 select t.idx, c.idx from prep c join prep t
   on t.trace_no = c.trace_no and t.node_execution_id = c.previous_execution_id and t.idx <> c.idx

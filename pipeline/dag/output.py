@@ -18,6 +18,8 @@ from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
 
 logger = logging.getLogger(__name__)
 
+EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit"])
+
 
 @dataclass
 class Graph:
@@ -116,10 +118,10 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
     src = np.concatenate([g.parent[child], g.seq_src[seq], x_src])
     dst = np.concatenate([child, g.seq_dst[seq], x_dst])
     kinds = np.concatenate([
-        np.where(g.attached[child], "orphan_attach", "parent"),
-        np.full(int(seq.sum()), "sequence"),
-        np.full(x_src.size, "explicit"),
-    ]).astype(object)
+        np.where(g.attached[child], 1, 0),
+        np.full(int(seq.sum()), 2),
+        np.full(x_src.size, 3),
+    ]).astype(np.int8)
     tree_edge = np.zeros(src.size, dtype=np.bool_)
     tree_edge[: child.size] = True
     up = np.where(tree_edge, dst, src)  # a child influences its parent
@@ -131,7 +133,7 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
             pa.repeat(pa.scalar(build_id), n),
             _ids(prep, src),
             _ids(prep, dst),
-            pa.array(kinds, pa.string()),
+            pa.DictionaryArray.from_arrays(pa.array(kinds), EDGE_KINDS).cast(pa.string()),
             _ids(prep, up),
             _ids(prep, down),
         ],
@@ -160,7 +162,7 @@ select n.trace_id, $build_id as build_id, $built::bigint as built_unix_nano,
        count(*) filter (where p.parent_span_id is null) = 1 and not bool_or(n.is_orphan) as connected,
        any_value(m.method) as method, any_value(m.fallback_reason) as fallback_reason,
        any_value(m.deviation_reason) is not null as deviant, any_value(m.deviation_reason) as deviation_reason
-from out_nodes n join prep p using (trace_id, span_id) join out_meta m using (trace_id)
+from out_nodes n positional join prep p join out_meta m on m.trace_id = n.trace_id
 group by n.trace_id
 order by n.trace_id
 """

@@ -26,52 +26,16 @@ import pyarrow.compute as pc
 from tracedag.pipeline.dag import loops, tree
 from tracedag.pipeline.dag.explicit import TraceGraph, explicit_edges, resolve
 from tracedag.pipeline.dag.output import Graph, assemble
-from tracedag.pipeline.dag.siblings import SiblingOrder, arrow, sibling_order
+from tracedag.pipeline.dag.prep import INPUT_COLUMNS, prepare_table
+from tracedag.pipeline.dag.siblings import SiblingOrder, sibling_order
 from tracedag.pipeline.dag.spec import WorkflowSpec
 from tracedag.pipeline.dag.tree import BoolArray, IntArray
-from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["DEFAULT_TOLERANCE_NS", "INPUT_COLUMNS", "reconstruct"]
+
 DEFAULT_TOLERANCE_NS = 1_000_000  # 1 ms: B follows A if it started no earlier than 1 ms before A ended
-
-INPUT_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "service_name", "status_code", "start_time_unix_nano", "end_time_unix_nano", "received_unix_nano", "batch_id", "links", "step_type", "step_name", "conversation_id", "langgraph_node", "langgraph_step", "graph_node_id", "graph_node_parent_id", "node_execution_id", "previous_execution_id", "run_id", "scenario_id", "replay_index", "variant_id", "service_version"]
-
-_PREP_SQL = """
-with d as (
-    select * from spans_in
-    qualify row_number() over (
-        partition by trace_id, span_id order by received_unix_nano desc, batch_id desc nulls last) = 1
-), r as (
-    select *, coalesce(start_time_unix_nano, 0) as s0,
-           row_number() over (order by trace_id, coalesce(start_time_unix_nano, 0), span_id) - 1 as idx,
-           dense_rank() over (order by trace_id) - 1 as trace_no
-    from d
-)
-select c.idx, c.trace_no, c.trace_id, c.span_id, c.parent_span_id,
-       coalesce(p.idx, -1) as parent_idx, c.parent_span_id is not null as has_parent_ref,
-       c.s0 as s, greatest(coalesce(c.end_time_unix_nano, c.s0), c.s0) as e,
-       coalesce(c.status_code, 0)::tinyint as status_code, c.received_unix_nano,
-       c.step_type::varchar as step_type,
-       coalesce(c.step_name, c.langgraph_node, c.name::varchar, '?') as step_name,
-       c.langgraph_step, c.langgraph_node, c.graph_node_id, c.graph_node_parent_id,
-       c.node_execution_id, c.previous_execution_id,
-       coalesce([x.span_id for x in c.links if x.trace_id = c.trace_id], [])
-           as link_span_ids,
-       c.service_name::varchar as service_name, c.service_version, c.conversation_id, c.run_id,
-       c.scenario_id, c.replay_index, c.variant_id
-from r c left join r p on p.trace_id = c.trace_id and p.span_id = c.parent_span_id and p.span_id <> c.span_id
-order by c.idx
-"""
-
-
-def conform(spans: pa.Table) -> pa.Table:
-    """Select the input columns, adding any missing one as nulls of its ``SPANS_V1`` type."""
-    cols = []
-    for name in INPUT_COLUMNS:
-        f = SPANS_V1.field(name)
-        cols.append(spans.column(name) if name in spans.column_names else pa.nulls(spans.num_rows, f.type))
-    return pa.table(cols, names=INPUT_COLUMNS)
 
 
 @dataclass
@@ -99,9 +63,7 @@ def _np(t: pa.Table, name: str) -> IntArray:
 
 def prepare(con: duckdb.DuckDBPyConnection, spans: pa.Table) -> Frame:
     """Dedupe, sort and index the spans; register them as ``prep`` on ``con``."""
-    con.register("spans_in", conform(spans))
-    prep = arrow(con, _PREP_SQL)
-    con.unregister("spans_in")
+    prep = prepare_table(spans)
     con.register("prep", prep)
     trace = _np(prep, "trace_no")
     bounds = np.flatnonzero(np.diff(trace, prepend=-1, append=trace.size + 1 if trace.size else 1))
