@@ -28,12 +28,15 @@ logger = logging.getLogger(__name__)
 Protocol = Literal["http/protobuf", "grpc"]
 _DEFAULT_ENDPOINTS: dict[str, str] = {"http/protobuf": "http://127.0.0.1:4318", "grpc": "127.0.0.1:4317"}
 _SCOPE = "tracedag.instrument"
+_VERSION = version("tracedag")
 
 
 @dataclass
 class _State:
     provider: TracerProvider | None = None
     capture_content: bool = True
+    # the tracer of the provider it came from (looked up once: metadata lookups are slow)
+    tracer: tuple[object, trace.Tracer] | None = None
 
 
 _state = _State()
@@ -114,7 +117,12 @@ def _install_global(provider: TracerProvider) -> None:
 def tracer() -> trace.Tracer:
     """The tracer the helpers use: from ``configure``'s provider, else from the global one."""
     provider = _state.provider or trace.get_tracer_provider()
-    return provider.get_tracer(_SCOPE, version("tracedag"))
+    cached = _state.tracer
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    made = provider.get_tracer(_SCOPE, _VERSION)
+    _state.tracer = (provider, made)
+    return made
 
 
 def capture_content() -> bool:
