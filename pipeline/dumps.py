@@ -82,27 +82,37 @@ def open_dump(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
-def detect_format(head: bytes) -> Format:
-    """Guess the format from the first bytes of the (uncompressed) file."""
-    text = head.lstrip()
+def detect_format(first_line: bytes, more: bool) -> Format:
+    """Guess the format from the first line of the (uncompressed) file and whether more lines follow."""
+    text = first_line.lstrip()
     if not text.startswith(b"{"):
         return "protobuf"
-    first = text.split(b"\n", 1)[0].strip()
     try:
-        json.loads(first)
+        json.loads(text)
     except ValueError:
         return "json"  # the first line is not a whole document: a pretty-printed one
-    rest = text[len(text.split(b"\n", 1)[0]) :].strip()
-    return "jsonl" if rest else "json"
+    return "jsonl" if more else "json"
 
 
 def read_dump(path: Path) -> tuple[Format, Iterator[DumpItem]]:
     """Return the detected format of ``path`` and an iterator over its items."""
     with open_dump(path) as fh:
-        head = fh.read(1 << 16)
-    fmt = detect_format(head)
+        first = fh.read(64)
+        if first.lstrip().startswith(b"{"):
+            first += fh.readline(_MAX_RECORD)
+        more = any(line.strip() for line in _lines_after(fh))
+    fmt = detect_format(first, more)
     readers = {"jsonl": _json_lines, "json": _json_document, "protobuf": _length_prefixed}
     return fmt, readers[fmt](path)
+
+
+def _lines_after(fh: BinaryIO) -> Iterator[bytes]:
+    """The next few lines (enough to tell JSON lines from one document)."""
+    for _ in range(3):
+        line = fh.readline(1 << 20)
+        if not line:
+            return
+        yield line
 
 
 def _decode(body: bytes, encoding: Literal["json", "protobuf"], where: str, offset: int) -> DumpItem:
