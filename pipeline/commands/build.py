@@ -21,7 +21,9 @@ data_option: Callable[[_F], _F] = _shared_data_option
 @click.option("--full", is_flag=True, help="Rebuild every complete trace, not only new or changed ones.")
 @click.option("--spec", "spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Workflow spec (YAML/JSON): steps and allowed dependencies; deviant traces are flagged.")
-def build_command(data: Path, idle: float, full: bool, spec: Path | None) -> None:
+@click.option("--tolerance-ms", "tolerance_ms", default=1.0, show_default=True, type=float,
+              help="Clock-skew tolerance: B follows A when B started no earlier than this before A ended.")
+def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolerance_ms: float) -> None:
     """Turn complete traces into the traces, dag_nodes and dag_edges tables (incremental).
 
     Args:
@@ -29,13 +31,15 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None) -> Non
         idle: seconds without a new span after which a trace counts as complete.
         full: rebuild all complete traces.
         spec: optional workflow spec file.
+        tolerance_ms: skew tolerance of the happened-before order among siblings.
     """
     from rich.console import Console
     from rich.table import Table
 
     from tracedag.pipeline.dag import build_store
 
-    stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True)
+    stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
+                        tolerance_ns=int(tolerance_ms * 1e6))
     table = Table(title="tracedag build", caption=stats.build_id, show_header=False)
     rows = [("traces built", stats.traces_built), ("spans", stats.spans), ("edges", stats.edges),
             *[(f"  method {m}", c) for m, c in sorted(stats.methods.items())],
