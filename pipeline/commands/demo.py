@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -36,4 +37,38 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
         raise click.ClickException(f"stages not completed: {', '.join(unavailable)}")
 
 
-COMMANDS: list[click.Command] = [demo_command]
+@click.command("simulate")
+@click.option("--endpoint", default="http://127.0.0.1:4318", show_default=True,
+              help="OTLP endpoint: http://host:port for HTTP, host:port for gRPC.")
+@click.option("--protocol", type=click.Choice(["http/protobuf", "grpc"]), default="http/protobuf", show_default=True)
+@click.option("--seed", default=7, show_default=True, type=int, help="Seed of the simulated agent and its faults.")
+@click.option("--replays", default=3, show_default=True, type=click.IntRange(min=1), help="Exact replays per scenario.")
+@click.option("--variants", default=2, show_default=True, type=click.IntRange(min=0, max=2),
+              help="Rephrased variants per scenario (each replayed too).")
+@click.option("--fault-rate", default=0.25, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of calendar calls that fail (timeout or HTTP 503).")
+@click.option("--max-visits", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Most visits of one node in an enumerated conversation path (bounds loops).")
+def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int, variants: int,
+                     fault_rate: float, max_visits: int) -> None:
+    """Drive the bundled court-booking agent through its conversation paths and export the spans over OTLP.
+
+    Both variants (constrained and permissive transitions) run every DFS path of the designed
+    graph as exact replays and rephrased variants, with run labels; point it at `tracedag collect`.
+    """
+    from rich.progress import Progress
+
+    from tracedag.pipeline import simulate as sim
+    from tracedag.pipeline.demo_stages import conversation_paths
+
+    config = sim.SimulationConfig(endpoint=endpoint, protocol=protocol,
+                                  seed=seed, replays=replays, variants=variants, fault_rate=fault_rate)
+    with Progress() as progress:
+        task = progress.add_task("simulate conversations")
+        result = sim.simulate(config, conversation_paths(max_visits),
+                              lambda done, total: progress.update(task, completed=done, total=total))
+    click.echo(f"{result.runs} conversations sent to {endpoint} ({result.failed} failed, "
+               f"{result.calendar_faults} with a calendar fault), simulation id {result.simulation_id}")
+
+
+COMMANDS: list[click.Command] = [demo_command, simulate_command]

@@ -70,3 +70,25 @@ def test_grpc_export_and_error_attributes_reach_the_store(collector):
     assert tool["status_code"] == 2 and tool["error_type"] == "TimeoutError"
     assert tool["tool_call_id"] == "call-1" and tool["event"] == "exception"
     assert all(r["run_id"] == "run-g" and r["variant_id"] == "v2" for r in rows)
+
+
+def test_simulate_command_sends_labelled_conversations(collector):
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+
+    endpoint = f"127.0.0.1:{collector.grpc_port}"
+    out = CliRunner().invoke(cli, ["simulate", "--endpoint", endpoint, "--protocol", "grpc",
+                                   "--replays", "2", "--variants", "1", "--seed", "5"])
+    assert out.exit_code == 0, out.output
+    assert "40 conversations sent" in out.output  # 2 agents x 5 paths x (base + 1 variant) x 2 replays
+    collector.flush()
+    rows = _rows(collector.data, """
+        select count(distinct trace_id) as traces, count(distinct run_id) as runs,
+               count(distinct scenario_id) as scenarios, count(distinct variant_id) as variants,
+               count(distinct replay_index) as replays,
+               count(distinct attributes['tracedag.intended_path']) as intended,
+               count(distinct attributes['tracedag.simulation_id']) as simulations
+        from spans""")
+    assert rows == [{"traces": 40, "runs": 40, "scenarios": 5, "variants": 1, "replays": 2, "intended": 5,
+                     "simulations": 1}]
