@@ -115,7 +115,7 @@ class OtlpGrpcServer:
         metadata = _metadata(context.invocation_metadata())
         if not self.tokens.check(metadata.get("authorization")):
             _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
-        reason = self.admission.refusal()
+        reason = self.admission.admit()
         if reason is not None:
             context.abort_with_status(unavailable(f"not accepting data now: {reason}; retry later"))
         try:

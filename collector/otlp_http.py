@@ -325,7 +325,7 @@ class OtlpHttpServer:
             return status_reply(exc.status, exc.message, enc, close=True)
         if fr.length > self._wire_limit(coding == "gzip"):
             return status_reply(413, f"request body exceeds {self.settings.max_body_bytes} bytes", enc, close=True)
-        reason = "shutting down" if self._closing else self.admission.refusal()
+        reason = "shutting down" if self._closing else self.admission.admit()
         if reason is not None:
             return status_reply(503, f"not accepting data now: {reason}; retry later", enc)
         return None

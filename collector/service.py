@@ -75,12 +75,12 @@ class Admission:
             return "spool backlog full (conversion is behind)"
         return None
 
-    def check(self) -> None:
-        """Raise ``Overloaded`` when new work is refused."""
+    def admit(self) -> str | None:
+        """Like ``refusal`` for a request about to be refused: also counts the refusal."""
         reason = self.refusal()
         if reason is not None:
             REFUSED.inc(reason=_short(reason))
-            raise Overloaded(reason)
+        return reason
 
     def acquire(self, nbytes: int) -> None:
         """Reserve ``nbytes`` of in-flight budget or raise ``Overloaded``."""
