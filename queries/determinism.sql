@@ -36,7 +36,7 @@ paths as (
     select gid, is_base, variant_id, run_key, 'action_input', action_input_path from r
 ),
 sets as (
-    select *, list_distinct(path) as pset from paths
+    select *, list_sort(list_distinct(path)) as pset from paths
 ),
 ranked as (
     select gid, kind, path, count(*) as n,
@@ -45,22 +45,31 @@ ranked as (
     group by gid, kind, path
 ),
 base as (
-    select gid, kind, path, list_distinct(path) as bset from ranked where rk = 1
+    select gid, kind, path, list_sort(list_distinct(path)) as bset from ranked where rk = 1
 ),
-pair_j as (
-    select a.gid, a.kind,
-           case when len(list_distinct(list_concat(a.pset, b.pset))) = 0 then 1.0
-                else len(list_intersect(a.pset, b.pset))::double
-                     / len(list_distinct(list_concat(a.pset, b.pset))) end as j
-    from sets a join sets b on a.gid = b.gid and a.kind = b.kind and a.run_key < b.run_key
-    where a.is_base and b.is_base
+set_counts as (  -- runs with equal sets are counted once, so the pairs cost grows with distinct sets
+    select gid, kind, pset, count(*)::double as n from sets where is_base group by gid, kind, pset
+),
+pair_sums as (
+    -- pairs of runs with the same set have Jaccard 1
+    select gid, kind, n * (n - 1) / 2 as pairs, n * (n - 1) / 2 as jsum from set_counts
+    union all
+    select a.gid, a.kind, a.n * b.n,
+           a.n * b.n * case when len(list_distinct(list_concat(a.pset, b.pset))) = 0 then 1.0
+                            else len(list_intersect(a.pset, b.pset))::double
+                                 / len(list_distinct(list_concat(a.pset, b.pset))) end
+    from set_counts a join set_counts b on a.gid = b.gid and a.kind = b.kind and a.pset < b.pset
+),
+pair_cov as (
+    select gid, kind, sum(jsum) / nullif(sum(pairs), 0) as coverage from pair_sums group by gid, kind
 ),
 replay_metrics as (
     select s.gid, s.kind, 'replays' as comparison, count(*) as runs, 0 as variants,
            avg(case when s.path = b.path then 1.0 else 0.0 end) as consistency,
-           coalesce((select avg(p.j) from pair_j p where p.gid = s.gid and p.kind = s.kind), 1.0) as coverage,
+           coalesce(any_value(c.coverage), 1.0) as coverage,
            any_value(b.path) as base_path, null::varchar as reason
     from sets s join base b on b.gid = s.gid and b.kind = s.kind
+    left join pair_cov c on c.gid = s.gid and c.kind = s.kind
     where s.is_base
     group by s.gid, s.kind
 ),

@@ -19,11 +19,20 @@
 --   intended_path (JSON text of tracedag.intended_path on the root span or resource).
 -- Order: run_key, trace_start, trace_id, topo_index (nulls last), start_time_unix_nano, span_id.
 with recursive
-roots as (
-    select trace_id, span_id, service_name::varchar as service_name, start_time_unix_nano, output_text,
+s as materialized (  -- one read of the columns this query needs
+    select trace_id, span_id, parent_span_id, name::varchar as name, service_name::varchar as service_name,
+           start_time_unix_nano, end_time_unix_nano, status_code, step_type::varchar as step_type, step_name,
+           tool_name, agent_name, input_text, output_text, run_id, conversation_id, scenario_id, variant_id,
+           replay_index, service_version, langgraph_node, langgraph_step, graph_node_id,
+           attributes['gen_ai.node.name'] as a_node, attributes['tracedag.node.name'] as a_td_node,
+           attributes['graph.node.name'] as a_graph_node, attributes['gen_ai.tool.call.arguments'] as a_args,
            coalesce(attributes['tracedag.intended_path'],
                     resource_attributes['tracedag.intended_path']) as intended_path
     from spans
+),
+roots as (
+    select trace_id, span_id, service_name, start_time_unix_nano, output_text, intended_path
+    from s
     where parent_span_id is null
     qualify row_number() over (partition by trace_id order by start_time_unix_nano, span_id) = 1
 ),
@@ -31,7 +40,7 @@ trace_info as (
     select s.trace_id,
            coalesce(max(s.run_id), max(s.conversation_id), s.trace_id) as run_key,
            coalesce(arg_min(s.agent_name, s.start_time_unix_nano) filter (where s.agent_name is not null),
-                    any_value(r.service_name), max(s.service_name::varchar)) as agent,
+                    any_value(r.service_name), max(s.service_name)) as agent,
            max(s.service_version) as agent_version,
            coalesce(any_value(g.group_key), max(s.scenario_id)) as scenario,
            max(s.variant_id) as variant_id,
@@ -39,22 +48,23 @@ trace_info as (
            coalesce(any_value(r.start_time_unix_nano), min(s.start_time_unix_nano)) as trace_start,
            any_value(r.intended_path) as intended_path,
            any_value(r.output_text) as root_output
-    from spans s
+    from s
     left join roots r on r.trace_id = s.trace_id
     left join run_group g on g.trace_id = s.trace_id
     group by s.trace_id
 ),
 marked as (
-    select s.trace_id, s.span_id, s.start_time_unix_nano,
-           coalesce(s.langgraph_node, s.attributes['gen_ai.node.name'], s.attributes['tracedag.node.name'],
-                    s.attributes['graph.node.name'], s.step_name) as node,
-           s.langgraph_node is not null
-             and (p.span_id is null or p.langgraph_node is distinct from s.langgraph_node
-                  or p.langgraph_step is distinct from s.langgraph_step) as lg_top,
-           s.attributes['gen_ai.node.name'] is not null or s.attributes['tracedag.node.name'] is not null
-             or s.attributes['graph.node.name'] is not null or s.graph_node_id is not null as other_mark
-    from spans s
-    left join spans p on p.trace_id = s.trace_id and p.span_id = s.parent_span_id
+    select c.trace_id, c.span_id, c.start_time_unix_nano,
+           coalesce(c.langgraph_node, c.a_node, c.a_td_node, c.a_graph_node, c.step_name) as node,
+           c.langgraph_node is not null
+             and (p.span_id is null or p.langgraph_node is distinct from c.langgraph_node
+                  or p.langgraph_step is distinct from c.langgraph_step) as lg_top,
+           c.a_node is not null or c.a_td_node is not null or c.a_graph_node is not null
+             or c.graph_node_id is not null as other_mark
+    from s c
+    left join s p on p.trace_id = c.trace_id and p.span_id = c.parent_span_id
+    where c.langgraph_node is not null or c.a_node is not null or c.a_td_node is not null
+       or c.a_graph_node is not null or c.graph_node_id is not null
 ),
 node_spans as (
     select trace_id, span_id, start_time_unix_nano, node
@@ -65,10 +75,10 @@ subtree(trace_id, node_span_id, span_id) as (
     select trace_id, span_id, span_id from node_spans
     union all
     select c.trace_id, t.node_span_id, c.span_id
-    from subtree t join spans c on c.trace_id = t.trace_id and c.parent_span_id = t.span_id
+    from subtree t join s c on c.trace_id = t.trace_id and c.parent_span_id = t.span_id
 ),
 bad_spans as (
-    select trace_id, span_id from spans where status_code = 2
+    select trace_id, span_id from s where status_code = 2
     union
     select trace_id, span_id from step_scores where cast(score as double) <= 2
 ),
@@ -84,10 +94,9 @@ steps as (
     from node_spans n
     join node_failed f on f.trace_id = n.trace_id and f.node_span_id = n.span_id
     union all
-    select trace_id, span_id, 'tool', coalesce(tool_name, step_name, name::varchar),
-           coalesce(attributes['gen_ai.tool.call.arguments'], input_text), status_code = 2,
-           start_time_unix_nano
-    from spans
+    select trace_id, span_id, 'tool', coalesce(tool_name, step_name, name),
+           coalesce(a_args, input_text), status_code = 2, start_time_unix_nano
+    from s
     where step_type = 'tool'
     union all
     select s.trace_id, max(s.span_id), 'response', null,
@@ -95,7 +104,7 @@ steps as (
                     max_by(s.output_text, s.end_time_unix_nano)
                       filter (where s.output_text is not null and s.step_type in ('llm', 'agent', 'chain'))),
            null, max(s.end_time_unix_nano)
-    from spans s join trace_info i on i.trace_id = s.trace_id
+    from s join trace_info i on i.trace_id = s.trace_id
     group by s.trace_id
 )
 select i.run_key, st.trace_id, st.span_id, st.kind, st.name, st.detail, coalesce(st.failed, false) as failed,

@@ -17,6 +17,7 @@ A single response agrees with itself: 4.0. Runs without any response give null.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import logging
 import os
 import re
@@ -75,11 +76,14 @@ class TokenJaccardScorer:
 
     def agreement(self, responses: list[str]) -> float:
         """1 + 3 x the mean pairwise Jaccard of the responses' token sets."""
-        sets = [tokens(r) for r in responses]
-        pairs = list(itertools.combinations(sets, 2))
-        if not pairs:
+        counts = Counter(tokens(r) for r in responses)
+        n = sum(counts.values())
+        if n < 2:
             return 4.0
-        return 1.0 + 3.0 * sum(jaccard(a, b) for a, b in pairs) / len(pairs)
+        # equal token sets pair with Jaccard 1; distinct sets are compared once, weighted
+        total = sum(c * (c - 1) / 2 for c in counts.values())
+        total += sum(counts[a] * counts[b] * jaccard(a, b) for a, b in itertools.combinations(counts, 2))
+        return 1.0 + 3.0 * total / (n * (n - 1) / 2)
 
 
 class JudgeScorer:
