@@ -17,10 +17,10 @@ A single response agrees with itself: 4.0. Runs without any response give null.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 import logging
 import os
 import re
+from collections import Counter
 from typing import Protocol
 
 from tracedag.pipeline.errors import TracedagError
