@@ -151,6 +151,7 @@ class _Runner:
 
     @contextmanager
     def stage(self, name: str, label: str, needs: tuple[str, ...] = (), total: float = 1) -> Iterator[Any]:
+        """Run the block as stage ``name``; yields its progress task, or None when it must be skipped."""
         task = self.progress.add_task(label, total=total)
         missing = [n for n in needs if not self.result.ok(n)]
         if missing:

@@ -106,13 +106,25 @@ def _pct(value: Any) -> str:
 
 def determinism_table(result: DemoResult) -> Table:
     """Determinism per agent: exact replays and variants against the base path."""
-    t = _table("determinism per agent (consistency: 1 = every run took the same path; reply 1-4)",
+    t = _table("determinism per agent (1 = all runs alike; reply on 1-4)",
                ["agent", "vs", "runs", "nodes", "node cov", "tools", "args", "reply"])
     for r in _rows(result, "determinism_agent"):
         t.add_row(_agent(r), str(r["comparison"]), str(r["runs"]), _f2(r["node_consistency"]),
                   _f2(r["node_coverage"]), _f2(r["action_consistency"]), _f2(r["action_input_consistency"]),
                   _f2(r["response_consistency"]))
     return t
+
+
+def design_takeaway(result: DemoResult) -> str | None:
+    """One line comparing the node consistency of the two variants over exact replays and variants."""
+    by = {(_agent(r), r["comparison"]): r["node_consistency"] for r in _rows(result, "determinism_agent")}
+    parts = [
+        f"{comparison}: constrained {_f2(by[('constrained', comparison)])} vs permissive "
+        f"{_f2(by[('permissive', comparison)])}"
+        for comparison in ("replays", "variants")
+        if ("constrained", comparison) in by and ("permissive", comparison) in by
+    ]
+    return "graph design -> node-path consistency, " + "; ".join(parts) if parts else None
 
 
 def agent_table(result: DemoResult) -> Table:
@@ -177,8 +189,12 @@ def print_demo(console: Console, result: DemoResult) -> None:
         console.print(propagation_line(result), soft_wrap=True)
         console.print(amplification_table(result))
     if result.ok("determinism"):
-        for table in (determinism_table(result), agent_table(result), node_table(result)):
-            console.print(table)
+        console.print(determinism_table(result))
+        takeaway = design_takeaway(result)
+        if takeaway:
+            console.print(takeaway, soft_wrap=True)
+        console.print(agent_table(result))
+        console.print(node_table(result))
     if result.ok("queries"):
         console.print(slowest_table(result))
     _print_next(console, result)
