@@ -99,7 +99,7 @@ def _same(reqs: list[tuple[ExportTraceServiceRequest, int]]) -> None:
     assert fast.content.tolist() == ref.content.tolist()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(otlp_requests(), min_size=1, max_size=3))
 def test_fast_equals_reference_on_random_requests(reqs: list[ExportTraceServiceRequest]) -> None:
     _same([(r, 1_700_000_000_000_000_000 + i) for i, r in enumerate(reqs)])
@@ -155,7 +155,7 @@ def _canonical(req: ExportTraceServiceRequest) -> list[tuple[object, ...]]:
     return sorted(out, key=repr)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(otlp_requests())
 def test_otlp_parquet_otlp_round_trip(tmp_path: Path, req: ExportTraceServiceRequest) -> None:
