@@ -45,7 +45,7 @@ _state = _State()
 def configure(
     endpoint: str | None = None,
     *,
-    service_name: str = "agent",
+    service_name: str | None = None,
     service_version: str | None = None,
     protocol: Protocol = "http/protobuf",
     headers: Mapping[str, str] | None = None,
@@ -59,22 +59,25 @@ def configure(
 
     Args:
         endpoint: collector address; ``http://host:4318`` (``/v1/traces`` is appended) or gRPC ``host:4317``.
-        service_name / service_version: the ``service.name`` / ``service.version`` resource attributes.
+        service_name / service_version: the ``service.name`` / ``service.version`` resource attributes
+            (service name: argument, then ``OTEL_SERVICE_NAME``, then ``agent``).
         protocol: ``"http/protobuf"`` or ``"grpc"``.
         capture_content: record messages, tool arguments and results (tracedag's determinism reads them).
         set_global: also install the provider as the global one when no other is installed yet.
         exporter: use this exporter instead of OTLP (tests, files).
 
     Returns:
-        The provider; ``shutdown()`` flushes and closes it.
+        The provider; ``shutdown()`` flushes and closes it (so does the next ``configure``).
     """
-    attrs: dict[str, str] = {"service.name": service_name, **(resource_attributes or {})}
+    name = service_name or os.environ.get("OTEL_SERVICE_NAME") or "agent"
+    attrs: dict[str, str] = {"service.name": name, **(resource_attributes or {})}
     if service_version is not None:
         attrs["service.version"] = service_version
     provider = TracerProvider(resource=Resource.create(attrs))
     provider.add_span_processor(LabelSpanProcessor())
     span_exporter = exporter or _otlp_exporter(resolve_endpoint(endpoint, protocol), protocol, headers)
     provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=schedule_delay_millis))
+    shutdown()  # a provider configured before is flushed and closed: one at a time
     _state.provider = provider
     _state.capture_content = capture_content
     if set_global:
@@ -100,10 +103,10 @@ def _otlp_exporter(endpoint: str, protocol: Protocol, headers: Mapping[str, str]
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         insecure = not endpoint.startswith("https://")
-        return GrpcExporter(endpoint=endpoint, insecure=insecure, headers=dict(headers or {}))
+        return GrpcExporter(endpoint=endpoint, insecure=insecure, headers=dict(headers) if headers else None)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter(endpoint=endpoint, headers=dict(headers or {}))
+    return HttpExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
 
 
 def _install_global(provider: TracerProvider) -> None:

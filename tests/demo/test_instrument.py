@@ -179,3 +179,21 @@ def test_async_tool_and_shared_spec_across_threads(exporter):
     assert fetched[0].end_time - fetched[0].start_time >= 1_000_000  # the span covers the awaited body
     workers = [s for s in spans if s.name == "invoke_node worker"]
     assert sorted(s.attributes["app.index"] for s in workers) == list(range(16))
+
+
+def test_service_name_from_argument_then_environment(monkeypatch):
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    first, second = InMemorySpanExporter(), InMemorySpanExporter()
+    try:
+        td.configure(exporter=first, set_global=False)
+        with td.agent("a"):
+            pass
+        # configuring again flushes the first provider: its span is exported, not lost
+        td.configure(service_name="explicit", exporter=second, set_global=False)
+        assert [s.resource.attributes["service.name"] for s in first.get_finished_spans()] == ["from-env"]
+        with td.agent("b"):
+            pass
+        td.force_flush()
+        assert [s.resource.attributes["service.name"] for s in second.get_finished_spans()] == ["explicit"]
+    finally:
+        td.shutdown()
