@@ -164,8 +164,12 @@ def headline(result: DemoResult) -> list[str]:
         parts.append(f"simulated {sim.runs} conversations ({sim.failed} failed, "
                      f"{sim.calendar_faults} with a calendar fault)")
     if c:
-        parts.append(f"store: {c['spans']} spans, {c['traces']} traces, {c['conversations']} conversations, "
-                     f"{c['traces_with_errors']} traces with an error span")
+        line = (f"store: {c['spans']} spans, {c['traces']} traces, {c['conversations']} conversations, "
+                f"{c['traces_with_errors']} traces with an error span")
+        if "root_causes" in result.tables:
+            recovered = c["traces_with_errors"] - result.tables["root_causes"].num_rows
+            line += f" ({recovered} of them recovered by a retry)"
+        parts.append(line)
     return parts
 
 
