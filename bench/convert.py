@@ -7,7 +7,9 @@ All figures are measured in the same run on the same generated batches (``bench/
 - naive: parse + ``convert.requests_to_table`` (the reference loop: rows, ``from_pydict``);
 - fast: parse + ``convert.convert_records`` (columnar builder, keys and content hashes too),
   in 1 process and in 2 worker processes;
-- both with and without normalization (the agent columns, ``normalize``), since that step is
+- the whole spool -> Parquet round (``SpoolConverter.run_once``: read segments, convert,
+  dedupe, sort, write zstd Parquet with fsync), 1 and 2 processes;
+- conversions with and without normalization (the agent columns, ``normalize``), since that step is
   shared by both converters.
 
     python bench/convert.py --spans 50000 --runs 5
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +69,24 @@ def fast_base(bodies: Bodies) -> None:
     builder.finish("bench")
 
 
+def spool_to_parquet(bodies: Bodies, workers: int) -> float:
+    """Seconds for ``SpoolConverter.run_once`` to turn the batches (in 16 MB segments) into Parquet."""
+    from tracedag.collector.spool import SpoolWriter
+    from tracedag.pipeline.ingest import SpoolConverter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = SpoolWriter(Path(tmp))
+        now = time.time_ns()
+        for b in bodies:
+            writer.append(b, now)
+        writer.flush()
+        writer.close()
+        conv = SpoolConverter(tmp, workers=workers)
+        t = time.perf_counter()
+        conv.run_once()
+        return time.perf_counter() - t
+
+
 def measure(fn: Callable[[Bodies], None], bodies: Bodies, runs: int) -> float:
     """Return the median seconds of ``runs`` calls (after one warm-up call)."""
     fn(bodies)
@@ -101,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, fn, procs in cases:
         with console.status(f"measuring {label}"):
             results[label] = (n / measure(fn, bodies, args.runs), procs)
+    for workers in (1, 2):
+        label = f"spool -> Parquet end to end, {workers} process{'es' if workers > 1 else ''}"
+        with console.status(f"measuring {label}"):
+            spool_to_parquet(bodies, workers)
+            secs = statistics.median(spool_to_parquet(bodies, workers) for _ in range(args.runs))
+            results[label] = (n / secs, workers)
     shutdown()
     _print(console, results, n, size, len(bodies), args.runs)
     return 0
@@ -114,7 +141,7 @@ def _print(console: Console, results: dict[str, tuple[float, int]], n: int, size
     for col in ("case", "processes", "spans/s", "spans/s per process", "x naive (same step)"):
         table.add_column(col, justify="right" if col != "case" else "left")
     for label, (rate, procs) in results.items():
-        ref = base_cols if "base" in label else base
+        ref = base_cols if "base" in label else base  # end to end: against the naive conversion alone
         ratio = "" if label.startswith("parse") else f"{rate / procs / ref:.2f}"
         table.add_row(label, str(procs), f"{rate:,.0f}", f"{rate / procs:,.0f}", ratio)
     console.print(table)

@@ -174,7 +174,7 @@ class FileResult:
 
 def ingest_dump(
     writer: StoreWriter, path: Path, on_progress: Callable[[int], None] | None = None,
-    batch_spans: int = 65_536, received_unix_nano: int | None = None,
+    batch_spans: int = 32_768, received_unix_nano: int | None = None,
 ) -> FileResult:
     """Read one dump and store its valid spans (de-duplicated) in batches of about ``batch_spans``."""
     fmt, items = read_dump(path)

@@ -148,11 +148,13 @@ class StoreWriter:
             stats.conflicts += res.conflicts
             if res.duplicates:
                 logger.info("%s: dropped %d duplicate spans (%d conflicts)", stem, res.duplicates, res.conflicts)
-            mask = pa.array(res.keep)
-            table = conv.table.filter(mask)
-            keys, content = conv.keys[res.keep], conv.content[res.keep]
-            for hour, idx in _hour_groups(table):
-                self._commit_hour(hour, table.take(idx), keys[idx], content[idx], stem, stats)
+            table, keys, content = conv.table, conv.keys, conv.content
+            if not res.keep.all():
+                table, keys, content = table.filter(pa.array(res.keep)), keys[res.keep], content[res.keep]
+            groups = list(_hour_groups(table))
+            for hour, idx in groups:
+                part = table if len(groups) == 1 else table.take(idx)  # one hour: no copy
+                self._commit_hour(hour, part, keys[idx], content[idx], stem, stats)
             self.bump()
 
     def _commit_hour(
@@ -358,7 +360,7 @@ def _remove_temp_files(data: Path) -> None:
 
 def ingest_requests(
     data: Path, requests: Iterable[ExportTraceServiceRequest], received_unix_nano: int,
-    batch_spans: int = 65_536, source: str = "ingest",
+    batch_spans: int = 32_768, source: str = "ingest",
 ) -> int:
     """Store requests directly (no spool), de-duplicated like spool batches; return the spans stored."""
     writer = StoreWriter(Path(data))
