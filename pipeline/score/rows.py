@@ -65,20 +65,17 @@ def categorize(score: float, l3: str | None, reason: str) -> tuple[Category | No
     return load_taxonomy().unclassified(), f"unclassified: {reason}"
 
 
+def _values(r: ScoreRow) -> tuple[object, ...]:
+    cat = r.category
+    return (r.trace_id, r.span_id, r.build_id, r.metric, float(r.score), r.label or label_for(r.score), r.source,
+            r.rule_name, r.judge_model, r.rubric_version, r.explanation,
+            cat.l1 if cat else None, cat.l2 if cat else None, cat.l3 if cat else None)
+
+
 def to_table(rows: Iterable[ScoreRow], scored_unix_nano: int | None = None) -> pa.Table:
     """Build a ``STEP_SCORES_V1`` table from ``rows``."""
     now = scored_unix_nano or time.time_ns()
-    cols: dict[str, list[object]] = {f.name: [] for f in STEP_SCORES_V1}
-    for r in rows:
-        cat = r.category
-        values: dict[str, object] = {
-            "trace_id": r.trace_id, "span_id": r.span_id, "build_id": r.build_id, "metric": r.metric,
-            "score": float(r.score), "label": r.label or label_for(r.score), "source": r.source,
-            "rule_name": r.rule_name, "judge_model": r.judge_model, "rubric_version": r.rubric_version,
-            "explanation": r.explanation,
-            "taxonomy_l1": cat.l1 if cat else None, "taxonomy_l2": cat.l2 if cat else None,
-            "taxonomy_l3": cat.l3 if cat else None, "scored_unix_nano": now,
-        }
-        for name, col in cols.items():
-            col.append(values[name])
-    return pa.Table.from_pydict(cols, schema=STEP_SCORES_V1)
+    columns = list(zip(*(_values(r) for r in rows), strict=True)) or [()] * 14
+    arrays = [pa.array(col, type=f.type) for col, f in zip(columns, STEP_SCORES_V1, strict=False)]
+    arrays.append(pa.array([now] * len(arrays[0]), type=pa.int64()))
+    return pa.Table.from_arrays(arrays, schema=STEP_SCORES_V1)

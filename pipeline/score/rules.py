@@ -67,14 +67,21 @@ def tool_result_reports_error(f: StepFacts) -> bool:
     """A tool result that says it failed: {"error": ...}, isError/is_error true, status error, "Error: ..."."""
     if f.step_type != "tool" or not f.output_text:
         return False
-    doc = _json(f.output_text)
+    if "result_error" not in f.memo:
+        f.memo["result_error"] = _result_error(f.output_text)
+    found: bool = f.memo["result_error"]
+    return found
+
+
+def _result_error(text: str) -> bool:
+    doc = _json(text)
     if isinstance(doc, dict):
         if any(doc.get(k) for k in _RESULT_ERROR_KEYS):
             return True
         if doc.get("isError") is True or doc.get("is_error") is True:
             return True
         return str(doc.get("status", "")).lower() in ("error", "failed", "failure")
-    return bool(_ERROR_WORDS.match(f.output_text))
+    return bool(_ERROR_WORDS.match(text))
 
 
 def http_status(f: StepFacts) -> int | None:
@@ -87,6 +94,13 @@ def http_status(f: StepFacts) -> int | None:
 
 def failed_signal(f: StepFacts) -> bool:
     """The span itself says it failed (status, error.type, exception events, HTTP status, tool result)."""
+    if "failed" not in f.memo:
+        f.memo["failed"] = _failed(f)
+    found: bool = f.memo["failed"]
+    return found
+
+
+def _failed(f: StepFacts) -> bool:
     status = http_status(f)
     return (
         f.status_code == 2
@@ -127,8 +141,9 @@ def _finish(*reasons: str) -> Callable[[StepFacts], bool]:
     wanted = set(reasons)
 
     def check(f: StepFacts) -> bool:
-        found = {t.lower() for t in re.findall(r"[A-Za-z_]+", f.finish_reason or "")}
-        return bool(found & wanted)
+        if "finish" not in f.memo:
+            f.memo["finish"] = {t.lower() for t in re.findall(r"[A-Za-z_]+", f.finish_reason or "")}
+        return bool(f.memo["finish"] & wanted)
 
     return check
 
@@ -204,28 +219,36 @@ class Rule:
     category: str  # taxonomy L3 id
     fires: Callable[[StepFacts], bool]
     explain: str
+    needs_failure: bool = False
+    """Can only fire on a step that reports a failure (``failed_signal``): skipped on the others."""
+
+
+def F(name: str, metric: str, score: float, category: str, fires: Callable[[StepFacts], bool], explain: str) -> Rule:
+    """A rule that looks at the error of a failed step (status, error.type, exceptions, HTTP status)."""
+    return Rule(name, metric, score, category, fires, explain, needs_failure=True)
 
 
 RULES: tuple[Rule, ...] = (
-    # name                     metric        score category               predicate
-    Rule("timeout",             "execution",  1, "timeout",              _matches(_TIMEOUT, (408, 504)), "the call timed out"),
-    Rule("rate_limited",        "execution",  1, "rate_limited",         _matches(_RATE, (429,)), "the call was rate limited"),
-    Rule("tool_not_found",      "execution",  1, "tool_not_found",       _matches(_NOT_FOUND), "the requested tool does not exist"),
-    Rule("connection_error",    "execution",  1, "connection_error",     _matches(_CONNECTION), "the connection failed"),
-    Rule("loop_bound",          "termination", 1, "loop_limit_reached",  _matches(_LOOP), "a loop hit its bound"),
-    Rule("http_error",          "execution",  1, "http_error",           _matches(_HTTP, tuple(range(400, 600))), "an HTTP error status"),
-    Rule("tool_status_error",   "execution",  1, "tool_error",           _tool_step_failed, "the tool raised or reported an error"),
-    Rule("status_error",        "execution",  1, "unhandled_exception",  _status_error, "span status ERROR"),
-    Rule("exception_event",     "execution",  1, "unhandled_exception",  lambda f: bool(f.exceptions), "an exception was recorded"),
-    Rule("finish_content_filter", "output",   1, "content_filtered",     _finish("content_filter", "safety", "blocked", "prohibited_content"), "the provider's filter stopped the output"),
-    Rule("finish_error",        "output",     1, "unhandled_exception",  _finish("error"), "the model stopped with finish reason error"),
-    Rule("finish_length",       "output",     2, "output_truncated",     _finish("length", "max_tokens", "max_output_tokens"), "generation stopped at the token limit"),
-    Rule("empty_llm_output",    "output",     2, "empty_output",         llm_output_empty, "the model produced no output"),
-    Rule("empty_tool_output",   "output",     3, "empty_output",         tool_output_empty, "the tool returned an empty result"),
-    Rule("tool_args_not_json",  "arguments",  1, "malformed_arguments",  _args("not_json"), "the tool arguments are not JSON"),
-    Rule("tool_args_unknown_field", "arguments", 2, "hallucinated_arguments", _args("unknown_field"), "the arguments name a field the tool does not have"),
-    Rule("tool_args_schema",    "arguments",  2, "malformed_arguments",  _args("schema"), "the arguments fail the tool's JSON schema"),
-    Rule("iteration_bound",     "termination", 2, "loop_limit_reached",  over_iteration_bound, "the loop reached --max-iterations"),
+    # F(...) = a rule that can only fire on a step reporting a failure (skipped on the others)
+    #     name                      metric        score  taxonomy L3               predicate, explanation
+    F(   "timeout",                "execution",  1,     "timeout",                _matches(_TIMEOUT, (408, 504)), "the call timed out"),
+    F(   "rate_limited",           "execution",  1,     "rate_limited",           _matches(_RATE, (429,)), "the call was rate limited"),
+    F(   "tool_not_found",         "execution",  1,     "tool_not_found",         _matches(_NOT_FOUND), "the requested tool does not exist"),
+    F(   "connection_error",       "execution",  1,     "connection_error",       _matches(_CONNECTION), "the connection failed"),
+    F(   "loop_bound",             "termination",1,     "loop_limit_reached",     _matches(_LOOP), "a loop hit its bound"),
+    F(   "http_error",             "execution",  1,     "http_error",             _matches(_HTTP, tuple(range(400, 600))), "an HTTP error status"),
+    F(   "tool_status_error",      "execution",  1,     "tool_error",             _tool_step_failed, "the tool raised or reported an error"),
+    F(   "status_error",           "execution",  1,     "unhandled_exception",    _status_error, "span status ERROR"),
+    F(   "exception_event",        "execution",  1,     "unhandled_exception",    lambda f: bool(f.exceptions), "an exception was recorded"),
+    Rule("finish_content_filter",  "output",     1,     "content_filtered",       _finish("content_filter", "safety", "blocked", "prohibited_content"), "the provider's filter stopped the output"),
+    Rule("finish_error",           "output",     1,     "unhandled_exception",    _finish("error"), "the model stopped with finish reason error"),
+    Rule("finish_length",          "output",     2,     "output_truncated",       _finish("length", "max_tokens", "max_output_tokens"), "generation stopped at the token limit"),
+    Rule("empty_llm_output",       "output",     2,     "empty_output",           llm_output_empty, "the model produced no output"),
+    Rule("empty_tool_output",      "output",     3,     "empty_output",           tool_output_empty, "the tool returned an empty result"),
+    Rule("tool_args_not_json",     "arguments",  1,     "malformed_arguments",    _args("not_json"), "the tool arguments are not JSON"),
+    Rule("tool_args_unknown_field","arguments",  2,     "hallucinated_arguments", _args("unknown_field"), "the arguments name a field the tool does not have"),
+    Rule("tool_args_schema",       "arguments",  2,     "malformed_arguments",    _args("schema"), "the arguments fail the tool's JSON schema"),
+    Rule("iteration_bound",        "termination",2,     "loop_limit_reached",     over_iteration_bound, "the loop reached --max-iterations"),
 )  # fmt: skip
 
 # Metrics a step always has (a passing row with score 5 when no rule of that metric fired).
@@ -269,8 +292,10 @@ def _row(f: StepFacts, metric: str, fired: list[Rule]) -> ScoreRow:
 def score_step(f: StepFacts) -> list[ScoreRow]:
     """Apply every rule to one step; return one row per metric."""
     fired: dict[str, list[Rule]] = {}
+    failed = failed_signal(f)
     for rule in RULES:
-        if rule.fires(f):
+        if (failed or not rule.needs_failure) and rule.fires(f):
             fired.setdefault(rule.metric, []).append(rule)
-    metrics = metrics_for(f) + [m for m in fired if m not in metrics_for(f)]
+    metrics = metrics_for(f)
+    metrics += [m for m in fired if m not in metrics]
     return [_row(f, m, fired.get(m, [])) for m in metrics]

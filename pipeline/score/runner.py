@@ -154,18 +154,24 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
-    con = connect(data)
+    con = _connect(data)
     try:
         with _progress(progress) as advance:
             score_rules(data, con, stats, max_iterations, advance)
             if judge is not None:
                 con.close()
-                con = connect(data)  # see the rule rows just written
+                con = _connect(data)  # see the rule rows just written
                 score_judge(data, con, judge, stats, advance)
     finally:
         con.close()
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
+
+
+def _connect(data: Path) -> duckdb.DuckDBPyConnection:
+    con: duckdb.DuckDBPyConnection = connect(data)
+    con.execute("set enable_progress_bar = false")  # our own bars, not DuckDB's
+    return con
 
 
 @contextmanager

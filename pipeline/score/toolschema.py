@@ -82,15 +82,34 @@ def parse_arguments(explicit: str | None, input_text: str | None) -> tuple[Any, 
     return None, None
 
 
-def check_arguments(args: Any, schema: dict[str, Any]) -> ArgsProblem | None:
-    """Validate ``args`` against ``schema``; unknown fields are reported apart from other errors."""
+# id(schema) -> (schema, validator or None when the schema is unusable); holding the schema keeps
+# its id from being reused while cached
+_VALIDATORS: dict[int, tuple[dict[str, Any], Any]] = {}
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    hit = _VALIDATORS.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    if len(_VALIDATORS) > 4096:
+        _VALIDATORS.clear()
     try:
-        validator_cls = jsonschema.validators.validator_for(schema)
-        validator_cls.check_schema(schema)
-        errors = sorted(validator_cls(schema).iter_errors(args), key=lambda e: list(e.path))
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        validator = cls(schema)
     except jsonschema.SchemaError as e:
         logger.debug("unusable tool schema: %s", e.message)
+        validator = None
+    _VALIDATORS[id(schema)] = (schema, validator)
+    return validator
+
+
+def check_arguments(args: Any, schema: dict[str, Any]) -> ArgsProblem | None:
+    """Validate ``args`` against ``schema``; unknown fields are reported apart from other errors."""
+    validator = _validator(schema)
+    if validator is None:
         return None
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
     if not errors:
         return None
     unknown = [e for e in errors if e.validator == "additionalProperties"]
