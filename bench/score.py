@@ -22,12 +22,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gen  # noqa: E402
+import gen
 
-from tracedag.pipeline import store  # noqa: E402
-from tracedag.pipeline.dag import build_store  # noqa: E402
-from tracedag.pipeline.score import inputs, score_store  # noqa: E402
-from tracedag.pipeline.views import connect  # noqa: E402
+from tracedag.pipeline import store
+from tracedag.pipeline.dag import build_store
+from tracedag.pipeline.score import inputs, score_store
+from tracedag.pipeline.views import connect
 
 
 def _median(fn: Callable[[], int], runs: int) -> tuple[float, int]:
