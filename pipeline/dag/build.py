@@ -10,6 +10,7 @@ keeps the summary of the last build and ``<data>/state/build.lock`` serializes c
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -69,6 +71,7 @@ class BuildStats:
     deviant: int = 0
     seconds: float = 0.0
     files: list[str] = field(default_factory=list)
+    skipped: bool = False  # nothing changed since the last run: the spans were not even scanned
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class Plan:
     pending: int
     unchanged: int
     spans: int
+    next_due_unix_nano: int | None  # when the oldest pending trace becomes complete
 
 
 def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int) -> Plan:
@@ -87,9 +91,11 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
     chunks: list[list[str]] = []
     current: list[str] = []
     size = pending = unchanged = total = 0
+    due: int | None = None
     for r in rows:
         if r["last_received"] > now_ns - idle_ns:
             pending += 1
+            due = min(due or r["last_received"], r["last_received"])
             continue
         if not (full or r["changed"]):
             unchanged += 1
@@ -102,7 +108,7 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
         total += r["n"]
     if current:
         chunks.append(current)
-    return Plan(chunks, pending, unchanged, total)
+    return Plan(chunks, pending, unchanged, total, None if due is None else due + idle_ns)
 
 
 @contextmanager
@@ -117,11 +123,35 @@ def _lock(data: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _save_state(data: Path, stats: BuildStats) -> None:
+def _files_hash(data: Path) -> str:
+    """Hash of the spans files (path, size, mtime): changes whenever spans arrive or are compacted."""
+    h = hashlib.sha256()
+    for f in parquet_files(data, "spans"):
+        st = f.stat()
+        h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _load_state(data: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads((data / "state" / "build.json").read_text(encoding="utf-8"))
+        return state
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(data: Path, stats: BuildStats, marks: dict[str, Any]) -> None:
     path = data / "state" / "build.json"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(stats), indent=2), encoding="utf-8")
+    tmp.write_text(json.dumps({**marks, "last_build": asdict(stats)}, indent=2), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _nothing_to_do(state: dict[str, Any], marks: dict[str, Any], now: int) -> bool:
+    """True when nothing changed since the last run and no pending trace has become complete since."""
+    due = state.get("next_due_unix_nano")
+    same = all(state.get(k) == marks[k] for k in ("files", "settings", "idle_seconds"))
+    return same and (due is None or now < due)
 
 
 def new_build_id(now_ns: int) -> str:
@@ -141,25 +171,33 @@ def build_store(
     """Rebuild the DAGs of the complete traces that are new or changed since the last build."""
     t0 = time.perf_counter()
     workflow = load_spec(spec) if spec is not None else None
+    spec_hash = hashlib.sha256(spec.read_bytes()).hexdigest() if spec is not None else None
     with _lock(data):
         now = time.time_ns()
         stats = BuildStats(build_id=new_build_id(now), built_unix_nano=now)
+        state = _load_state(data)
+        # settings that change the result of every trace: a change rebuilds everything once
+        marks: dict[str, Any] = {"files": _files_hash(data), "idle_seconds": idle_seconds,
+                                 "settings": f"tolerance={tolerance_ns};spec={spec_hash}"}
+        if not full and _nothing_to_do(state, marks, now):
+            stats.skipped = True
+            stats.seconds = round(time.perf_counter() - t0, 3)
+            return stats
+        full = full or state.get("settings", marks["settings"]) != marks["settings"]
         con = connect(data)
         try:
             plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
             stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
-            _run(con, data, plan, stats, workflow, tolerance_ns, progress)
+            _run(data, plan, stats, workflow, tolerance_ns, progress)
         finally:
             con.close()
         stats.seconds = round(time.perf_counter() - t0, 3)
-        if stats.traces_built:
-            _save_state(data, stats)
+        _save_state(data, stats, {**marks, "next_due_unix_nano": plan.next_due_unix_nano})
     logger.info("build %s: %d traces, %d spans in %.2fs", stats.build_id, stats.traces_built, stats.spans, stats.seconds)
     return stats
 
 
 def _run(
-    con: duckdb.DuckDBPyConnection,
     data: Path,
     plan: Plan,
     stats: BuildStats,

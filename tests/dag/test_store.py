@@ -47,7 +47,9 @@ def test_trace_split_across_batches_arriving_root_last(tmp_path):
     assert q(tmp_path, "select count(*) from dag_edges_all where trace_id = 't1'") == [(3,)]
 
     third = build_store(tmp_path, idle_seconds=0)
-    assert third.traces_built == 0 and third.traces_unchanged == 2
+    assert third.traces_built == 0 and third.skipped  # no spans file changed: not even scanned
+    fourth = build_store(tmp_path, idle_seconds=0, tolerance_ns=5_000_000)  # a setting changed: all again
+    assert fourth.traces_built == 2 and not fourth.skipped
 
 
 def test_idle_time_holds_back_open_traces(tmp_path):
@@ -59,13 +61,21 @@ def test_idle_time_holds_back_open_traces(tmp_path):
     assert build_store(tmp_path, idle_seconds=0).traces_built == 1
 
 
+def test_pending_trace_is_built_once_its_idle_time_passed(tmp_path):
+    write_spans(tmp_path, [span("r", None, 0, 10, received=time.time_ns())])
+    assert build_store(tmp_path, idle_seconds=1).traces_pending == 1
+    time.sleep(1.2)
+    stats = build_store(tmp_path, idle_seconds=1)
+    assert stats.traces_built == 1 and not stats.skipped
+
+
 def test_full_rebuilds_everything_and_state_is_saved(tmp_path):
     write_spans(tmp_path, [span("r", None, 0, 10), span("q", None, 0, 10, trace_id="t2")])
     build_store(tmp_path, idle_seconds=0)
     stats = build_store(tmp_path, idle_seconds=0, full=True)
     assert stats.traces_built == 2
     state = json.loads((tmp_path / "state" / "build.json").read_text())
-    assert state["build_id"] == stats.build_id and state["traces_built"] == 2
+    assert state["last_build"]["build_id"] == stats.build_id and state["last_build"]["traces_built"] == 2
     assert q(tmp_path, "select count(*) from traces") == [(2,)]
 
 
