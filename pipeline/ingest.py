@@ -10,7 +10,9 @@ is the segment moved to ``spool/done/`` (``quarantine/`` when it held corruption
 Crash safety: output names derive from the segment sequence, so re-converting a segment after a
 crash rewrites the same names, and the dedupe index (rebuilt from the stored files) drops what
 was already committed. Temp files (``*.tmp``) are never read and are removed on start. A failing
-write (disk full) leaves the segment in the spool and is retried on the next round.
+write (disk full) leaves the segment in the spool and is retried on the next round; any other
+error is retried ``MAX_ATTEMPTS`` times, then the segment moves to ``spool/failed/`` with a
+``<segment>.exception`` file beside it, so one bad segment never blocks the spool.
 
 Fault injection for crash tests: ``TRACEDAG_FAULT`` names points where the process calls
 ``os._exit(137)`` (comma separated): ``convert.before_rename`` (c), ``convert.after_rename`` (d),
@@ -49,6 +51,9 @@ logger = logging.getLogger(__name__)
 ENV_FAULT = "TRACEDAG_FAULT"
 """Comma-separated fault points (crash tests only)."""
 
+MAX_ATTEMPTS = 3
+"""Conversion attempts of a segment (other than for a full disk) before it moves to ``spool/failed/``."""
+
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
 
 
@@ -78,6 +83,7 @@ class ConvertStats:
     corrupt_records: int = 0
     quarantined: int = 0
     write_errors: int = 0
+    failed_segments: int = 0
 
     def add(self, other: ConvertStats) -> None:
         """Add ``other``'s counters to these."""
@@ -95,6 +101,7 @@ _METRIC_HELP = {
     "quarantined": "Spool segments moved to quarantine/.",
     "write_errors": "Conversion rounds stopped by a write error (disk full); retried later.",
     "files_written": "Parquet spans files written by the converter.",
+    "failed_segments": "Spool segments moved to spool/failed/ after repeated conversion errors.",
 }
 
 
@@ -266,6 +273,7 @@ class SpoolConverter:
         self.workers = workers
         self.totals = ConvertStats()
         self._rounds = 0
+        self._attempts: dict[str, int] = {}
         self._stats_lock = threading.Lock()
 
     def sealed(self) -> list[Path]:
@@ -291,6 +299,8 @@ class SpoolConverter:
                 stats.write_errors += 1
                 logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
                 break
+            except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
+                self._failed(seg, exc, stats)
         if time.monotonic() - self._last_compact >= self.compact_interval:
             self.compact()
         with self._stats_lock:
@@ -338,6 +348,19 @@ class SpoolConverter:
             fault("recovery")
         fault("convert.after_rename")
         self._retire(seg, state == "corrupt" or bad_records > 0, stats)
+
+    def _failed(self, seg: Path, exc: Exception, stats: ConvertStats) -> None:
+        """Count a conversion failure; after ``MAX_ATTEMPTS`` move the segment to ``spool/failed/``."""
+        n = self._attempts[seg.name] = self._attempts.get(seg.name, 0) + 1
+        logger.exception("converting %s failed (attempt %d of %d)", seg.name, n, MAX_ATTEMPTS)
+        if n < MAX_ATTEMPTS:
+            return
+        failed = self.spool / "failed"
+        failed.mkdir(parents=True, exist_ok=True)
+        (failed / f"{seg.name}.exception").write_text(f"{type(exc).__name__}: {exc}\n")
+        os.replace(seg, failed / seg.name)
+        fsync_dir(failed)
+        stats.failed_segments += 1
 
     def _retire(self, seg: Path, bad: bool, stats: ConvertStats) -> None:
         dest = self.data / "quarantine" if bad else self.spool / "done"

@@ -182,3 +182,28 @@ def test_receive_hours_split_a_segment_into_partitions(data: Path) -> None:
     assert len(parts) == len(reqs)
     assert all(p.startswith("recv_hour=") for p in parts)
     assert stored_ids(data) == request_ids(reqs)
+
+
+def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tracedag.pipeline.ingest as ingest
+
+    reqs = _reqs(1024, 13)
+    bad = write_segment(data, 1, [(reqs[0].SerializeToString(), NOW)])
+    write_segment(data, 2, [(reqs[1].SerializeToString(), NOW)])
+    real = ingest.convert_records
+
+    def flaky(records, stem, workers=1):  # injected fault: segment 1 always fails to convert
+        if stem.endswith("1"):
+            raise ValueError("injected conversion fault")
+        return real(records, stem, workers)
+
+    monkeypatch.setattr(ingest, "convert_records", flaky)
+    conv = SpoolConverter(data)
+    for _ in range(ingest.MAX_ATTEMPTS):
+        conv.run_once()
+    assert stored_ids(data) == request_ids([reqs[1]])
+    assert (data / "spool" / "failed" / bad.name).exists()
+    assert "injected" in (data / "spool" / "failed" / f"{bad.name}.exception").read_text()
+    assert conv.totals.failed_segments == 1
