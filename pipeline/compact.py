@@ -16,6 +16,7 @@ after it gets "file not found" and should be re-run (see README, "Data layout").
 
 from __future__ import annotations
 
+import calendar
 import ctypes
 import errno
 import logging
@@ -60,7 +61,7 @@ def exchange(a: Path, b: Path) -> None:
 
 def hour_closed(hour: str, now_unix: float, grace_seconds: float = 300.0) -> bool:
     """Return whether receive hour ``YYYY-MM-DD-HH`` ended more than ``grace_seconds`` ago."""
-    start = time.mktime(time.strptime(hour + " UTC", "%Y-%m-%d-%H %Z")) - time.timezone
+    start = calendar.timegm(time.strptime(hour, "%Y-%m-%d-%H"))
     return start + 3600 + grace_seconds <= now_unix
 
 
