@@ -136,16 +136,22 @@ def _explanation(r: dict[str, Any]) -> str:
 
 
 def map_evaluations(
-    rows: list[dict[str, Any]], builds: dict[tuple[str, str], str], stats: MapStats | None = None
+    rows: list[dict[str, Any]], builds: dict[tuple[str, str], str], stats: MapStats | None = None,
+    ranges: dict[str, tuple[float, float]] | None = None,
 ) -> list[ScoreRow]:
-    """Map ``evaluations`` rows onto score rows for the steps in ``builds`` ((trace, span) -> build_id)."""
+    """Map ``evaluations`` rows onto score rows for the steps in ``builds`` ((trace, span) -> build_id).
+
+    ``ranges`` gives each metric's (min, max) over the whole table, which decides its scale;
+    without it the scale comes from the values in ``rows``.
+    """
     stats = stats if stats is not None else MapStats()
     stats.seen += len(rows)
     stats.unmappable += sum(1 for r in rows if not r.get("name"))
-    values: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("score_value") is not None and r.get("name"):
-            values.setdefault(r["name"], []).append(float(r["score_value"]))
+    values: dict[str, list[float]] = {name: [lo, hi] for name, (lo, hi) in (ranges or {}).items()}
+    if ranges is None:
+        for r in rows:
+            if r.get("score_value") is not None and r.get("name"):
+                values.setdefault(r["name"], []).append(float(r["score_value"]))
     scales = {name: detect_scale(v) for name, v in values.items()}
     out: list[ScoreRow] = []
     for r in _latest(x for x in rows if x.get("name")):

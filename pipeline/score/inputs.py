@@ -49,10 +49,26 @@ where len(list_filter(map_keys(s.attributes),
                or (k like 'llm.tools.%' and k like '%.tool.json_schema'))) > 0
 """
 
+# Evaluations on a latest-build step that have no evaluation row for that build and metric yet
+# (independent of the rule pass, so an evaluation arriving without a rebuild is still mapped).
 EVALUATIONS_SQL = """
-select e.trace_id, e.span_id, e.name, e.score_value, e.label, e.explanation, e.evaluator, e.source_kind,
-       e.time_unix_nano
-from evaluations e semi join pending p on p.trace_id = e.trace_id
+select e.trace_id, e.span_id, n.build_id, e.name, e.score_value, e.label, e.explanation, e.evaluator,
+       e.source_kind, e.time_unix_nano
+from evaluations e join dag_nodes n on n.trace_id = e.trace_id and n.span_id = e.span_id
+where not exists (select 1 from step_scores_all s
+                  where s.trace_id = e.trace_id and s.span_id = e.span_id and s.build_id = n.build_id
+                    and s.source = 'evaluation' and s.metric = e.name)
+"""
+
+EVALUATIONS_OFF_DAG_SQL = """
+select count(*) from evaluations e
+where not exists (select 1 from dag_nodes n where n.trace_id = e.trace_id and n.span_id = e.span_id)
+"""
+
+# min and max of every metric's values over the whole table: the scale of the metric
+EVALUATION_RANGES_SQL = """
+select name, min(score_value), max(score_value) from evaluations
+where name is not null and score_value is not null group by name
 """
 
 
@@ -97,9 +113,20 @@ def _facts(r: dict[str, Any], defs: dict[str, dict[str, dict[str, Any]]], max_it
 
 
 def evaluation_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """The ``evaluations`` rows of the pending traces."""
+    """The ``evaluations`` rows on latest-build steps not mapped yet, each with the step's build_id."""
     rows: list[dict[str, Any]] = con.sql(EVALUATIONS_SQL).to_arrow_table().to_pylist()
     return rows
+
+
+def evaluations_off_dag(con: duckdb.DuckDBPyConnection) -> int:
+    """How many evaluations target no built step (no span id, or a span not built yet)."""
+    row = con.execute(EVALUATIONS_OFF_DAG_SQL).fetchone()
+    return int(row[0]) if row else 0
+
+
+def evaluation_ranges(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, float]]:
+    """(min, max) of each evaluation metric's values over the whole table."""
+    return {name: (lo, hi) for name, lo, hi in con.execute(EVALUATION_RANGES_SQL).fetchall()}
 
 
 # ---- judge ----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``score_store``: fill ``step_scores`` for the built steps not scored yet, incrementally.
 
-Pass 1 (no network): the latest builds without rule rows get rule rows for every step plus the
-mapped evaluations of their spans. Pass 2 (with a judge): every step of a latest build whose
+Pass 1 (no network): the latest builds without rule rows get rule rows for every step, and
+every evaluation on a latest-build step without an evaluation row for that build and metric is
+mapped. Pass 2 (with a judge): every step of a latest build whose
 step type has a rubric and that has no judge row for that rubric's metric on that build is
 graded. Each pass writes its own Parquet files; ``build_id`` is the build scored, so the
 ``step_scores`` view drops scores of superseded builds by itself.
@@ -81,21 +82,26 @@ def _score_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations
     inputs.use_pending(con, chunk)
     defs = inputs.tool_definitions(con)
     rows: list[ScoreRow] = []
-    builds: dict[tuple[str, str], str] = {}
     for facts in inputs.step_facts(con, defs, max_iterations):
         for f in facts:
             rows.extend(score_step(f))
-            builds[(f.trace_id, f.span_id)] = f.build_id or ""
         stats.steps += len(facts)
         advance("rules", len(facts), None)
-    rows.extend(map_evaluations(inputs.evaluation_rows(con), builds, stats.evaluations))
     con.unregister("pending")
     return rows
 
 
+def score_evaluations(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats) -> None:
+    """Map the evaluations on latest-build steps that have no evaluation row for that build yet."""
+    rows = inputs.evaluation_rows(con)
+    builds = {(r["trace_id"], r["span_id"]): r["build_id"] for r in rows}
+    stats.evaluations.unmatched_step = inputs.evaluations_off_dag(con)
+    _write(data, map_evaluations(rows, builds, stats.evaluations, inputs.evaluation_ranges(con)), stats)
+
+
 def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
                 max_iterations: int | None, advance: Advance) -> None:
-    """Pass 1: rules and evaluations for the latest builds that have no rule rows yet."""
+    """Pass 1: rules for the latest builds that have no rule rows yet."""
     pending = inputs.pending_rule_builds(con)
     stats.builds = pending.num_rows
     for chunk in _chunks(pending, TRACES_PER_CHUNK):
@@ -158,6 +164,7 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
     try:
         with _progress(progress) as advance:
             score_rules(data, con, stats, max_iterations, advance)
+            score_evaluations(data, con, stats)
             if judge is not None:
                 con.close()
                 con = _connect(data)  # see the rule rows just written

@@ -96,6 +96,11 @@ def test_evaluations_from_hand_built_store(builder):
     assert got["format_json"] == (1.0, "fail", "output_form", "format_violation", "b1")
     assert got["correctness"] == (4.0, "pass", None, None, "b1")
     assert stats.steps_by_source["evaluation"] == 2 and stats.rows_by_source["evaluation"] == 2
+    # an evaluation that arrives later, without a rebuild, is mapped by the next run, once
+    builder.evaluations([_ev("s2", "faithfulness", 0.0), _ev("s7", "faithfulness", 0.0)])
+    later = score_store(builder.data)
+    assert (later.builds, later.rows_by_source["evaluation"], later.evaluations.unmatched_step) == (0, 1, 1)
+    assert score_store(builder.data).rows_by_source["evaluation"] == 0
 
 
 def test_evaluations_from_real_instrumentation(tmp_path):
