@@ -2,13 +2,16 @@
 
 ``connect(data)`` returns an in-memory DuckDB connection with one view per table:
 ``spans``, ``evaluations``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``,
-``human_labels``. A table without files yet is an empty view of its schema, so queries work on
+``human_labels``. Any other ``tables/<name>/`` directory with Parquet files (analysis outputs
+such as ``determinism``, ``node_utility``, ``run_paths``) is a view named ``<name>`` too.
+A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
 Each view reads a ``<table>_all`` view of the raw files where it refines them.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -99,6 +102,21 @@ def _source_sql(data: Path, table: str) -> str:
     return f"select * from read_parquet('{pattern}', union_by_name = true, hive_partitioning = false)"
 
 
+_DERIVED_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _derived_tables(data: Path) -> list[str]:
+    """Table directories other than the core tables (analysis outputs) that hold Parquet files."""
+    root = data / "tables"
+    if not root.is_dir():
+        return []
+    reserved = set(SCHEMAS) | {f"{t}_all" for t in _LATEST}
+    return sorted(
+        d.name for d in root.iterdir()
+        if d.is_dir() and d.name not in reserved and _DERIVED_NAME.match(d.name) and parquet_files(data, d.name)
+    )
+
+
 def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
     """(Re)create every view on ``con`` over the files now in ``data``."""
     for table in SCHEMAS:
@@ -106,6 +124,12 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
     for table in ("spans", "traces", "dag_nodes", "dag_edges", "step_scores"):
         con.execute(f"create or replace view {table} as {_LATEST[table]}")
+    for table in _derived_tables(data):
+        pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
+        con.execute(
+            f"create or replace view {table} as select * from read_parquet('{pattern}', "
+            "union_by_name = true, hive_partitioning = false)"
+        )
 
 
 def connect(data: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
