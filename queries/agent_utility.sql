@@ -1,5 +1,7 @@
 -- agent_utility: graph-level figures per agent over all its conversations.
--- Inputs: relations runs (trajectories.runs_table) and visits (trajectories.visits_table).
+-- Inputs: relations run_paths (trajectories.runs_table) and node_visits (trajectories.visits_table).
+--   (tracedag determinism writes both to <data>/tables/run_paths/ and <data>/tables/node_visits/,
+--   so `tracedag query NAME` runs this again over the store.)
 -- Definitions: transitions_per_turn = node transitions / turns (a transition may cross a turn);
 --   adherence = share of transitions the agent graph allows (null without --graph);
 --   completion_rate = share of runs carrying tracedag.intended_path whose node path contains the
@@ -14,7 +16,7 @@ with r as (
            count(intended_path) as runs_with_intended_path,
            avg(case when converged then 1.0 else 0.0 end) filter (where intended_path is not null) as convergence_rate,
            avg(case when completed then 1.0 else 0.0 end) filter (where intended_path is not null) as completion_rate
-    from runs group by agent, agent_version
+    from run_paths group by agent, agent_version
 ),
 v as (
     select agent, agent_version, count(*) as node_visits,
@@ -22,7 +24,7 @@ v as (
            count(*) filter (where failed) as failed_visits,
            avg(case when allowed then 1.0 else 0.0 end) filter (where allowed is not null) as adherence,
            count(*) filter (where allowed = false) as disallowed_transitions
-    from visits group by agent, agent_version
+    from node_visits group by agent, agent_version
 )
 select r.agent, r.agent_version, r.conversations, r.turns,
        coalesce(v.node_visits, 0) as node_visits, coalesce(v.transitions, 0) as transitions,

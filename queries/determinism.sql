@@ -1,8 +1,10 @@
 -- determinism: trajectory consistency and coverage per agent and scenario, over the exact replays
 -- and over the variants measured against the base (modal) path of the replays.
--- Inputs: relation runs (tracedag.pipeline.analysis.trajectories.runs_table), one row per run:
+-- Inputs: relation run_paths (tracedag.pipeline.analysis.trajectories.runs_table), one row per run:
 --   agent, agent_version, scenario, variant_id (null = exact replay), run_key,
 --   node_path, action_path, action_input_path (varchar[]).
+--   (tracedag determinism writes both to <data>/tables/run_paths/ and <data>/tables/node_visits/,
+--   so `tracedag query NAME` runs this again over the store.)
 -- Definitions (per agent, agent_version, scenario; kind = node | action | action_input):
 --   modal path   the most frequent path of the exact replays; ties go to the shorter path, then the
 --                smaller path in list order (so the choice does not depend on run order).
@@ -21,7 +23,7 @@ with r as (
     select dense_rank() over (order by agent, agent_version nulls first, scenario) as gid,
            agent, agent_version, scenario, variant_id, coalesce(variant_id, '') = '' as is_base, run_key,
            node_path, action_path, action_input_path
-    from runs
+    from run_paths
 ),
 groups as (
     select gid, any_value(agent) as agent, any_value(agent_version) as agent_version,

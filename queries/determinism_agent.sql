@@ -1,7 +1,7 @@
 -- determinism_agent: the determinism table summarized per agent (mean over its scenarios).
 -- Inputs: relation determinism (the per-scenario output of determinism.sql plus the response
 --   columns response_consistency, response_consistency_method added by
---   tracedag.pipeline.analysis.determinism).
+--   tracedag.pipeline.analysis.determinism; written to <data>/tables/determinism/).
 -- Params: none.
 -- Output columns: agent, agent_version, comparison, scenarios (with a value), runs,
 --   node_consistency, node_coverage, action_consistency, action_coverage,

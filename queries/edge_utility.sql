@@ -1,6 +1,8 @@
 -- edge_utility: how much each observed node transition is used, per agent, over all conversations.
--- Inputs: relations runs (trajectories.runs_table) and visits (trajectories.visits_table; a
+-- Inputs: relations run_paths (trajectories.runs_table) and node_visits (trajectories.visits_table; a
 --   transition is a visit with its next_node, across turns too).
+--   (tracedag determinism writes both to <data>/tables/run_paths/ and <data>/tables/node_visits/,
+--   so `tracedag query NAME` runs this again over the store.)
 -- Definitions: conversation_share = conversations with the transition / conversations of the agent;
 --   transition_share = its transitions / all transitions of the agent; failures = transitions
 --   into a failed visit of the target; cross_turn = transitions whose target is in a later turn;
@@ -9,10 +11,10 @@
 -- Output columns: agent, agent_version, source, target, conversations, conversation_share,
 --   transitions, transition_share, failures, cross_turn, allowed.
 with conv as (
-    select agent, agent_version, count(*) as n_conv from runs group by agent, agent_version
+    select agent, agent_version, count(*) as n_conv from run_paths group by agent, agent_version
 ),
 tr as (
-    select * from visits where next_node is not null
+    select * from node_visits where next_node is not null
 ),
 tot as (
     select agent, agent_version, count(*) as n_tr from tr group by agent, agent_version

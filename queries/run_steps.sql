@@ -1,8 +1,8 @@
 -- run_steps: the ordered steps of every run that determinism and graph utility are computed from.
 -- A run is one conversation: all traces sharing run_id, else conversation_id; a trace without
 -- either is a run of its own. Each trace of a run is one turn.
--- Inputs: views spans, dag_nodes, step_scores; temp view run_group(trace_id, group_key) that the
---   caller creates from --group-by (group_key null when not grouping by an expression).
+-- Inputs: views spans, dag_nodes, step_scores. (--group-by is applied by the caller, on the root
+--   spans, after this query.)
 -- agent = the agent_name of the earliest span that has one, else the root's service_name.
 -- Steps (kind):
 --   node      a graph-node visit: the outermost span of a LangGraph node execution
@@ -42,7 +42,7 @@ trace_info as (
            coalesce(arg_min(s.agent_name, s.start_time_unix_nano) filter (where s.agent_name is not null),
                     any_value(r.service_name), max(s.service_name)) as agent,
            max(s.service_version) as agent_version,
-           coalesce(any_value(g.group_key), max(s.scenario_id)) as scenario,
+           max(s.scenario_id) as scenario,
            max(s.variant_id) as variant_id,
            max(s.replay_index) as replay_index,
            coalesce(any_value(r.start_time_unix_nano), min(s.start_time_unix_nano)) as trace_start,
@@ -50,7 +50,6 @@ trace_info as (
            any_value(r.output_text) as root_output
     from s
     left join roots r on r.trace_id = s.trace_id
-    left join run_group g on g.trace_id = s.trace_id
     group by s.trace_id
 ),
 marked as (

@@ -1,10 +1,11 @@
 """Determinism over replays and variants, and graph utility: the library behind ``tracedag determinism``.
 
 ``analyze`` reads the runs from the store (``trajectories.load_runs``), registers them as the
-relations ``runs`` and ``visits`` and runs the named queries ``determinism``,
+relations ``run_paths`` and ``node_visits`` and runs the named queries ``determinism``,
 ``determinism_agent``, ``node_utility``, ``edge_utility`` and ``agent_utility`` over them. Response
 consistency (judge or offline, see ``response``) is added to the determinism rows in Python.
-``write_outputs`` writes each table as Parquet and one picture per agent.
+``write_outputs`` writes every table (the two relations included, so the named queries can be
+run again over the store) as Parquet, and one picture per agent.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from tracedag.schemas.spans import SCHEMA_KEY
 
 logger = logging.getLogger(__name__)
 
-TABLES = ("determinism", "determinism_agent", "node_utility", "edge_utility", "agent_utility")
+QUERIES = ("determinism", "determinism_agent", "node_utility", "edge_utility", "agent_utility")
+"""The named queries run over the relations ``run_paths`` and ``node_visits``, in this order."""
 GroupKey = tuple[str, str | None, str]
 
 
@@ -102,9 +104,9 @@ def analyze(
     con = connect(data)
     try:
         runs = load_runs(con, group_by)
-        return _analyze_runs(con, runs, tuple(graphs), scorer or TokenJaccardScorer())
     finally:
         con.close()
+    return analyze_runs(runs, graphs, scorer)
 
 
 def analyze_runs(
@@ -121,12 +123,13 @@ def analyze_runs(
 def _analyze_runs(
     con: duckdb.DuckDBPyConnection, runs: list[Run], graphs: tuple[AgentGraph, ...], scorer: ResponseScorer
 ) -> AnalysisResult:
-    con.register("runs", runs_table(runs))
-    con.register("visits", visits_table(runs, graphs))
+    tables = {"run_paths": runs_table(runs), "node_visits": visits_table(runs, graphs)}
+    con.register("run_paths", tables["run_paths"])
+    con.register("node_visits", tables["node_visits"])
     det = _response_columns(_run_query(con, "determinism"), runs, scorer)
     con.register("determinism", det)
-    tables = {"determinism": det}
-    for name in TABLES[1:]:
+    tables["determinism"] = det
+    for name in QUERIES[1:]:
         tables[name] = _run_query(con, name)
     logger.info("determinism over %d runs, %d scenario rows", len(runs), det.num_rows)
     return AnalysisResult(tables, runs, graphs)

@@ -64,18 +64,13 @@ class Run:
         return next((r for r in reversed(self.responses) if r), None)
 
 
-def create_group_view(con: duckdb.DuckDBPyConnection, group_by: str | None) -> None:
-    """Create ``run_group(trace_id, group_key)``: the ``--group-by`` expression over root spans."""
-    expr = group_by or "null"
-    sql = (
-        "create or replace temp view run_group as select trace_id, "
-        f"cast(({expr}) as varchar) as group_key from spans where parent_span_id is null"
-    )
+def group_keys(con: duckdb.DuckDBPyConnection, group_by: str) -> dict[str, str | None]:
+    """``trace_id -> (group_by expression over the trace's root span)``, as text."""
+    sql = f"select trace_id, cast(({group_by}) as varchar) from spans where parent_span_id is null"
     try:
-        con.execute(sql)
-        con.execute("select count(*) from run_group").fetchone()
+        return dict(con.execute(sql).fetchall())
     except duckdb.Error as e:
-        raise QueryFailed("run_group", f"bad --group-by expression {group_by!r}: {e}") from e
+        raise QueryFailed("group-by", f"bad --group-by expression {group_by!r}: {e}") from e
 
 
 def _intended(text: object) -> list[str] | None:
@@ -116,8 +111,12 @@ def _add_step(run: Run, row: dict[str, Any]) -> None:
 
 
 def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> list[Run]:
-    """Read every run from the views on ``con`` (``queries/run_steps.sql``), in run-start order."""
-    create_group_view(con, group_by)
+    """Read every run from the views on ``con`` (``queries/run_steps.sql``), in run-start order.
+
+    ``group_by``: a SQL expression over the root span that replaces ``scenario_id`` as the
+    scenario of a run (the value on the run's first trace).
+    """
+    keys = group_keys(con, group_by) if group_by else None
     try:
         cur = con.execute(queries.load("run_steps"))
     except duckdb.Error as e:
@@ -126,6 +125,8 @@ def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> li
     runs: dict[str, Run] = {}
     for values in cur.fetchall():
         row = dict(zip(cols, values, strict=True))
+        if keys is not None:
+            row["scenario"] = keys.get(row["trace_id"])
         run = runs.get(row["run_key"])
         if run is None:
             run = runs[row["run_key"]] = _new_run(row)

@@ -16,7 +16,7 @@ def graph_from_store(data: Path, name: str | None = None, agent: str | None = No
     """The most used workflow graph in the store (of ``agent`` when given), as a DSL graph."""
     con = connect(data)
     try:
-        row = con.execute(queries.load("workflow_graphs"), {"agent": agent}).fetchone()
+        row = con.execute(queries.load("workflow_graphs"), {"agent": agent or ""}).fetchone()
     finally:
         con.close()
     if row is None:

@@ -166,3 +166,21 @@ def test_each_agent_uses_its_own_graph(store):
     rows = _by(analyze(data, graphs=[ab, ba]).tables["agent_utility"].to_pylist(), "agent")
     assert rows["alpha"]["adherence"] == 1.0
     assert rows["beta"]["adherence"] == 0.0
+
+
+def test_named_queries_run_again_over_the_written_tables(store):
+    data = fill(store)
+    res = CliRunner().invoke(cli, ["determinism", "--data", str(data)])
+    assert res.exit_code == 0, res.output
+    from tracedag.pipeline.querying import run_named
+
+    for name in ("node_utility", "edge_utility", "agent_utility", "determinism_agent"):
+        again = run_named(data, name).to_pylist()
+        written = pq.read_table(data / "tables" / name / f"{name}.parquet").to_pylist()
+        assert again == written, name
+    det = run_named(data, "determinism").to_pylist()
+    assert [r["node_consistency"] for r in det] == [
+        r["node_consistency"] for r in pq.read_table(data / "tables" / "determinism").to_pylist()
+    ]
+    steps = run_named(data, "run_steps").to_pylist()
+    assert {r["kind"] for r in steps} == {"node", "response"}
