@@ -47,8 +47,6 @@ def judge_table(j: JudgeStats) -> Table:
                         ("retries", j.retries), ("malformed answers", j.malformed), ("judge errors", j.errors),
                         ("input tokens", j.input_tokens), ("output tokens", j.output_tokens), ("cost", cost)):
         t.add_row(name, str(value))
-    if j.same_family_models:
-        t.caption = f"warning: same model family as the agent's {', '.join(j.same_family_models)}"
     return t
 
 
@@ -58,4 +56,8 @@ def stats_renderable(stats: ScoreStats) -> RenderableType:
     parts: list[RenderableType] = [head, sources_table(stats), failures_table(stats)]
     if stats.judge is not None:
         parts.append(judge_table(stats.judge))
+        if stats.judge.same_family_models:
+            models = ", ".join(stats.judge.same_family_models)
+            parts.append(Text(f"warning: the judge is of the same model family as the agent's {models}",
+                              style="yellow"))
     return Group(*parts)

@@ -305,3 +305,20 @@ def test_helpers():
     assert retry_after_seconds(R()) == 2.0
     R.headers = {"retry-after-ms": "250", "retry-after": "9"}
     assert retry_after_seconds(R()) == 0.25
+
+
+def test_cli_score_with_judge_from_env(builder):
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+
+    _store(builder)
+    with serve(FakeJudge()) as url:
+        env = {"TRACEDAG_JUDGE_MODEL": "gpt-4o-mini", "TRACEDAG_JUDGE_BASE_URL": url, "TRACEDAG_JUDGE_API_KEY": "k",
+               "TRACEDAG_JUDGE_PRICE_IN": "1", "TRACEDAG_JUDGE_PRICE_OUT": "2", "COLUMNS": "200"}
+        out = CliRunner(env=env).invoke(cli, ["score", "--data", str(builder.data), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert "judge: gpt-4o-mini" in out.output and "$0.0004" in out.output  # (300 * 1 + 60 * 2) / 1e6
+    assert "same model family as the agent's gpt-4o" in out.output.replace("\n", " ")
+    assert "unfaithful_output" in out.output and "timeout" not in out.output
+    assert len(_judge_rows(builder.data)) == 3
