@@ -35,11 +35,16 @@ OPEN_SUFFIX = ".open"
 SEALED_SUFFIX = ".sealed"
 
 
-def encode_record(payload: bytes, received_unix_nano: int) -> bytes:
-    """Return one spool record (header + payload)."""
+def encode_header(payload: bytes, received_unix_nano: int) -> bytes:
+    """Return the header of the record holding ``payload`` (write it followed by the payload)."""
     recv = struct.pack("<Q", received_unix_nano)
     crc = zlib.crc32(payload, zlib.crc32(recv))
-    return _HEADER.pack(MAGIC, len(payload), crc, received_unix_nano) + payload
+    return _HEADER.pack(MAGIC, len(payload), crc, received_unix_nano)
+
+
+def encode_record(payload: bytes, received_unix_nano: int) -> bytes:
+    """Return one spool record (header + payload)."""
+    return encode_header(payload, received_unix_nano) + payload
 
 
 @dataclass(frozen=True)
