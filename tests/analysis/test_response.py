@@ -78,3 +78,24 @@ def test_offline_scorer_without_a_model():
     # three responses: pairs (ab, ab)=1, (ab, a)=1/2, (ab, a)=1/2 -> mean 2/3 -> 3.0
     assert scorer.agreement(["a b", "a b", "a"]) == pytest.approx(3.0)
     assert tokens("Ça va? Oui.") == {"ça", "va", "oui"}
+
+
+def test_determinism_command_with_a_judge(store):
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+
+    store.run("r1", "s", [[("A", [])]], replay=0, responses=["yes, booked"])
+    store.run("r2", "s", [[("A", [])]], replay=1, responses=["booked it"])
+    data = store.write()
+    with fake_openai_server([(200, chat_completion("4"))]) as srv:
+        res = CliRunner().invoke(cli, ["determinism", "--data", str(data), "--judge-model", "jm",
+                                       "--judge-base-url", srv.base_url], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    assert "4.00 (judge:jm)" in res.output
+    assert "offline" not in res.output
+    with fake_openai_server([(200, chat_completion("great"))]) as srv:
+        res = CliRunner().invoke(cli, ["determinism", "--data", str(data), "--judge-model", "jm",
+                                       "--judge-base-url", srv.base_url], env={"COLUMNS": "250"})
+    assert res.exit_code != 0
+    assert "judge jm" in res.output and "not a digit" in res.output
