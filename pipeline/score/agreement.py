@@ -92,7 +92,7 @@ def agreement_report(data: Path, metric: str | None = None) -> tuple[list[Agreem
         labelled = con.execute(
             "select count(distinct (trace_id, span_id)) from human_labels "
             "where cast($metric as varchar) is null or metric = cast($metric as varchar)", {"metric": metric}
-        ).fetchone()
+        ).fetchall()
     finally:
         con.close()
     by_source: dict[str, tuple[list[float], list[float]]] = {}
@@ -100,4 +100,4 @@ def agreement_report(data: Path, metric: str | None = None) -> tuple[list[Agreem
         hs, as_ = by_source.setdefault(source, ([], []))
         hs.append(h)
         as_.append(a)
-    return [agreement(s, *by_source[s]) for s in sorted(by_source)], int(labelled[0] if labelled else 0)
+    return [agreement(s, *by_source[s]) for s in sorted(by_source)], int(labelled[0][0])

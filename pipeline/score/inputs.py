@@ -77,6 +77,13 @@ def pending_rule_builds(con: duckdb.DuckDBPyConnection) -> pa.Table:
     return con.sql(PENDING_RULES_SQL).to_arrow_table()
 
 
+def pending_steps(con: duckdb.DuckDBPyConnection) -> int:
+    """How many steps the ``pending`` builds have."""
+    rows = con.execute("select count(*) from dag_nodes n semi join pending p "
+                       "on p.trace_id = n.trace_id and p.build_id = n.build_id").fetchall()
+    return int(rows[0][0])
+
+
 def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:
     """Make ``pending`` the relation the other queries join on."""
     con.register("pending", pending)
@@ -120,8 +127,7 @@ def evaluation_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def evaluations_off_dag(con: duckdb.DuckDBPyConnection) -> int:
     """How many evaluations target no built step (no span id, or a span not built yet)."""
-    row = con.execute(EVALUATIONS_OFF_DAG_SQL).fetchone()
-    return int(row[0]) if row else 0
+    return int(con.execute(EVALUATIONS_OFF_DAG_SQL).fetchall()[0][0])
 
 
 def evaluation_ranges(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, float]]:

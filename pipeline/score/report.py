@@ -18,10 +18,14 @@ def sources_table(stats: ScoreStats) -> Table:
     t.add_column("rows", justify="right")
     for source in ("rule", "evaluation", "judge"):
         t.add_row(source, str(stats.steps_by_source[source]), str(stats.rows_by_source[source]))
-    ev = stats.evaluations
-    t.caption = (f"evaluations: {ev.seen} seen, {ev.mapped} mapped, {ev.unmatched_step} not on a built step, "
-                 f"{ev.unmappable} unmappable")
     return t
+
+
+def evaluations_line(stats: ScoreStats) -> Text:
+    """How the evaluations in the spans were mapped this run."""
+    ev = stats.evaluations
+    return Text(f"evaluations: {ev.seen} new on built steps, {ev.mapped} mapped, {ev.unmappable} unmappable; "
+                f"{ev.unmatched_step} in the store target no built step")
 
 
 def failures_table(stats: ScoreStats) -> Table:
@@ -53,7 +57,7 @@ def judge_table(j: JudgeStats) -> Table:
 def stats_renderable(stats: ScoreStats) -> RenderableType:
     """Every table of a run, ready for ``Console.print``."""
     head = Text(f"scored {stats.steps} steps of {stats.builds} new builds, {len(stats.files)} files written")
-    parts: list[RenderableType] = [head, sources_table(stats), failures_table(stats)]
+    parts: list[RenderableType] = [head, sources_table(stats), evaluations_line(stats), failures_table(stats)]
     if stats.judge is not None:
         parts.append(judge_table(stats.judge))
         if stats.judge.same_family_models:

@@ -62,7 +62,7 @@ class ScoreStats:
             self.steps_by_source[source] += len(keys)
 
 
-Advance = Callable[[str, int, int | None], None]  # (phase, steps done, total or None)
+Advance = Callable[[str, int, int], None]  # (phase, steps done, total or -1 to keep the total)
 
 
 def _write(data: Path, rows: list[ScoreRow], stats: ScoreStats) -> None:
@@ -86,7 +86,7 @@ def _score_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations
         for f in facts:
             rows.extend(score_step(f))
         stats.steps += len(facts)
-        advance("rules", len(facts), None)
+        advance("rules", len(facts), -1)
     con.unregister("pending")
     return rows
 
@@ -104,6 +104,9 @@ def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
     """Pass 1: rules for the latest builds that have no rule rows yet."""
     pending = inputs.pending_rule_builds(con)
     stats.builds = pending.num_rows
+    inputs.use_pending(con, pending)
+    advance("rules", 0, inputs.pending_steps(con))
+    con.unregister("pending")
     for chunk in _chunks(pending, TRACES_PER_CHUNK):
         _write(data, _score_chunk(con, chunk, max_iterations, stats, advance), stats)
 
@@ -192,9 +195,11 @@ def _progress(enabled: bool) -> Iterator[Advance]:
                   transient=False) as bar:
         ids: dict[str, object] = {}
 
-        def advance(phase: str, n: int, total: int | None) -> None:
+        def advance(phase: str, n: int, total: int) -> None:
             if phase not in ids:
-                ids[phase] = bar.add_task(f"score: {phase}", total=total)
-            bar.update(ids[phase], advance=n, total=total)  # type: ignore[arg-type]
+                ids[phase] = bar.add_task(f"score: {phase}", total=None if total < 0 else total)
+            if total >= 0:
+                bar.update(ids[phase], total=total)  # type: ignore[arg-type]
+            bar.update(ids[phase], advance=n)  # type: ignore[arg-type]
 
         yield advance
