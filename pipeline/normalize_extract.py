@@ -58,23 +58,25 @@ def scatter(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
 
 
 def pick(entries: Entries, wanted: list[str]) -> dict[str, pa.Array]:
-    """Return one string column per key of ``wanted`` (null where the row lacks the key)."""
+    """Return one string column per key of ``wanted`` (null where the row lacks the key).
+
+    One hash lookup per entry, then one ``take`` for all the keys present in the batch: a
+    (present keys x rows) index matrix whose rows are sliced back out as the columns.
+    """
     idx = pc.index_in(entries.keys, value_set=pa.array(wanted, pa.string()))
-    valid = np.asarray(pc.is_valid(idx), dtype=bool)
-    pos = np.flatnonzero(valid)
-    k = np.asarray(idx.filter(pa.array(valid)), dtype=np.int64)
-    order = np.argsort(k, kind="stable")
-    bounds = np.searchsorted(k[order], np.arange(len(wanted) + 1))
-    out: dict[str, pa.Array] = {}
-    for j, key in enumerate(wanted):
-        sel = pos[order[bounds[j] : bounds[j + 1]]]
-        if len(sel) == 0:
-            out[key] = pa.nulls(entries.n, pa.string())
-            continue
-        take = np.full(entries.n, -1, dtype=np.int64)
-        take[entries.rows[sel]] = sel
-        out[key] = entries.values.take(pa.array(take, mask=take < 0))
-    return out
+    k_all = np.asarray(pc.fill_null(idx, -1), dtype=np.int64)
+    pos = np.flatnonzero(k_all >= 0)
+    k = k_all[pos]
+    present = np.flatnonzero(np.bincount(k, minlength=len(wanted)))
+    slot = np.full(len(wanted), -1, dtype=np.int64)
+    slot[present] = np.arange(len(present))
+    take = np.full((len(present), entries.n), -1, dtype=np.int64)
+    take[slot[k], entries.rows[pos]] = pos  # a repeated key: the later entry wins
+    flat = take.ravel()
+    values = entries.values.take(pa.array(flat, mask=flat < 0))
+    nulls = pa.nulls(entries.n, pa.string())
+    return {key: nulls if slot[j] < 0 else values.slice(int(slot[j]) * entries.n, entries.n)
+            for j, key in enumerate(wanted)}
 
 
 def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:

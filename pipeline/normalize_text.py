@@ -20,35 +20,126 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline import normalize_json
 from tracedag.pipeline.normalize_extract import Entries, family
 
 logger = logging.getLogger(__name__)
 
 TEXT_CAP = 8192
-_PARSE_LIMIT = 256 * 1024  # larger JSON payloads are kept as raw (capped) text rather than parsed
+_PARSE_LIMIT = normalize_json.PARSE_LIMIT  # larger JSON payloads are kept as raw (capped) text, unparsed
 _INDEXED = r"^{p}\.(?P<idx>\d+)\.(?P<field>{f})$"
+# First character of a text that cannot be JSON (nor whitespace, which str.strip removes): the
+# text is then its own readable form for every reducer.
+_PLAIN = r'^[^\[{"\s\x0b\x1c-\x1f\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]'
+
+Loads = Callable[[str], Any]
+Reducer = Callable[[str, Loads], str | None]
 
 
-def fill(current: pa.Array, source: pa.Array, fn: Callable[[str], str | None]) -> pa.Array:
-    """Fill the null rows of ``current`` with ``fn`` applied to ``source`` (only where needed)."""
-    need = pc.and_(pc.is_null(current), pc.is_valid(source))
-    rows = np.flatnonzero(np.asarray(pc.fill_null(need, False), dtype=bool))
+
+def _orjson() -> Loads | None:
+    try:
+        import orjson
+    except ImportError:  # optional: the standard json module gives the same objects, slower
+        return None
+    loads: Loads = orjson.loads
+    return loads
+
+
+_orjson_loads = _orjson()
+# json.dumps(v, ensure_ascii=False[, sort_keys=True]) builds an encoder per call; these are reused.
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
+_dumps_sorted = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
+
+
+def fill(current: pa.Array, source: pa.Array, fn: Reducer) -> pa.Array:
+    """Fill the null rows of ``current`` with ``fn`` applied to ``source`` (only where needed).
+
+    Equal to ``fill_reference``, faster: text that cannot be JSON is its own readable form (no
+    Python call), each distinct JSON payload is reduced once, and parsed with ``loads_fast``.
+    """
+    rows = _needed(current, source)
     if len(rows) == 0:
         return current
-    texts = [fn(s) for s in source.take(pa.array(rows)).to_pylist()]
+    return _patch(current, rows, reduce_column(source.take(pa.array(rows)), fn))
+
+
+def fill_reference(current: pa.Array, source: pa.Array, fn: Reducer) -> pa.Array:
+    """The straightforward ``fill``: ``fn`` on every needed row with the standard ``json`` module (the oracle)."""
+    rows = _needed(current, source)
+    if len(rows) == 0:
+        return current
+    texts = [fn(s, json.loads) for s in source.take(pa.array(rows)).to_pylist()]
+    return _patch(current, rows, pa.array(texts, pa.string()))
+
+
+def _needed(current: pa.Array, source: pa.Array) -> np.ndarray:
+    need = pc.and_(pc.is_null(current), pc.is_valid(source))
+    return np.flatnonzero(np.asarray(pc.fill_null(need, False), dtype=bool))
+
+
+def _patch(current: pa.Array, rows: np.ndarray, texts: pa.Array) -> pa.Array:
     patch = np.full(len(current), -1, dtype=np.int64)
     patch[rows] = np.arange(len(rows))
-    filled = pa.array(texts, pa.string()).take(pa.array(patch, mask=patch < 0))
-    return pc.coalesce(current, filled)
+    return pc.coalesce(current, texts.take(pa.array(patch, mask=patch < 0)))
 
 
-def _load(text: str) -> Any:
+def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
+    """``fn`` over ``values`` (nulls stay null), equal to the per-row loop.
+
+    Plain text is kept as is; JSON of the shapes ``normalize_json`` recognises is reduced with
+    Arrow kernels; each remaining distinct value is reduced once in Python.
+    """
+    plain = np.asarray(pc.fill_null(pc.match_substring_regex(values, _PLAIN), True), dtype=bool)
+    if plain.all():
+        return values
+    out = values
+    rows = np.flatnonzero(~plain)
+    todo = values.take(pa.array(rows))
+    fast = normalize_json.FAST_PATHS.get(fn.__name__)
+    if fast is not None:
+        texts, done = fast(todo)
+        if done.any():
+            mask = np.zeros(len(values), dtype=bool)
+            mask[rows[done]] = True
+            out = pc.replace_with_mask(out, pa.array(mask), texts)
+            rows, todo = rows[~done], todo.filter(pa.array(~done))
+    if len(rows) == 0:
+        return out
+    mask = np.zeros(len(values), dtype=bool)
+    mask[rows] = True
+    return pc.replace_with_mask(out, pa.array(mask), _reduce_distinct(todo, fn))
+
+
+def _reduce_distinct(todo: pa.Array, fn: Reducer) -> pa.Array:
+    """``fn`` once per distinct value (orjson unless the text holds an integer beyond 64 bits)."""
+    distinct = pc.unique(todo)
+    big = pc.fill_null(pc.match_substring_regex(distinct, r"\d{19}"), False).to_pylist()
+    texts = [fn(s, json.loads if b else loads_fast) for s, b in zip(distinct.to_pylist(), big, strict=True)]
+    return pa.array(texts, pa.string()).take(pc.index_in(todo, value_set=distinct))
+
+
+def loads_fast(text: str) -> Any:
+    """``json.loads(text)`` through orjson when installed (stdlib on anything orjson rejects).
+
+    orjson and ``json`` give equal objects except for integers beyond 64 bits (orjson makes them
+    floats): callers pass text with a run of 19+ digits to ``json.loads`` instead.
+    """
+    if _orjson_loads is not None:
+        try:
+            return _orjson_loads(text)
+        except ValueError:
+            pass
+    return json.loads(text)
+
+
+def _load(text: str, loads: Loads) -> Any:
     s = text.strip()
     if not s or s[0] not in "[{\"" or len(s) > _PARSE_LIMIT:
         return text
     try:
-        return json.loads(s)
-    except ValueError:
+        return loads(s)
+    except (ValueError, RecursionError):
         return text
 
 
@@ -64,19 +155,19 @@ def _parts_text(parts: Any) -> str | None:
         return "\n".join(calls)
     for p in parts:
         if isinstance(p, dict) and p.get("type") == "tool_call_response":
-            return _readable(p.get("response", p.get("result")))
+            return _readable(p.get("response", p.get("result")), json.loads)
     return None
 
 
 def _call_text(name: Any, args: Any) -> str:
     if not isinstance(args, str):
-        args = json.dumps(args, ensure_ascii=False, sort_keys=True)
+        args = _dumps_sorted(args)
     return f"{name}({args})"
 
 
-def genai_input(text: str) -> str | None:
+def genai_input(text: str, loads: Loads = json.loads) -> str | None:
     """The last user message of a ``gen_ai.input.messages`` JSON list (else the last message)."""
-    msgs = _load(text)
+    msgs = _load(text, loads)
     if not isinstance(msgs, list) or not msgs:
         return text
     users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
@@ -84,9 +175,9 @@ def genai_input(text: str) -> str | None:
     return _parts_text(last.get("parts", last.get("content")))
 
 
-def genai_output(text: str) -> str | None:
+def genai_output(text: str, loads: Loads = json.loads) -> str | None:
     """The assistant reply (text, else tool calls) of a ``gen_ai.output.messages`` JSON list."""
-    msgs = _load(text)
+    msgs = _load(text, loads)
     if not isinstance(msgs, list) or not msgs:
         return text
     found = [_parts_text(m.get("parts", m.get("content"))) for m in msgs if isinstance(m, dict)]
@@ -94,21 +185,21 @@ def genai_output(text: str) -> str | None:
     return "\n".join(out) if out else None
 
 
-def readable(text: str) -> str | None:
+def readable(text: str, loads: Loads = json.loads) -> str | None:
     """A readable form of an ``input.value``/``output.value``/entity payload (JSON reduced to its text)."""
-    return _readable(_load(text))
+    return _readable(_load(text, loads), loads)
 
 
 _WRAPPERS = ("input_str", "inputs", "outputs", "output", "input", "args", "kwargs", "data", "messages")
 
 
-def _readable(v: Any, depth: int = 0) -> str | None:
+def _readable(v: Any, loads: Loads, depth: int = 0) -> str | None:
     if v is None:
         return None
     if isinstance(v, str):
         return v
     if depth > 6:
-        return json.dumps(v, ensure_ascii=False)
+        return _dumps(v)
     if isinstance(v, dict):
         if isinstance(v.get("content"), str) and v.get("content"):
             return str(v["content"])
@@ -120,14 +211,14 @@ def _readable(v: Any, depth: int = 0) -> str | None:
                 inner = v[key]
                 if key == "args" and isinstance(inner, list) and len(inner) == 1:
                     inner = inner[0]
-                return _readable(_load(inner) if isinstance(inner, str) and key == "input_str" else inner, depth + 1)
+                return _readable(_load(inner, loads) if isinstance(inner, str) and key == "input_str" else inner, loads, depth + 1)
         if len(v) == 1 and isinstance(next(iter(v.values())), list | dict):
-            return _readable(next(iter(v.values())), depth + 1)
-        return json.dumps(v, ensure_ascii=False)
+            return _readable(next(iter(v.values())), loads, depth + 1)
+        return _dumps(v)
     if isinstance(v, list):
         if v and all(isinstance(x, dict) for x in v):
-            return _readable(v[-1], depth + 1)
-        return json.dumps(v, ensure_ascii=False)
+            return _readable(v[-1], loads, depth + 1)
+        return _dumps(v)
     return json.dumps(v)
 
 
@@ -172,7 +263,19 @@ def llm_output_calls(entries: Entries) -> pa.Array:
 
 
 def cap(text: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """Cut texts longer than ``TEXT_CAP`` characters; return (texts, was_cut)."""
-    long = pc.fill_null(pc.greater(pc.utf8_length(text), TEXT_CAP), False)
-    cut = pc.if_else(long, pc.utf8_slice_codeunits(text, 0, TEXT_CAP), text)
-    return cut, long
+    """Cut texts longer than ``TEXT_CAP`` characters; return (texts, was_cut).
+
+    Only texts of more than ``TEXT_CAP`` bytes can be that long, so characters are counted
+    for those alone.
+    """
+    maybe = np.asarray(pc.fill_null(pc.greater(pc.binary_length(text), TEXT_CAP), False), dtype=bool)
+    long = np.zeros(len(text), dtype=bool)
+    if maybe.any():
+        rows = np.flatnonzero(maybe)
+        some = text.take(pa.array(rows))
+        long[rows] = np.asarray(pc.greater(pc.utf8_length(some), TEXT_CAP), dtype=bool)
+    if not long.any():
+        return text, pa.array(long)
+    rows = np.flatnonzero(long)
+    cut = pc.utf8_slice_codeunits(text.take(pa.array(rows)), 0, TEXT_CAP)
+    return pc.replace_with_mask(text, pa.array(long), cut), pa.array(long)

@@ -1,0 +1,124 @@
+"""Vectorised fast paths for the common JSON payload shapes, equal to the per-row reducers.
+
+Each fast path recognises a strict subset of JSON with an RE2 pattern anchored at both ends, so a
+text it accepts is valid JSON whose parse is known without parsing it, and computes the reducer's
+result (``normalize_text.genai_input``, ``genai_output``, ``readable``) with Arrow kernels. Texts
+outside the subset go to the per-row reducer. The subsets (strings without escapes, separators
+as written by compact or default ``json.dumps``):
+
+- GenAI message lists whose messages are ``{"role", "parts"}`` with text parts, the last one a
+  user message (``genai_input``: its text);
+- a single assistant message with one non-empty text part or one tool call without arguments,
+  optionally with ``finish_reason`` (``genai_output``: the text, or ``name(null)``);
+- flat objects (scalar or list-of-scalar values, no ``,``/``:`` inside strings, none of the keys
+  ``readable`` treats specially, distinct keys, not a single list member) (``readable``: the
+  object re-serialised with ``", "`` and ``": "`` separators, which is what ``json.dumps`` writes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+logger = logging.getLogger(__name__)
+
+FastPath = Callable[[pa.Array], tuple[pa.Array, np.ndarray]]
+
+PARSE_LIMIT = 256 * 1024  # normalize_text keeps larger payloads as raw text, unparsed
+
+_C = r": ?"
+_S = r", ?"
+_STR = r'"[^"\\\x00-\x1f]*"'
+_NONEMPTY = r'"[^"\\\x00-\x1f]+"'
+
+
+def _text_part(content: str = _STR) -> str:
+    """A ``{"type": "text", "content": ...}`` part, either key order."""
+    return (f'(?:\\{{"type"{_C}"text"{_S}"content"{_C}{content}\\}}'
+            f'|\\{{"content"{_C}{content}{_S}"type"{_C}"text"\\}})')
+
+
+_PARTS = f"\\[{_text_part()}(?:{_S}{_text_part()})*\\]"
+_MESSAGE = f'\\{{"role"{_C}{_STR}{_S}"parts"{_C}{_PARTS}\\}}'
+_LAST_USER = f'\\{{"role"{_C}"user"{_S}"parts"{_C}\\[{_text_part(_NONEMPTY)}\\]\\}}'
+GENAI_INPUT = f"^\\[(?:{_MESSAGE}{_S})*{_LAST_USER}\\]$"
+
+_CALL = f'\\{{"type"{_C}"tool_call"{_S}"name"{_C}{_STR}{_S}"id"{_C}{_STR}\\}}'
+GENAI_OUTPUT = (f'^\\[\\{{"role"{_C}{_STR}{_S}"parts"{_C}\\[(?:{_text_part(_NONEMPTY)}|{_CALL})\\]'
+                f'(?:{_S}"finish_reason"{_C}{_STR})?\\}}\\]$')
+
+_FLAT_STR = r'"[^"\\\x00-\x1f,:]*"'
+_SCALAR = f"(?:{_FLAT_STR}|0|-?[1-9][0-9]*|true|false|null)"
+_VALUE = f"(?:{_SCALAR}|\\[\\]|\\[{_SCALAR}(?:{_S}{_SCALAR})*\\])"
+FLAT_OBJECT = f"^\\{{(?:{_FLAT_STR}{_C}{_VALUE}(?:{_S}{_FLAT_STR}{_C}{_VALUE})*)?\\}}$"
+# keys ``readable`` looks into (content, tool calls, wrappers): such objects take the per-row path
+_SPECIAL_KEY = r'"(?:content|tool_calls|input_str|inputs|outputs|output|input|args|kwargs|data|messages)":'
+_SINGLE_LIST = f"^\\{{{_FLAT_STR}{_C}\\[(?:{_SCALAR}(?:{_S}{_SCALAR})*)?\\]\\}}$"
+
+
+def _matches(values: pa.Array, pattern: str) -> np.ndarray:
+    ok = pc.and_(pc.match_substring_regex(values, pattern), pc.less_equal(pc.binary_length(values), PARSE_LIMIT))
+    return np.asarray(pc.fill_null(ok, False), dtype=bool)
+
+
+def _piece(pieces: pa.Array, i: int) -> pa.Array:
+    return pc.list_element(pieces, i)
+
+
+def genai_input(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """``normalize_text.genai_input`` for the rows matching ``GENAI_INPUT``; returns (texts, matched).
+
+    The last message is the user message with one text part: the last 6 ``"``-separated pieces
+    are ``type, text, content, CONTENT`` or ``content, CONTENT, type, text`` (strings hold no quotes).
+    """
+    ok = _matches(values, GENAI_INPUT)
+    if not ok.any():
+        return values, ok
+    pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=6, reverse=True)
+    content_first = pc.equal(_piece(pieces, 3), "type")
+    return pc.if_else(content_first, _piece(pieces, 1), _piece(pieces, 5)), ok
+
+
+def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """``normalize_text.genai_output`` for the rows matching ``GENAI_OUTPUT``; returns (texts, matched).
+
+    Pieces between ``"`` from the start: 7 is ``type`` or ``content``; then 9 is ``text`` (13 the
+    content), ``tool_call`` (13 the tool name) or, content first, the content itself.
+    """
+    ok = _matches(values, GENAI_OUTPUT)
+    if not ok.any():
+        return values, ok
+    pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=14)
+    thirteen = _piece(pieces, 13)
+    call = pc.binary_join_element_wise(thirteen, pa.scalar("(null)"), "")
+    type_first = pc.if_else(pc.equal(_piece(pieces, 9), "tool_call"), call, thirteen)
+    return pc.if_else(pc.equal(_piece(pieces, 7), "content"), _piece(pieces, 9), type_first), ok
+
+
+def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """``normalize_text.readable`` for flat objects (``FLAT_OBJECT`` and the conditions above)."""
+    ok = _matches(values, FLAT_OBJECT)
+    if not ok.any():
+        return values, ok
+    special = pc.or_(pc.match_substring_regex(values, _SPECIAL_KEY), pc.match_substring_regex(values, _SINGLE_LIST))
+    ok &= ~np.asarray(pc.fill_null(special, True), dtype=bool)
+    ok[ok] &= _distinct_keys(values.filter(pa.array(ok)))
+    if not ok.any():
+        return values, ok
+    sub = values.filter(pa.array(ok))
+    out = pc.replace_substring_regex(pc.replace_substring_regex(sub, _S, ", "), _C, ": ")
+    return out, ok
+
+
+def _distinct_keys(values: pa.Array) -> np.ndarray:
+    """Per flat object, whether its keys are distinct (a repeated key keeps only its last value in Python)."""
+    keys = pl.Series(values=values).str.extract_all(r'"[^"]*":')
+    return (keys.list.n_unique() == keys.list.len()).fill_null(False).to_numpy()
+
+
+FAST_PATHS: dict[str, FastPath] = {"genai_input": genai_input, "genai_output": genai_output, "readable": readable}

@@ -1,0 +1,190 @@
+"""The fast paths of normalization equal the straightforward per-row code (the oracle).
+
+``normalize(base)`` reduces JSON payloads with Arrow kernels for the shapes ``normalize_json``
+recognises, keeps plain text as is, reduces each distinct payload once with orjson;
+``normalize(base, reference=True)`` runs the per-row reducers on every row with the standard
+``json`` module. They must give the same table on the spans captured from the real libraries
+and on generated payloads built to sit on the edges of the fast shapes.
+"""
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
+
+from tracedag.pipeline import normalize_json, normalize_text
+from tracedag.pipeline.normalize import normalize
+from tracedag.pipeline.normalize_extract import map_entries, pick
+from tracedag.pipeline.normalize_rules import span_keys
+from tracedag.schemas.spans import BASE_SCHEMA
+
+REDUCERS = [normalize_text.readable, normalize_text.genai_input, normalize_text.genai_output]
+
+
+@pytest.fixture(scope="module")
+def captured():
+    spans = (langgraph_spans().spans + langgraph_spans(dialect="openllmetry").spans + openai_spans(True)
+             + openai_spans(False) + genai_plain_spans())
+    return to_table(spans).select(BASE_SCHEMA.names).cast(BASE_SCHEMA)
+
+
+def test_fast_normalize_equals_reference_on_captured_spans(captured):
+    fast, ref = normalize(captured), normalize(captured, reference=True)
+    assert fast.equals(ref)
+    texts = pc.drop_null(fast["input_text"]).to_pylist() + pc.drop_null(fast["output_text"]).to_pylist()
+    assert len(texts) > 0.5 * captured.num_rows  # the comparison covers real text, not only nulls
+
+
+def test_fast_normalize_equals_reference_on_repeated_batches(captured):
+    """Replays repeat payloads: reducing each distinct value once must not mix rows up."""
+    big = pa.concat_tables([captured] * 7).combine_chunks()
+    perm = pa.array([(i * 7919) % big.num_rows for i in range(big.num_rows)])
+    shuffled = big.take(perm)
+    assert normalize(shuffled).equals(normalize(shuffled, reference=True))
+
+
+def test_fast_paths_take_the_real_genai_payloads(captured):
+    """The openai-v2 message lists of the captures are handled by the Arrow fast paths, not by Python."""
+    a = pick(map_entries(captured["attributes"]), span_keys())
+    for key, fast in (("gen_ai.input.messages", normalize_json.genai_input),
+                      ("gen_ai.output.messages", normalize_json.genai_output)):
+        values = pc.drop_null(a[key])
+        _, matched = fast(values)
+        assert matched.any(), key
+
+
+def test_pick_equals_per_row_lookup(captured):
+    keys = span_keys()
+    got = pick(map_entries(captured["attributes"]), keys)
+    rows = [dict(m) for m in captured["attributes"].to_pylist()]
+    for key in keys:
+        assert got[key].to_pylist() == [r.get(key) for r in rows], key
+
+
+def _reference(values: list[str | None], fn) -> list[str | None]:
+    return [None if v is None else fn(v, json.loads) for v in values]
+
+
+def _check(values: list[str | None]) -> None:
+    arr = pa.array(values, pa.string())
+    for fn in REDUCERS:
+        assert normalize_text.reduce_column(arr, fn).to_pylist() == _reference(values, fn), fn.__name__
+
+
+# strings on the edges of the fast shapes: separators, quotes, escapes, control and non-ASCII characters
+_CLEAN = st.sampled_from(list("ab ,:/{}[]é€😀\u2028") + ["user", "text", "content", "0", "1"])
+_EDGY = st.sampled_from(list("a\"\\\n\t\x01\x1f"))
+_TEXT = st.lists(st.one_of(_CLEAN, _CLEAN, _CLEAN, _EDGY), max_size=6).map("".join)
+_SEPS = [(",", ":"), (", ", ": "), (",", ": "), (" ,", " : ")]
+_SEP = st.sampled_from(_SEPS)
+
+
+def _dump(obj, sep) -> str:
+    return json.dumps(obj, separators=sep, ensure_ascii=False)
+
+
+@st.composite
+def message_lists(draw, clean: bool = False) -> str:
+    """GenAI message lists: text parts (either key order), tool calls, empty contents, odd keys.
+
+    ``clean`` draws mostly the shapes the fast paths accept (so both sides of their edges are hit).
+    """
+    text = st.lists(_CLEAN, min_size=1, max_size=6).map("".join) if clean else _TEXT
+    kinds = ["text", "text_rev"] * 3 + ["call", "empty"] if clean else ["text", "text_rev", "call", "call_args",
+                                                                          "empty", "extra"]
+
+    def part():
+        content = draw(text)
+        return {
+            "text": {"type": "text", "content": content},
+            "text_rev": {"content": content, "type": "text"},
+            "call": {"type": "tool_call", "name": content, "id": draw(text)},
+            "call_args": {"type": "tool_call", "name": content, "id": "c1", "arguments": {"q": content}},
+            "empty": {"type": "text", "content": ""},
+            "extra": {"type": "text", "content": content, "x": 1},
+        }[draw(st.sampled_from(kinds))]
+
+    msgs = []
+    for _ in range(draw(st.integers(1, 3))):
+        msg = {"role": draw(st.sampled_from(["user", "user", "assistant", "system", "tool"])),
+               "parts": [part() for _ in range(draw(st.integers(1, 1 if clean else 2)))]}
+        if draw(st.integers(0, 3)) == 0:
+            msg["finish_reason"] = draw(text)
+        msgs.append(msg)
+    return _dump(msgs, draw(st.sampled_from(_SEPS[:3]) if clean else st.sampled_from(_SEPS)))
+
+
+_SCALAR = st.one_of(_TEXT, st.integers(-(10**20), 10**20), st.sampled_from([0, -0.0, 1.5, 1e300, True, False, None]))
+
+
+@st.composite
+def flat_objects(draw) -> str:
+    """Flat objects, with duplicate keys, special keys, single list members, nesting and big integers."""
+    keys = draw(st.lists(st.one_of(_TEXT, st.sampled_from(["content", "input", "messages", "ok", "items"])),
+                         max_size=4))
+    values = [draw(st.one_of(_SCALAR, st.lists(_SCALAR, max_size=3), st.dictionaries(_TEXT, _SCALAR, max_size=2)))
+              for _ in keys]
+    sep = draw(_SEP)
+    members = [f"{_dump(k, sep)}{sep[1]}{_dump(v, sep)}" for k, v in zip(keys, values, strict=True)]
+    return "{" + sep[0].join(members) + "}"
+
+
+_PAYLOAD = st.one_of(
+    message_lists(),
+    message_lists(clean=True),
+    flat_objects(),
+    _TEXT,
+    st.tuples(st.sampled_from(["", " ", "\u00a0", "\x1f", "\u3000", "\n"]), st.one_of(message_lists(), flat_objects(), _TEXT))
+    .map("".join),
+    message_lists().map(lambda s: s[: len(s) // 2]),  # cut (invalid) JSON: kept as raw text
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.none(), _PAYLOAD), min_size=1, max_size=12))
+def test_reduce_column_equals_per_row_reducers(values):
+    _check(values)
+
+
+def test_reduce_column_edge_cases():
+    _check([
+        '[{"role":"user","parts":[{"type":"text","content":"hi, there: you"}]}]',
+        '[{"role": "user", "parts": [{"content": "text", "type": "text"}]}]',
+        '[{"role":"user","parts":[{"type":"text","content":""}]}]',
+        '[{"role":"assistant","parts":[{"type":"tool_call","name":"","id":"x"}],"finish_reason":"tool_calls"}]',
+        '[{"role":"assistant","parts":[{"type":"text","content":"a\\nb"}]}]',
+        '{"a":1,"a":2}', '{"a":-0}', '{"a":12345678901234567890123}', '{"items":["x","y"]}', '{}',
+        '{"content":"direct"}', '{"input":"wrapped"}', '{"a":"x","b":[1,2,"c"]}', '{"a":1.50}',
+        "[" * 5000 + "]" * 5000,  # deeper than any parser recursion: raw text, no crash
+        '"just a json string"', "plain text", " {\"a\": 1}", "\u00a0[1]",
+        None,
+    ])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=5)),
+                    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=3), kids,
+                                                                                        max_size=3)),
+                    max_leaves=10))
+def test_loads_fast_gives_the_objects_of_json_loads(obj):
+    text = json.dumps(obj)
+    if any(len(run) >= 19 for run in "".join(c if c.isdigit() else " " for c in text).split()):
+        return  # routed to json.loads by reduce_column (orjson turns such integers into floats)
+    assert repr(normalize_text.loads_fast(text)) == repr(json.loads(text))
+
+
+def _cap_reference(texts: list[str | None]) -> tuple[list[str | None], list[bool]]:
+    cap = normalize_text.TEXT_CAP
+    return ([None if t is None else t[:cap] for t in texts], [t is not None and len(t) > cap for t in texts])
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, 5])
+def test_cap_counts_characters_not_bytes(extra):
+    cap = normalize_text.TEXT_CAP
+    texts = ["é" * (cap + extra), "a" * (cap + extra), "😀" * (cap // 2) + "a" * (cap // 2 + extra), None, "short"]
+    got, cut = normalize_text.cap(pa.array(texts, pa.string()))
+    assert (got.to_pylist(), cut.to_pylist()) == _cap_reference(texts)
