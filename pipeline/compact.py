@@ -36,6 +36,24 @@ from tracedag.pipeline.store import fsync_dir, table_dir
 
 logger = logging.getLogger(__name__)
 
+DICTIONARY_COLUMNS = [
+    "trace_id", "parent_span_id", "name", "service_name", "scope_name", "scope_version", "kind",
+    "status_code", "status_message", "batch_id", "quality_flags.list.element", "attributes.key_value.key",
+    "resource_attributes.key_value.key", "resource_attributes.key_value.value", "step_type", "step_name",
+    "agent_name", "tool_name", "model", "provider", "finish_reason", "error_type", "service_version",
+]
+"""Low-cardinality spans columns worth Parquet dictionary encoding; trying it on the large text
+columns (attribute values, input/output text) costs about half of the write time for nothing."""
+
+
+def parquet_options(table: pa.Table) -> dict[str, object]:
+    """Writer options: zstd, 64k-row groups, dictionary encoding only where it pays (spans)."""
+    names = set(table.schema.names)
+    use_dict: bool | list[str] = True
+    if "span_id" in names and "attributes" in names:
+        use_dict = [c for c in DICTIONARY_COLUMNS if c.split(".")[0] in names]
+    return {"compression": "zstd", "use_dictionary": use_dict}
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -175,7 +193,7 @@ class _Merger:
             self._finish_file()
             self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self._count:04d}.parquet"
             self._count += 1
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="zstd")
+            self._writer = pq.ParquetWriter(self._path, table.schema, **parquet_options(table))
         self._writer.write_table(table, row_group_size=64 * 1024)
         self._rows += table.num_rows
 

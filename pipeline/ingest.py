@@ -40,7 +40,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tracedag.collector import faults
 from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
-from tracedag.pipeline.compact import Compactor, CompactStats
+from tracedag.pipeline.compact import Compactor, CompactStats, parquet_options
 from tracedag.pipeline.convert import Converted, convert_records
 from tracedag.pipeline.dedupe import DedupeIndex, write_sidecar
 from tracedag.pipeline.evaluations import extract_evaluations
@@ -124,7 +124,7 @@ def write_atomic(table: pa.Table, final: Path) -> Path:
         if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
         with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd", row_group_size=64 * 1024)
+            pq.write_table(table, fh, row_group_size=64 * 1024, **parquet_options(table))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
