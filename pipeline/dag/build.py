@@ -17,21 +17,21 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, INPUT_COLUMNS, reconstruct
+from tracedag.pipeline.dag.chunks import chunk_tables
+from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
+from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
 from tracedag.pipeline.views import connect
-from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)
 
@@ -185,8 +185,10 @@ def build_store(
             return stats
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
         con = connect(data)
+        con.execute("set enable_progress_bar = false")
         try:
-            plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
+            with stage("plan"):
+                plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
             stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
             _run(data, plan, stats, workflow, tolerance_ns, progress)
         finally:
@@ -207,36 +209,27 @@ def _run(
 ) -> None:
     if not plan.chunks:
         return
-    with _progress(progress, plan.spans) as advance:
-        for i, ids in enumerate(plan.chunks):
-            spans = load_spans(data, ids)
-            traces, nodes, edges = reconstruct(spans, stats.build_id, stats.built_unix_nano, tolerance_ns, spec)
+    tmp = data / "state" / "build-tmp" / stats.build_id
+    with _progress(progress, plan.spans) as advance, closing(chunk_tables(data, plan.chunks, tmp)) as tables:
+        for i in range(len(plan.chunks)):
+            # no local name for the input: reconstruct frees it as soon as it has prepared its own copy
+            traces, nodes, edges = reconstruct(_timed_next(tables), stats.build_id, stats.built_unix_nano,
+                                               tolerance_ns, spec)
             _write(data, stats, i, traces, nodes, edges)
-            advance(spans.num_rows)
+            advance(nodes.num_rows)
 
 
-def load_spans(data: Path, trace_ids: list[str]) -> pa.Table:
-    """Read the input columns of the spans of ``trace_ids`` (sorted), pruning row groups by id range."""
-    ids = pa.array(trace_ids, pa.string())
-    flt = (ds.field("trace_id") >= trace_ids[0]) & (ds.field("trace_id") <= trace_ids[-1])
-    flt = flt & ds.field("trace_id").isin(ids)
-    try:
-        return _read(data, flt)
-    except FileNotFoundError:  # compaction swapped a partition after we listed it
-        logger.info("a spans file went away during the build; listing again")
-        return _read(data, flt)
-
-
-def _read(data: Path, flt: ds.Expression) -> pa.Table:
-    files = [str(f) for f in parquet_files(data, "spans")]
-    return ds.dataset(files, schema=SPANS_V1, format="parquet").to_table(columns=INPUT_COLUMNS, filter=flt)
+def _timed_next(tables: Iterator[pa.Table]) -> pa.Table:
+    with stage("read"):
+        return next(tables)
 
 
 def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: pa.Table, edges: pa.Table) -> None:
     stem = f"{stats.build_id}-{chunk:04d}"
     # traces last: it is what makes the build of these traces visible
     for name, table in (("dag_nodes", nodes), ("dag_edges", edges), ("traces", traces)):
-        stats.files.append(str(write_parquet_atomic(table, table_dir(data, name), stem)))
+        with stage("write"):
+            stats.files.append(str(write_parquet_atomic(table, table_dir(data, name), stem)))
     stats.traces_built += traces.num_rows
     stats.spans += nodes.num_rows
     stats.nodes += nodes.num_rows

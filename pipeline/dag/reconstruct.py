@@ -29,6 +29,7 @@ from tracedag.pipeline.dag.output import Graph, assemble
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS, prepare_table
 from tracedag.pipeline.dag.siblings import SiblingOrder, sibling_order
 from tracedag.pipeline.dag.spec import WorkflowSpec
+from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.dag.tree import BoolArray, IntArray
 
 logger = logging.getLogger(__name__)
@@ -155,19 +156,27 @@ def reconstruct(
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Build (traces, dag_nodes, dag_edges) tables for the complete traces in ``spans``."""
     con = duckdb.connect(":memory:")
+    con.execute("set enable_progress_bar = false")
     try:
-        f = prepare(con, spans)
+        with stage("prepare"):
+            f = prepare(con, spans)
+        del spans  # the caller passes the only reference: free the input before the heavy steps
         if f.n == 0:
             empty: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, None, build_id, built_unix_nano, spec)
             return empty
         has_ref = f.prep.column("has_parent_ref").to_numpy(zero_copy_only=False).astype(np.bool_)
-        ct = repair(f, has_ref, tolerance_ns)
-        sib, group = _sibling_input(f, ct)
-        order = sibling_order(con, sib, tolerance_ns)
-        sorted_rows = _sibling_sort(f, ct, group, order)
-        left, right = tree.nested_sets(ct.parent, ct.levels.by_depth, sorted_rows, group)
-        graph = _graph(con, f, ct, order, left, right)
-        out: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, graph, build_id, built_unix_nano, spec)
+        with stage("repair"):
+            ct = repair(f, has_ref, tolerance_ns)
+        with stage("siblings"):
+            sib, group = _sibling_input(f, ct)
+            order = sibling_order(con, sib, tolerance_ns)
+        with stage("tree"):
+            sorted_rows = _sibling_sort(f, ct, group, order)
+            left, right = tree.nested_sets(ct.parent, ct.levels.by_depth, sorted_rows, group)
+        with stage("loops+explicit"):
+            graph = _graph(con, f, ct, order, left, right)
+        with stage("assemble"):
+            out: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, graph, build_id, built_unix_nano, spec)
         return out
     finally:
         con.close()

@@ -87,6 +87,7 @@ def test_small_chunks_give_the_same_tables(tmp_path):
     build_store(tmp_path, idle_seconds=0, full=True)
     whole = q(tmp_path, "select trace_id, span_id, topo_index, nested_left, iteration from dag_nodes order by all")
     assert chunked == whole and len(whole) == 20
+    assert not any((tmp_path / "state" / "build-tmp").glob("*"))  # routed chunk files are removed
 
 
 def test_spec_flags_deviant_traces(tmp_path):

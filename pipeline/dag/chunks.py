@@ -1,0 +1,80 @@
+"""Reading the spans of the traces to build, one bounded chunk at a time.
+
+One chunk: a direct filtered read. Several chunks: one pass over the spans files routes each row
+to its chunk's Arrow IPC file under ``<data>/state/build-tmp/<build_id>/``; each file is then
+memory-mapped and reconstructed in turn. Every span is read from Parquet once, whatever the number of
+chunks, so time grows linearly with the store and memory with the chunk size.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tracedag.pipeline.dag.prep import INPUT_COLUMNS
+from tracedag.pipeline.store import parquet_files
+from tracedag.schemas.spans import SPANS_V1
+
+logger = logging.getLogger(__name__)
+
+INPUT_SCHEMA = pa.schema([SPANS_V1.field(c) for c in INPUT_COLUMNS])
+
+
+def _dataset(data: Path) -> ds.Dataset:
+    return ds.dataset([str(f) for f in parquet_files(data, "spans")], schema=SPANS_V1, format="parquet")
+
+
+def load_spans(data: Path, trace_ids: list[str]) -> pa.Table:
+    """Read the input columns of the spans of ``trace_ids``."""
+    flt = ds.field("trace_id").isin(pa.array(trace_ids, pa.string()))
+    try:
+        return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
+    except FileNotFoundError:  # compaction swapped a partition after we listed it
+        logger.info("a spans file went away during the build; listing again")
+        return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
+
+
+def _route(data: Path, chunks: list[list[str]], tmp: Path) -> None:
+    """Write the spans of each chunk to ``tmp/chunk-<k>.arrow`` in one pass over the spans files."""
+    ids = pa.array([t for c in chunks for t in c], pa.string())
+    bounds = np.cumsum([len(c) for c in chunks])
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    try:
+        scanner = _dataset(data).scanner(columns=INPUT_COLUMNS, filter=ds.field("trace_id").isin(ids))
+        for batch in scanner.to_batches():
+            pos = pc.index_in(batch.column("trace_id"), value_set=ids).to_numpy(zero_copy_only=False)
+            chunk = np.searchsorted(bounds, pos, side="right")
+            for k in np.unique(chunk).tolist():
+                if k not in writers:
+                    writers[k] = pa.ipc.new_file(str(tmp / f"chunk-{k}.arrow"), INPUT_SCHEMA)
+                writers[k].write_batch(batch.take(pa.array(np.flatnonzero(chunk == k))))
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+def chunk_tables(data: Path, chunks: list[list[str]], tmp: Path) -> Iterator[pa.Table]:
+    """Yield the input spans of each chunk of trace ids, in order."""
+    if len(chunks) == 1:
+        yield load_spans(data, chunks[0])
+        return
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        _route(data, chunks, tmp)
+        for k in range(len(chunks)):
+            path = tmp / f"chunk-{k}.arrow"
+            if not path.exists():
+                yield INPUT_SCHEMA.empty_table()
+                continue
+            with pa.memory_map(str(path)) as source:
+                yield pa.ipc.open_file(source).read_all()
+            path.unlink()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
