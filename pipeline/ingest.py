@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 ENV_FAULT = "TRACEDAG_FAULT"
 """Comma-separated fault points (crash tests only)."""
 
+DONE_RETENTION_SECONDS = 24 * 3600.0
+"""How long converted segments stay in ``spool/done/`` (for rebuilds) before they are deleted."""
+
 MAX_ATTEMPTS = 3
 """Conversion attempts of a segment (other than for a full disk) before it moves to ``spool/failed/``."""
 
@@ -262,9 +265,11 @@ class SpoolConverter:
     """Converts sealed spool segments into Parquet; safe to stop and restart at any point."""
 
     def __init__(
-        self, data: Path | str, workers: int = 1, window_hours: int = 48, compact_interval: float = 60.0
+        self, data: Path | str, workers: int = 1, window_hours: int = 48, compact_interval: float = 60.0,
+        done_retention: float = DONE_RETENTION_SECONDS,
     ) -> None:
         self.data = Path(data)
+        self.done_retention = done_retention
         self.spool = self.data / "spool"
         self.writer = StoreWriter(self.data, window_hours)
         self.compactor = Compactor(self.data)
@@ -316,7 +321,21 @@ class SpoolConverter:
                 result = self.compactor.run(now_unix)
             finally:
                 self.writer.bump()
+        self.prune_done(now_unix)
         return result
+
+    def prune_done(self, now_unix: float | None = None) -> int:
+        """Delete converted segments older than ``done_retention`` seconds from ``spool/done/``."""
+        limit = (time.time() if now_unix is None else now_unix) - self.done_retention
+        pruned = 0
+        for seg in (self.spool / "done").glob("seg-*"):
+            try:
+                if seg.stat().st_mtime < limit:
+                    seg.unlink()
+                    pruned += 1
+            except FileNotFoundError:
+                continue
+        return pruned
 
     def run_forever(self, stop: threading.Event, interval: float = 0.2) -> None:
         """Convert until ``stop`` is set, then convert what is left once more."""

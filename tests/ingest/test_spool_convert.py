@@ -207,3 +207,14 @@ def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
     assert (data / "spool" / "failed" / bad.name).exists()
     assert "injected" in (data / "spool" / "failed" / f"{bad.name}.exception").read_text()
     assert conv.totals.failed_segments == 1
+
+
+def test_converted_segments_are_kept_in_done_then_pruned_after_the_retention(data: Path) -> None:
+    write_segment(data, 1, [(_reqs(600, 14)[0].SerializeToString(), NOW)])
+    conv = SpoolConverter(data, done_retention=3600)
+    conv.run_once()
+    done = data / "spool" / "done" / "seg-00000000000000000001.sealed"
+    assert done.exists()
+    assert conv.prune_done(time.time() + 60) == 0 and done.exists()
+    assert conv.prune_done(time.time() + 7200) == 1 and not done.exists()
+    assert stored(data)[0] > 0
