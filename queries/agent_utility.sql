@@ -2,7 +2,8 @@
 -- Inputs: relations run_paths (trajectories.runs_table) and node_visits (trajectories.visits_table).
 --   (tracedag determinism writes both to <data>/tables/run_paths/ and <data>/tables/node_visits/,
 --   so `tracedag query NAME` runs this again over the store.)
--- Definitions: transitions_per_turn = node transitions / turns (a transition may cross a turn);
+-- Definitions: transitions_per_turn = node transitions / turns (a transition may cross a turn;
+--   a step into a parallel branch is not one, see edge_utility.sql);
 --   adherence = share of transitions the agent graph allows (null without --graph);
 --   completion_rate = share of runs carrying tracedag.intended_path whose node path contains the
 --   intended path in order (detours and backtracking allowed); convergence_rate = share of those
@@ -20,7 +21,7 @@ with r as (
 ),
 v as (
     select agent, agent_version, count(*) as node_visits,
-           count(next_node) as transitions,
+           count(next_node) filter (where not coalesce(parallel, false)) as transitions,
            count(*) filter (where failed) as failed_visits,
            avg(case when allowed then 1.0 else 0.0 end) filter (where allowed is not null) as adherence,
            count(*) filter (where allowed = false) as disallowed_transitions

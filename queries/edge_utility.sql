@@ -3,7 +3,8 @@
 --   transition is a visit with its next_node, across turns too).
 --   (tracedag determinism writes both to <data>/tables/run_paths/ and <data>/tables/node_visits/,
 --   so `tracedag query NAME` runs this again over the store.)
--- Definitions: conversation_share = conversations with the transition / conversations of the agent;
+-- Definitions: a transition is a visit and the next visit of the run, unless the next one is a
+--   parallel branch of it (node_visits.parallel); conversation_share = conversations with the transition / conversations of the agent;
 --   transition_share = its transitions / all transitions of the agent; failures = transitions
 --   into a failed visit of the target; cross_turn = transitions whose target is in a later turn;
 --   allowed = whether the agent graph (--graph) declares it (null without a graph).
@@ -14,7 +15,7 @@ with conv as (
     select agent, agent_version, count(*) as n_conv from run_paths group by agent, agent_version
 ),
 tr as (
-    select * from node_visits where next_node is not null
+    select * from node_visits where next_node is not null and not coalesce(parallel, false)
 ),
 tot as (
     select agent, agent_version, count(*) as n_tr from tr group by agent, agent_version

@@ -3,7 +3,10 @@
 A run is one conversation (all traces sharing ``run_id``, else ``conversation_id``) or a single
 trace without either; each trace is a turn. Its node path is the ordered list of graph-node
 visits across turns (trace start time, then DAG topological index, then span start time); which
-spans count as nodes is documented in ``queries/run_steps.sql``. ``runs_table`` and
+spans count as nodes is documented in ``queries/run_steps.sql``. Visits of one turn that overlap
+in time are parallel branches (a LangGraph ``Send`` fan-out, say): they are ordered by node name,
+so the path does not depend on which branch started first, and the step from one to the next is
+not a transition. ``runs_table`` and
 ``visits_table`` turn the runs into Arrow relations for the SQL in ``queries/``.
 """
 
@@ -42,6 +45,9 @@ class Run:
     nodes: list[str] = field(default_factory=list)
     node_failed: list[bool] = field(default_factory=list)
     node_turn: list[int] = field(default_factory=list)
+    node_parallel: list[bool] = field(default_factory=list)
+    """True when the visit overlaps in time the one before it in the same turn (parallel branch)."""
+    node_times: list[tuple[int, int]] = field(default_factory=list, repr=False)
     actions: list[str] = field(default_factory=list)
     action_inputs: list[str] = field(default_factory=list)
     responses: list[str | None] = field(default_factory=list)
@@ -103,6 +109,7 @@ def _add_step(run: Run, row: dict[str, Any]) -> None:
         run.nodes.append(row["name"])
         run.node_failed.append(bool(row["failed"]))
         run.node_turn.append(len(run.trace_ids) - 1)
+        run.node_times.append((row["start_time_unix_nano"] or 0, row["end_time_unix_nano"] or 0))
     elif kind == "tool":
         run.actions.append(row["name"])
         run.action_inputs.append(action_with_input(row["name"], row["detail"]))
@@ -131,8 +138,42 @@ def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> li
         if run is None:
             run = runs[row["run_key"]] = _new_run(row)
         _add_step(run, row)
+    for run in runs.values():
+        settle_parallel(run)
     logger.info("loaded %d runs", len(runs))
     return sorted(runs.values(), key=lambda r: (r.start_ns, r.run_key))
+
+
+def _parallel_groups(run: Run) -> list[list[int]]:
+    """Consecutive visits of one turn that overlap in time form a group (parallel branches)."""
+    groups: list[list[int]] = []
+    group_end = 0
+    for i, (start, end) in enumerate(run.node_times):
+        same_turn = bool(groups) and run.node_turn[groups[-1][-1]] == run.node_turn[i]
+        if same_turn and start < group_end:
+            groups[-1].append(i)
+            group_end = max(group_end, end)
+        else:
+            groups.append([i])
+            group_end = end
+    return groups
+
+
+def settle_parallel(run: Run) -> None:
+    """Order each group of parallel visits by node name (stable across runs) and flag them."""
+    if len(run.node_times) != len(run.nodes):
+        run.node_parallel = [False] * len(run.nodes)
+        return
+    order: list[int] = []
+    parallel: list[bool] = []
+    for group in _parallel_groups(run):
+        order += sorted(group, key=lambda i: run.nodes[i])
+        parallel += [False] + [True] * (len(group) - 1)
+    run.nodes = [run.nodes[i] for i in order]
+    run.node_failed = [run.node_failed[i] for i in order]
+    run.node_turn = [run.node_turn[i] for i in order]
+    run.node_times = [run.node_times[i] for i in order]
+    run.node_parallel = parallel
 
 
 def is_subsequence(needle: list[str], hay: list[str]) -> bool:
@@ -178,26 +219,33 @@ def transition_allowed(graph: AgentGraph, src: str, dst: str, crosses_turn: bool
     return crosses_turn and src in graph.terminals and dst in graph.start
 
 
+def _flag(flags: list[bool], i: int) -> bool:
+    return flags[i] if i < len(flags) else False
+
+
 def _visit_rows(r: Run, graph: AgentGraph | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for i, node in enumerate(r.nodes):
         has_next = i + 1 < len(r.nodes)
         nxt = r.nodes[i + 1] if has_next else None
         allowed = None
-        if graph is not None and nxt is not None:
+        parallel = has_next and _flag(r.node_parallel, i + 1)
+        if graph is not None and nxt is not None and not parallel:
             allowed = transition_allowed(graph, node, nxt, r.node_turn[i + 1] != r.node_turn[i])
         rows.append({
             "agent": r.agent, "agent_version": r.agent_version, "run_key": r.run_key,
             "position": i, "turn": r.node_turn[i], "node": node, "failed": r.node_failed[i],
             "next_node": nxt, "next_failed": r.node_failed[i + 1] if has_next else None,
             "next_turn": r.node_turn[i + 1] if has_next else None, "allowed": allowed,
+            "parallel": parallel,
         })
     return rows
 
 
 def visits_table(runs: list[Run], graphs: Sequence[AgentGraph] = ()) -> pa.Table:
     """One row per node visit: agent, run, position, turn, node, failed, the next node, allowed
-    (whether the agent's graph, see ``graph_for``, declares the transition; null without one)."""
+    (whether the agent's graph, see ``graph_for``, declares the transition; null without one) and
+    parallel (the next visit is a parallel branch of this one: not a transition)."""
     rows = [row for r in runs for row in _visit_rows(r, graph_for(graphs, r.agent))]
     return pa.Table.from_pylist(rows, schema=_VISITS_SCHEMA)
 
@@ -208,5 +256,6 @@ _VISITS_SCHEMA = pa.schema(
         ("position", pa.int64()), ("turn", pa.int64()), ("node", pa.string()), ("failed", pa.bool_()),
         ("next_node", pa.string()), ("next_failed", pa.bool_()), ("next_turn", pa.int64()),
         ("allowed", pa.bool_()),
+        ("parallel", pa.bool_()),
     ]
 )

@@ -131,3 +131,39 @@ def test_is_subsequence():
     assert is_subsequence([], ["a"])
     assert not is_subsequence(["c", "a"], ["a", "b", "c"])
     assert not is_subsequence(["a", "a"], ["a"])
+
+
+def test_parallel_branches_are_ordered_by_name_and_are_not_transitions(store):
+    from tracedag.pipeline.analysis.determinism import analyze
+
+    labels = {"run_id": "par"}
+    trace = "e" * 32
+    root = store.span(trace, None, "root", "agent", start=0, end=1000, **labels)
+
+    def node(name, start, end):
+        store.span(trace, root, name, "chain", start=start, end=end, attributes={"gen_ai.node.name": name},
+                   **labels)
+
+    node("plan", 10, 100)
+    node("zeta", 110, 300)  # zeta starts first, but it runs beside alpha and beta
+    node("beta", 120, 250)
+    node("alpha", 130, 200)
+    node("join", 310, 400)
+    node("plan", 410, 500)
+    data = store.write()
+    r = load_runs(connect(data))[0]
+    assert r.nodes == ["plan", "alpha", "beta", "zeta", "join", "plan"]
+    assert r.node_parallel == [False, False, True, True, False, False]
+    edges = {(e["source"], e["target"]): e["transitions"]
+             for e in analyze(data).tables["edge_utility"].to_pylist()}
+    assert edges == {("plan", "alpha"): 1, ("zeta", "join"): 1, ("join", "plan"): 1}
+
+
+def test_real_langgraph_fan_out_is_not_a_self_transition(tmp_path):
+    from tracedag.pipeline.analysis.determinism import analyze
+
+    cap = langgraph_spans(dialect="openinference")
+    data = _store_of(tmp_path, to_table(cap.spans))
+    edges = {(e["source"], e["target"]) for e in analyze(data).tables["edge_utility"].to_pylist()}
+    assert ("write_section", "write_section") not in edges
+    assert ("agent", "write_section") in edges and ("write_section", "validator") in edges
