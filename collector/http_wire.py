@@ -47,8 +47,8 @@ class Head:
         return "close" not in conn
 
 
-async def read_head(reader: asyncio.StreamReader, timeout: float) -> Head | None:
-    """Read one request head; None on a clean end of connection before any byte."""
+async def read_head(reader: asyncio.StreamReader, timeout: float, max_bytes: int) -> Head | None:
+    """Read one request head (at most ``max_bytes``); None on a clean end of connection before any byte."""
     try:
         raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
     except asyncio.IncompleteReadError as exc:
@@ -57,6 +57,8 @@ async def read_head(reader: asyncio.StreamReader, timeout: float) -> Head | None
         raise HttpError(400, "incomplete request head") from exc
     except asyncio.LimitOverrunError as exc:
         raise HttpError(431, "request head too large") from exc
+    if len(raw) > max_bytes:
+        raise HttpError(431, "request head too large")
     return parse_head(raw)
 
 
@@ -115,8 +117,14 @@ def framing(head: Head) -> Framing:
     return Framing(False, int(cl))
 
 
-async def body_chunks(reader: asyncio.StreamReader, fr: Framing, deadline: float) -> AsyncIterator[bytes]:
-    """Yield the raw body bytes as they arrive, until ``deadline`` (loop time)."""
+async def body_chunks(
+    reader: asyncio.StreamReader, fr: Framing, deadline: float, whole: bool = False
+) -> AsyncIterator[bytes]:
+    """Yield the raw body bytes as they arrive, until ``deadline`` (loop time).
+
+    ``whole``: a Content-Length body comes as one piece (one copy out of the stream buffer;
+    the caller has already admitted that many bytes).
+    """
     loop = asyncio.get_running_loop()
 
     async def timed(coro: object) -> bytes:
@@ -132,6 +140,10 @@ async def body_chunks(reader: asyncio.StreamReader, fr: Framing, deadline: float
         except asyncio.LimitOverrunError as exc:
             raise HttpError(400, "bad chunk framing") from exc
 
+    if whole and not fr.chunked:
+        if fr.length:
+            yield await timed(reader.readexactly(fr.length))
+        return
     if not fr.chunked:
         left = fr.length
         while left > 0:
@@ -169,7 +181,8 @@ class BodySink:
 
     def __init__(self, limit: int, gzip: bool, reserve: Callable[[int], None]) -> None:
         self.limit = limit
-        self.buf = bytearray()
+        self.parts: list[bytes] = []
+        self.size = 0
         self.wire_bytes = 0
         self._reserve = reserve
         self._inflater = zlib.decompressobj(wbits=31) if gzip else None
@@ -185,7 +198,7 @@ class BodySink:
             while data:
                 if self._inflater.eof:
                     raise HttpError(400, "data after the end of the gzip stream")
-                out = self._inflater.decompress(data, self.limit - len(self.buf) + 1)
+                out = self._inflater.decompress(data, self.limit - self.size + 1)
                 self._grow(out)
                 data = self._inflater.unconsumed_tail
             if self._inflater.unused_data:
@@ -194,13 +207,14 @@ class BodySink:
             raise HttpError(400, f"bad gzip body: {exc}") from exc
 
     def _grow(self, data: bytes) -> None:
-        if len(self.buf) + len(data) > self.limit:
+        if self.size + len(data) > self.limit:
             raise HttpError(413, f"request body exceeds {self.limit} bytes (after decompression)")
         self._reserve(len(data))
-        self.buf += data
+        self.parts.append(data)
+        self.size += len(data)
 
     def finish(self) -> bytes:
         """Return the whole (decompressed) body; raise 400 for a truncated gzip stream."""
         if self._inflater is not None and self.wire_bytes and not self._inflater.eof:
             raise HttpError(400, "truncated gzip body")
-        return bytes(self.buf)
+        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)

@@ -44,6 +44,7 @@ TRACES_PATH = "/v1/traces"
 DRAIN_BEFORE_ANSWER = 8 * 1024 * 1024  # unread body small enough to discard and keep the connection
 LINGER_SECONDS = 5.0
 UNAUTH_LINGER_BYTES = 256 * 1024
+STREAM_LIMIT = 1024 * 1024  # reader buffer (pauses the socket at 2x); heads are checked against max_head_bytes
 _MEDIA = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -154,7 +155,7 @@ class OtlpHttpServer:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
             asyncio.start_server(
-                self._connection, sock=sock, ssl=self.settings.tls, limit=self.settings.max_head_bytes,
+                self._connection, sock=sock, ssl=self.settings.tls, limit=STREAM_LIMIT,
                 ssl_handshake_timeout=self.settings.header_timeout if self.settings.tls else None,
             )
         )
@@ -194,7 +195,7 @@ class OtlpHttpServer:
             timeout = self.settings.header_timeout
             while True:
                 try:
-                    head = await read_head(reader, timeout)
+                    head = await read_head(reader, timeout, self.settings.max_head_bytes)
                 except HttpError as exc:
                     await _write(writer, status_reply(exc.status, exc.message, None, close=True))
                     return
@@ -283,16 +284,19 @@ class OtlpHttpServer:
             return reply
         assert enc is not None
         fr = framing(head)
-        chunks = body_chunks(reader, fr, self._loop.time() + self.settings.body_timeout)
+        gzip = head.get("content-encoding").strip().lower() == "gzip"
+        whole = not gzip and not fr.chunked  # known size: admit it up front, read it in one piece
+        chunks = body_chunks(reader, fr, self._loop.time() + self.settings.body_timeout, whole)
         reserved = [0]
 
         def reserve(n: int) -> None:
             self.admission.acquire(n)
             reserved[0] += n
 
-        gzip = head.get("content-encoding").strip().lower() == "gzip"
-        sink = BodySink(self.settings.max_body_bytes, gzip, reserve)
+        sink = BodySink(self.settings.max_body_bytes, gzip, _no_reserve if whole else reserve)
         try:
+            if whole:
+                reserve(fr.length)
             return await self._receive_and_store(enc, chunks, sink)
         except HttpError as exc:
             reply = status_reply(exc.status, exc.message, enc)
@@ -360,6 +364,10 @@ async def _abandon(reply: Reply, chunks: AsyncIterator[bytes], rest: int) -> Rep
     except HttpError:
         reply.close = True
     return reply
+
+
+def _no_reserve(n: int) -> None:
+    """Bytes already admitted up front."""
 
 
 def _healthz() -> Reply:

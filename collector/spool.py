@@ -26,7 +26,7 @@ from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spoolfmt import (
     OPEN_SUFFIX,
     SEALED_SUFFIX,
-    encode_record,
+    encode_header,
     read_records,
     segment_name,
     segment_seq,
@@ -87,25 +87,28 @@ class SpoolWriter:
 
     def append(self, payload: bytes, received_unix_nano: int) -> None:
         """Append one record and return once it is fsynced; raise ``SpoolUnavailable`` on I/O errors."""
-        record = encode_record(payload, received_unix_nano)
+        header = encode_header(payload, received_unix_nano)
         with self._cond:
-            ticket = self._write_locked(record)
+            ticket = self._write_locked(header, payload)
             faults.hit("after_write_before_fsync")
             self._wait_synced_locked(ticket)
         faults.hit("after_fsync_before_ack")
         _RECORDS.inc()
-        _BYTES.inc(len(record))
+        _BYTES.inc(len(header) + len(payload))
 
-    def _write_locked(self, record: bytes) -> int:
+    def _write_locked(self, header: bytes, payload: bytes) -> int:
+        total = len(header) + len(payload)
         try:
             fd = self._ensure_open_locked()
-            view = memoryview(record)
-            while view:
-                view = view[os.write(fd, view) :]
+            done = os.writev(fd, [header, payload])
+            if done < total:  # short write: finish the rest
+                rest = memoryview(header + payload)[done:]
+                while rest:
+                    rest = rest[os.write(fd, rest) :]
         except OSError as exc:
             self._fail_locked(exc)
             raise SpoolUnavailable(_reason(exc)) from exc
-        self._size += len(record)
+        self._size += total
         self._written += 1
         return self._written
 

@@ -1,0 +1,315 @@
+"""Benchmark of the collector's ingest path, beside the protobuf parse-only ceiling of the same batches.
+
+Drives a real ``tracedag collect`` process from separate client processes (HTTP/1.1 keep-alive,
+batches of 512 generated agent spans of about 1.3 KB each, protobuf with and without gzip,
+concurrency 1-8) and reports, as medians of ``--runs`` runs:
+
+- acknowledged spans/s (200 only after fsync) and p50/p99 request latency, per configuration;
+- queryable spans/s sustained over ``--sustain`` seconds (spans counted by DuckDB through the
+  ``spans`` view) and the ack -> queryable lag at a paced ``--rate`` (spans/s);
+- the collector's peak RSS;
+- the ceiling: ``ExportTraceServiceRequest.FromString`` over the same batches, spans/s on one core.
+
+    python bench/ingest.py                 # full run (several minutes)
+    python bench/ingest.py --quick         # one short run per configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import multiprocessing as mp
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gen
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+OUT = Path(__file__).resolve().parent / "out"
+console = Console()
+
+
+# -- payloads ------------------------------------------------------------------------------
+
+def load_payloads(n_spans: int, seed: int) -> list[bytes]:
+    """Generated batches (cached under bench/out/ because generating is slow)."""
+    OUT.mkdir(exist_ok=True)
+    cache = OUT / f"ingest-payloads-{n_spans}-{seed}.bin"
+    if cache.exists():
+        raw, out, pos = cache.read_bytes(), [], 0
+        while pos < len(raw):
+            (n,) = struct.unpack_from("<I", raw, pos)
+            out.append(raw[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+        return out
+    bodies = gen.payloads(n_spans, seed)
+    cache.write_bytes(b"".join(struct.pack("<I", len(b)) + b for b in bodies))
+    return bodies
+
+
+def trace_ids(body: bytes) -> list[bytes]:
+    req = ExportTraceServiceRequest.FromString(body)
+    return sorted({s.trace_id for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans})
+
+
+def span_count(body: bytes) -> int:
+    req = ExportTraceServiceRequest.FromString(body)
+    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+def ceiling(bodies: list[bytes], spans: int) -> float:
+    """Protobuf parse-only spans/s on one core."""
+    t0 = time.perf_counter()
+    for b in bodies:
+        ExportTraceServiceRequest.FromString(b)
+    return spans / (time.perf_counter() - t0)
+
+
+# -- collector process -----------------------------------------------------------------------
+
+class Collector:
+    """A ``tracedag collect`` process with an RSS sampler."""
+
+    def __init__(self, data: Path) -> None:
+        cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect",
+               "--http-port", "0", "--grpc-port", "0", "--data", str(data), "--max-inflight", "256MiB"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            m = re.search(r"http_port=(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        else:
+            raise RuntimeError("collector did not start")
+        self.peak_rss = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                with open(f"/proc/{self.proc.pid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("VmRSS:"):
+                            self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.proc.terminate()
+        self.proc.wait(120)
+
+
+# -- clients -------------------------------------------------------------------------------
+
+@dataclass
+class ClientResult:
+    spans: int
+    latencies: list[float]
+    acks: list[tuple[float, int]]  # (monotonic time, spans) per 200
+    errors: int
+
+
+def client(port: int, bodies: list[bytes], counts: list[int], gz: bool, seconds: float, rate: float,
+           unique: bool, salt: int, tids: list[list[bytes]], q: mp.Queue) -> None:
+    """Send batches until ``seconds`` pass; pace to ``rate`` spans/s when > 0."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Content-Type": "application/x-protobuf"}
+    if gz:
+        headers["Content-Encoding"] = "gzip"
+        bodies = [gzip.compress(b, 1) for b in bodies]
+    res = ClientResult(0, [], [], 0)
+    start = time.monotonic()
+    deadline, i = start + seconds, 0
+    while time.monotonic() < deadline:
+        k = i % len(bodies)
+        body = _unique(bodies[k], tids[k], salt, i) if unique else bodies[k]
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/traces", body=body, headers=headers)
+        r = conn.getresponse()
+        r.read()
+        t1 = time.monotonic()
+        if r.status == 200:
+            res.spans += counts[k]
+            res.latencies.append(t1 - t0)
+            res.acks.append((t1, counts[k]))
+        else:
+            res.errors += 1
+            time.sleep(0.05)
+        i += 1
+        if rate > 0:
+            ahead = start + res.spans / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+    q.put(res)
+
+
+def _unique(body: bytes, tids: list[bytes], salt: int, i: int) -> bytes:
+    """Give every trace of the batch a new trace id (bytes-level replace, no re-encoding)."""
+    tag = struct.pack(">HI", salt, i)
+    for t in tids:
+        body = body.replace(t, t[:10] + tag)
+    return body
+
+
+def drive(port: int, bodies, counts, tids, conc: int, gz: bool, seconds: float, rate: float = 0,
+          unique: bool = False) -> list[ClientResult]:
+    ctx = mp.get_context("fork")
+    q: mp.Queue = ctx.Queue()
+    per_rate = rate / conc if rate else 0
+    procs = [ctx.Process(target=client, args=(port, bodies[j::conc] or bodies, counts[j::conc] or counts, gz,
+                                              seconds, per_rate, unique, j, tids[j::conc] or tids, q))
+             for j in range(conc)]
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
+# -- measurements ----------------------------------------------------------------------------
+
+def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, float, int]:
+    """One run on a fresh collector: (spans/s, p50 ms, p99 ms, peak RSS)."""
+    data = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    col = Collector(data)
+    try:
+        t0 = time.monotonic()
+        results = drive(col.port, bodies, counts, tids, conc, gz, seconds)
+        wall = time.monotonic() - t0
+    finally:
+        col.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    lat = sorted(x for r in results for x in r.latencies)
+    spans = sum(r.spans for r in results)
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+    return spans / wall, statistics.median(lat) * 1e3 if lat else float("nan"), p99 * 1e3, col.peak_rss
+
+
+def _count(data: Path) -> int:
+    from tracedag.pipeline.views import connect
+
+    try:
+        return int(connect(data).sql("select count(*) from spans").fetchall()[0][0])
+    except Exception:
+        return -1
+
+
+def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, float]:
+    """Unique spans for ``seconds``: queryable spans/s, and the ack -> queryable lag (when paced)."""
+    data = Path(tempfile.mkdtemp(prefix="bench-ingest-q-"))
+    col = Collector(data)
+    samples: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.25):
+            n = _count(data)
+            if n >= 0:
+                samples.append((time.monotonic(), n))
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        t0 = time.monotonic()
+        results = drive(col.port, bodies, counts, tids, conc, False, seconds, rate, unique=True)
+        acked_end = time.monotonic()
+        acked = sum(r.spans for r in results)
+        while time.monotonic() < acked_end + 30 and (not samples or samples[-1][1] < acked):
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        poller.join()
+        col.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    acks = sorted(a for r in results for a in r.acks)
+    return {"acked_per_s": acked / (acked_end - t0), "queryable_per_s": _steady_rate(samples, t0, acked_end),
+            "lag_p50": _lag(acks, samples, 0.5), "lag_p99": _lag(acks, samples, 0.99), "rss": col.peak_rss}
+
+
+def _steady_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
+    """Queryable spans/s over the middle of the run (skipping the first 20 %)."""
+    inside = [(t, n) for t, n in samples if t0 + 0.2 * (t1 - t0) <= t <= t1]
+    if len(inside) < 2:
+        return float("nan")
+    (ta, na), (tb, nb) = inside[0], inside[-1]
+    return (nb - na) / (tb - ta) if tb > ta else float("nan")
+
+
+def _lag(acks: list[tuple[float, int]], samples: list[tuple[float, int]], q: float) -> float:
+    """Seconds from each ack until the queryable count first covers it; quantile ``q``."""
+    lags, total, j = [], 0, 0
+    for t, n in acks:
+        total += n
+        while j < len(samples) and samples[j][1] < total:
+            j += 1
+        if j == len(samples):
+            break
+        lags.append(max(0.0, samples[j][0] - t))
+    lags.sort()
+    return lags[min(len(lags) - 1, int(len(lags) * q))] if lags else float("nan")
+
+
+# -- main ------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--spans", type=int, default=51_200, help="generated spans (batches are reused)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each acknowledged-throughput run")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--sustain", type=float, default=60.0, help="length of the queryable-throughput run")
+    ap.add_argument("--rate", type=float, default=20_000, help="paced rate for the lag measurement")
+    ap.add_argument("--quick", action="store_true", help="1 run of 5 s per configuration, 20 s sustained")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.runs, args.seconds, args.sustain = 1, 5.0, 20.0
+    bodies = load_payloads(args.spans, 0)
+    counts = [span_count(b) for b in bodies]
+    tids = [trace_ids(b) for b in bodies]
+    spans = sum(counts)
+    console.print(f"{len(bodies)} batches, {spans} spans, {sum(map(len, bodies)) / spans:.0f} B/span; "
+                  f"{os.cpu_count()} CPUs")
+    ceil = statistics.median(ceiling(bodies, spans) for _ in range(max(3, args.runs)))
+    table = Table(title=f"acknowledged (fsync before 200), medians of {args.runs} runs of {args.seconds:.0f} s")
+    for col in ("encoding", "clients", "spans/s", "x ceiling", "p50 ms", "p99 ms", "peak RSS MB"):
+        table.add_column(col, justify="right")
+    for gz in (False, True):
+        for conc in (int(c) for c in args.concurrency.split(",")):
+            runs = [ack_run(bodies, counts, tids, conc, gz, args.seconds) for _ in range(args.runs)]
+            rate = statistics.median(r[0] for r in runs)
+            table.add_row("protobuf+gzip" if gz else "protobuf", str(conc), f"{rate:,.0f}", f"{rate / ceil:.2f}",
+                          f"{statistics.median(r[1] for r in runs):.1f}", f"{statistics.median(r[2] for r in runs):.1f}",
+                          f"{max(r[3] for r in runs) / 2**20:.0f}")
+    console.print(f"ceiling: protobuf parse-only {ceil:,.0f} spans/s on one core (same batches, same run)")
+    console.print(table)
+    full = queryable_run(bodies, counts, tids, 4, args.sustain, 0)
+    paced = queryable_run(bodies, counts, tids, 2, max(10.0, args.sustain / 3), args.rate)
+    console.print(f"queryable, unpaced {args.sustain:.0f} s (4 clients): acked {full['acked_per_s']:,.0f} spans/s, "
+                  f"queryable {full['queryable_per_s']:,.0f} spans/s, peak RSS {full['rss'] / 2**20:.0f} MB")
+    console.print(f"lag at {args.rate:,.0f} spans/s: acked {paced['acked_per_s']:,.0f} spans/s, ack->queryable "
+                  f"p50 {paced['lag_p50']:.2f} s, p99 {paced['lag_p99']:.2f} s, peak RSS {paced['rss'] / 2**20:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
