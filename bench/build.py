@@ -7,7 +7,9 @@ each measured run is a fresh process:
 - ``scan`` (baseline): read the build's input columns of every span from Parquet (the I/O floor);
 - ``build``: ``build_store(data, idle_seconds=0, full=True)``, everything rebuilt.
 
-Wall time and peak RSS (``wait4`` rusage of the child) are reported as medians over ``--runs``.
+Wall time, CPU time (user+sys) and peak RSS (``wait4`` rusage of the child) are medians over
+``--runs``; ``load`` is the 1-minute load average when the size finished (the machine is shared:
+CPU seconds are the figure that does not depend on the neighbours).
 
     python bench/build.py --sizes 100000 1000000 --runs 3 --dir /tmp/tracedag-bench
 """
@@ -61,6 +63,7 @@ def run_child(kind: str, data: Path) -> dict[str, float]:
     result = json.loads(out)
     result["wall"] = time.perf_counter() - t
     result["rss_mb"] = usage.ru_maxrss / 1024
+    result["cpu"] = usage.ru_utime + usage.ru_stime
     return result
 
 
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench"))
     args = ap.parse_args(argv)
-    print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'build s':>8} {'x scan':>7} {'us/span':>8} {'RSS MB':>7}")
+    print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'build s':>8} {'x scan':>7} {'cpu s':>7} {'us/span':>8} "
+          f"{'RSS MB':>7} {'load':>5}")
     for n in args.sizes:
         data = ensure_store(args.dir, n)
         scans = [run_child("scan", data) for _ in range(args.runs)]
@@ -115,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         scan = statistics.median(r["wall"] for r in scans)
         build = statistics.median(r["wall"] for r in builds)
         rss = statistics.median(r["rss_mb"] for r in builds)
+        cpu = statistics.median(r["cpu"] for r in builds)
         spans = int(builds[0]["spans"])
-        print(f"{spans:>9} {int(builds[0]['traces']):>7} {scan:>7.2f} {build:>8.2f} {build / scan:>7.1f} "
-              f"{build / spans * 1e6:>8.2f} {rss:>7.0f}", flush=True)
+        print(f"{spans:>9} {int(builds[0]['traces']):>7} {scan:>7.2f} {build:>8.2f} {build / scan:>7.1f} {cpu:>7.2f} "
+              f"{build / spans * 1e6:>8.2f} {rss:>7.0f} {os.getloadavg()[0]:>5.1f}", flush=True)
     return 0
 
 
