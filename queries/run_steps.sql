@@ -16,7 +16,7 @@
 -- Params: none.
 -- Output columns: run_key, trace_id, span_id, kind, name, detail, failed, agent, agent_version,
 --   scenario, variant_id, replay_index, trace_start, topo_index, start_time_unix_nano,
---   end_time_unix_nano, intended_path (JSON text of tracedag.intended_path on the root span or resource).
+--   end_time_unix_nano, langgraph_step (node visits), intended_path (JSON text of tracedag.intended_path on the root span or resource).
 -- Order: run_key, trace_start, trace_id, topo_index (nulls last), start_time_unix_nano, span_id.
 with recursive
 s as materialized (  -- one read of the columns this query needs
@@ -53,7 +53,7 @@ trace_info as (
     group by s.trace_id
 ),
 marked as (
-    select c.trace_id, c.span_id, c.start_time_unix_nano, c.end_time_unix_nano,
+    select c.trace_id, c.span_id, c.start_time_unix_nano, c.end_time_unix_nano, c.langgraph_step,
            coalesce(c.langgraph_node, c.a_node, c.a_td_node, c.a_graph_node, c.step_name) as node,
            c.langgraph_node is not null
              and (p.span_id is null or p.langgraph_node is distinct from c.langgraph_node
@@ -66,7 +66,7 @@ marked as (
        or c.a_graph_node is not null or c.graph_node_id is not null
 ),
 node_spans as (
-    select trace_id, span_id, start_time_unix_nano, end_time_unix_nano, node
+    select trace_id, span_id, start_time_unix_nano, end_time_unix_nano, langgraph_step, node
     from marked
     where (lg_top or other_mark) and node not in ('__start__', '__end__')
 ),
@@ -89,12 +89,12 @@ node_failed as (
 ),
 steps as (
     select n.trace_id, n.span_id, 'node' as kind, n.node as name, null::varchar as detail,
-           f.failed, n.start_time_unix_nano, n.end_time_unix_nano
+           f.failed, n.start_time_unix_nano, n.end_time_unix_nano, n.langgraph_step
     from node_spans n
     join node_failed f on f.trace_id = n.trace_id and f.node_span_id = n.span_id
     union all
     select trace_id, span_id, 'tool', coalesce(tool_name, step_name, name),
-           coalesce(a_args, input_text), status_code = 2, start_time_unix_nano, end_time_unix_nano
+           coalesce(a_args, input_text), status_code = 2, start_time_unix_nano, end_time_unix_nano, null
     from s
     where step_type = 'tool'
     union all
@@ -102,13 +102,14 @@ steps as (
            coalesce(any_value(i.root_output),
                     max_by(s.output_text, s.end_time_unix_nano)
                       filter (where s.output_text is not null and s.step_type in ('llm', 'agent', 'chain'))),
-           null, max(s.end_time_unix_nano), max(s.end_time_unix_nano)
+           null, max(s.end_time_unix_nano), max(s.end_time_unix_nano), null
     from s join trace_info i on i.trace_id = s.trace_id
     group by s.trace_id
 )
 select i.run_key, st.trace_id, st.span_id, st.kind, st.name, st.detail, coalesce(st.failed, false) as failed,
        coalesce(i.agent, 'unknown') as agent, i.agent_version, i.scenario, i.variant_id, i.replay_index,
-       i.trace_start, d.topo_index, st.start_time_unix_nano, st.end_time_unix_nano, i.intended_path
+       i.trace_start, d.topo_index, st.start_time_unix_nano, st.end_time_unix_nano, st.langgraph_step,
+       i.intended_path
 from steps st
 join trace_info i on i.trace_id = st.trace_id
 left join dag_nodes d on d.trace_id = st.trace_id and d.span_id = st.span_id

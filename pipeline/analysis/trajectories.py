@@ -4,7 +4,7 @@ A run is one conversation (all traces sharing ``run_id``, else ``conversation_id
 trace without either; each trace is a turn. Its node path is the ordered list of graph-node
 visits across turns (trace start time, then DAG topological index, then span start time); which
 spans count as nodes is documented in ``queries/run_steps.sql``. Visits of one turn that overlap
-in time are parallel branches (a LangGraph ``Send`` fan-out, say): they are ordered by node name,
+in time, or run in the same LangGraph super-step, are parallel branches (a LangGraph ``Send`` fan-out, say): they are ordered by node name,
 so the path does not depend on which branch started first, and the step from one to the next is
 not a transition. ``runs_table`` and
 ``visits_table`` turn the runs into Arrow relations for the SQL in ``queries/``.
@@ -48,6 +48,7 @@ class Run:
     node_parallel: list[bool] = field(default_factory=list)
     """True when the visit overlaps in time the one before it in the same turn (parallel branch)."""
     node_times: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    node_steps: list[int | None] = field(default_factory=list, repr=False)
     actions: list[str] = field(default_factory=list)
     action_inputs: list[str] = field(default_factory=list)
     responses: list[str | None] = field(default_factory=list)
@@ -110,6 +111,7 @@ def _add_step(run: Run, row: dict[str, Any]) -> None:
         run.node_failed.append(bool(row["failed"]))
         run.node_turn.append(len(run.trace_ids) - 1)
         run.node_times.append((row["start_time_unix_nano"] or 0, row["end_time_unix_nano"] or 0))
+        run.node_steps.append(row["langgraph_step"])
     elif kind == "tool":
         run.actions.append(row["name"])
         run.action_inputs.append(action_with_input(row["name"], row["detail"]))
@@ -145,12 +147,16 @@ def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> li
 
 
 def _parallel_groups(run: Run) -> list[list[int]]:
-    """Consecutive visits of one turn that overlap in time form a group (parallel branches)."""
+    """Consecutive visits of one turn that overlap in time, or share a LangGraph super-step, form a
+    group (parallel branches)."""
     groups: list[list[int]] = []
     group_end = 0
     for i, (start, end) in enumerate(run.node_times):
-        same_turn = bool(groups) and run.node_turn[groups[-1][-1]] == run.node_turn[i]
-        if same_turn and start < group_end:
+        prev = groups[-1][-1] if groups else None
+        same_turn = prev is not None and run.node_turn[prev] == run.node_turn[i]
+        step = run.node_steps[i] if i < len(run.node_steps) else None
+        same_step = prev is not None and step is not None and run.node_steps[prev] == step
+        if same_turn and (start < group_end or same_step):
             groups[-1].append(i)
             group_end = max(group_end, end)
         else:
@@ -173,6 +179,7 @@ def settle_parallel(run: Run) -> None:
     run.node_failed = [run.node_failed[i] for i in order]
     run.node_turn = [run.node_turn[i] for i in order]
     run.node_times = [run.node_times[i] for i in order]
+    run.node_steps = [run.node_steps[i] for i in order]
     run.node_parallel = parallel
 
 

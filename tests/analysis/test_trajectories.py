@@ -159,11 +159,24 @@ def test_parallel_branches_are_ordered_by_name_and_are_not_transitions(store):
     assert edges == {("plan", "alpha"): 1, ("zeta", "join"): 1, ("join", "plan"): 1}
 
 
-def test_real_langgraph_fan_out_is_not_a_self_transition(tmp_path):
+@pytest.mark.parametrize("dialect", ["openinference", "openllmetry"])
+def test_real_langgraph_fan_out_is_not_a_self_transition(tmp_path, dialect):
     from tracedag.pipeline.analysis.determinism import analyze
 
-    cap = langgraph_spans(dialect="openinference")
+    cap = langgraph_spans(dialect=dialect)
     data = _store_of(tmp_path, to_table(cap.spans))
     edges = {(e["source"], e["target"]) for e in analyze(data).tables["edge_utility"].to_pylist()}
     assert ("write_section", "write_section") not in edges
     assert ("agent", "write_section") in edges and ("write_section", "validator") in edges
+
+
+def test_same_langgraph_superstep_is_parallel_even_without_overlap(store):
+    labels = {"run_id": "lg"}
+    trace = "d" * 32
+    root = store.span(trace, None, "LangGraph", "chain", start=0, end=1000, **labels)
+    for name, step, start in (("plan", 1, 10), ("write", 2, 20), ("write", 2, 30), ("check", 3, 40)):
+        store.span(trace, root, name, "chain", start=start, end=start + 5, langgraph_node=name,
+                   langgraph_step=step, **labels)
+    r = load_runs(connect(store.write()))[0]
+    assert r.nodes == ["plan", "write", "write", "check"]
+    assert r.node_parallel == [False, False, True, False]
