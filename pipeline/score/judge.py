@@ -107,7 +107,10 @@ class JudgeConfig:
         for key, name, conv in (("concurrency", "CONCURRENCY", int), ("timeout_s", "TIMEOUT", float),
                                 ("price_in", "PRICE_IN", float), ("price_out", "PRICE_OUT", float)):
             if env.get(f"TRACEDAG_JUDGE_{name}"):
-                values[key] = conv(env[f"TRACEDAG_JUDGE_{name}"])
+                try:
+                    values[key] = conv(env[f"TRACEDAG_JUDGE_{name}"])
+                except ValueError:
+                    raise JudgeNotConfigured(f"judge: TRACEDAG_JUDGE_{name} is not a number") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         if not values.get("model"):
             raise JudgeNotConfigured("judge: no model (set TRACEDAG_JUDGE_MODEL or --judge-model)")

@@ -8,6 +8,7 @@ after the last try the step gets a recorded judge error (counted, logged), never
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import time
@@ -70,7 +71,7 @@ def _retry_wait(e: Exception, attempt: int, cfg: JudgeConfig) -> float | None:
             hinted = retry_after_seconds(e.response)
             return min(limit, hinted) if hinted is not None else backoff
         return None
-    if isinstance(e, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(e, openai.APIConnectionError | json.JSONDecodeError):  # timeouts; a broken body
         return backoff
     return None
 
@@ -95,7 +96,7 @@ class Judge:
                 self.stats.add(calls=1)
                 return self.client.chat.completions.create(
                     model=self.cfg.model, messages=messages, temperature=0, **extra)  # type: ignore[arg-type]
-            except openai.OpenAIError as e:
+            except (openai.OpenAIError, json.JSONDecodeError) as e:
                 wait = _retry_wait(e, attempt, self.cfg)
                 if wait is None or attempt == self.cfg.max_retries:
                     raise JudgeCallFailed(f"{type(e).__name__}: {e}") from e
@@ -136,6 +137,10 @@ class Judge:
         except JudgeCallFailed as e:
             logger.warning("judge error on %s/%s (%s): %s", task.trace_id, task.span_id, task.rubric.id, e)
             self.stats.record_error(f"{task.span_id} {task.rubric.id}: {e}")
+            return None
+        except Exception as e:  # a judging problem must never stop the scoring run
+            logger.exception("unexpected judge error on %s/%s (%s)", task.trace_id, task.span_id, task.rubric.id)
+            self.stats.record_error(f"{task.span_id} {task.rubric.id}: {type(e).__name__}: {e}")
             return None
         self.cache.put(key, task.rubric.tag, self.cfg.model, verdict.__dict__)
         return verdict

@@ -57,6 +57,8 @@ class FakeJudge:
         if status != 200:
             return status, headers, json.dumps({"error": {"message": "scripted", "type": "x"}}).encode(), delay
         text = content if content is not None else self.default(body)
+        if text.startswith("RAW:"):  # a broken HTTP body, not a chat completion
+            return 200, headers, text[4:].encode(), delay
         doc = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
                "choices": [{"index": 0, "finish_reason": "stop",
                             "message": {"role": "assistant", "content": text}}],
@@ -322,3 +324,16 @@ def test_cli_score_with_judge_from_env(builder):
     assert "same model family as the agent's gpt-4o" in out.output.replace("\n", " ")
     assert "unfaithful_output" in out.output and "timeout" not in out.output
     assert len(_judge_rows(builder.data)) == 3
+
+
+def test_broken_http_body_is_a_recorded_error_not_a_crash(builder):
+    spans = [STEPS[2]]
+    builder.spans(spans)
+    builder.build(spans)
+    fake = FakeJudge()
+    fake.script = [(200, {}, "RAW:<html>bad gateway</html>", 0.0)] * 3
+    with serve(fake) as url:
+        stats = score_store(builder.data, judge=_cfg(url, max_retries=2, parse_retries=0))
+    assert (stats.judge.judged, stats.judge.errors, stats.judge.retries, len(fake.requests)) == (0, 1, 2, 3)
+    assert "JSONDecodeError" in stats.judge.error_samples[0]
+    assert _judge_rows(builder.data) == {}

@@ -123,7 +123,7 @@ def test_rules_on_hand_built_trace(builder):
 def test_incremental_and_rebuild(builder):
     builder.spans(SPANS[:3])
     builder.build(SPANS[:3], build_id="b1", built=10)
-    first = score_store(builder.data)
+    first = score_store(builder.data, progress=True)
     assert first.builds == 1 and first.files
     again = score_store(builder.data)
     assert (again.builds, again.steps, again.files) == (0, 0, [])
