@@ -40,8 +40,11 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
 
     stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
                         tolerance_ns=int(tolerance_ms * 1e6))
-    table = Table(title="tracedag build", caption=stats.build_id, show_header=False)
-    rows = [("traces built", stats.traces_built), ("spans", stats.spans), ("edges", stats.edges),
+    if stats.skipped:
+        click.echo("nothing changed since the last build (no new spans, no trace became complete)")
+        return
+    table = Table(title="tracedag build", show_header=False)
+    rows = [("build id", stats.build_id), ("traces built", stats.traces_built), ("spans", stats.spans), ("edges", stats.edges),
             *[(f"  method {m}", c) for m, c in sorted(stats.methods.items())],
             ("orphans", stats.orphans), ("clock skew", stats.clock_skew), ("deviant traces", stats.deviant),
             ("unchanged traces", stats.traces_unchanged), ("still receiving", stats.traces_pending),
