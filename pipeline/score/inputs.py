@@ -28,11 +28,15 @@ order by 1
 STEP_FACTS_SQL = """
 select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
        n.iteration, coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.error_type,
-       s.finish_reason, s.output_text, s.input_text, s.output_tokens, s.tool_name,
+       s.finish_reason, s.output_tokens, s.tool_name,
+       -- full texts only where a rule reads them (tool results, tool arguments); llm outputs are
+       -- only checked for emptiness, which their first 64 characters decide
+       case when n.step_type = 'tool' then s.input_text end as input_text,
        coalesce(s.attributes['http.response.status_code'], s.attributes['http.status_code']) as http_status,
        coalesce(s.attributes['gen_ai.tool.call.arguments'], s.attributes['tool_call.function.arguments'])
            as tool_args,
-       coalesce(s.output_text, s.attributes['gen_ai.tool.call.result']) as result_text,
+       case when n.step_type = 'tool' then coalesce(s.output_text, s.attributes['gen_ai.tool.call.result'])
+            else left(s.output_text, 64) end as result_text,
        s.attributes['gen_ai.task.status'] as task_status,
        [concat_ws(': ', e.attributes['exception.type'], e.attributes['exception.message'])
         for e in coalesce(s.events, []) if e.name = 'exception'] as exceptions

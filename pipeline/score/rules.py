@@ -21,7 +21,7 @@ from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, par
 PASS_SCORE = 5.0
 
 
-@dataclass
+@dataclass(slots=True)
 class StepFacts:
     """What the rules look at for one built step (a dag_nodes row joined with its span)."""
 
