@@ -1,0 +1,47 @@
+"""Rules on traces captured from real instrumentations (tests/realspans.py), through the real
+normalization, DAG build and scoring: healthy steps get no failure, the real failure is found."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracedag.pipeline import store
+from tracedag.pipeline.dag import build_store
+from tracedag.pipeline.evaluations import extract_evaluations
+from tracedag.pipeline.score import score_store
+from tracedag.pipeline.views import connect
+
+
+def _score(data, spans):
+    from realspans import to_table
+
+    table = to_table(spans)
+    store.write_parquet_atomic(table, store.table_dir(data, "spans"))
+    store.write_parquet_atomic(extract_evaluations(table), store.table_dir(data, "evaluations"))
+    build_store(data, idle_seconds=0)
+    stats = score_store(data)
+    con = connect(data)
+    rows = con.execute("select cast(s.name as varchar), cast(s.step_type as varchar), st.metric, st.score, "
+                       "st.rule_name, st.taxonomy_l3 from step_scores st join spans s using (trace_id, span_id) "
+                       "where st.score < 5 order by 1").fetchall()
+    nodes = con.execute("select count(*) from dag_nodes").fetchall()[0][0]
+    con.close()
+    return stats, rows, nodes
+
+
+def test_langgraph_openinference_run_has_no_false_failures(tmp_path):
+    from realspans import langgraph_spans
+
+    stats, rows, nodes = _score(tmp_path / "data", langgraph_spans().spans)
+    assert rows == []  # a healthy graph run (router, tools, loops, fan-out): no rule fires
+    assert stats.steps == nodes and stats.steps_by_source["rule"] == nodes
+
+
+@pytest.mark.parametrize("latest", [True, False])
+def test_openai_instrumentation_failure_is_an_http_error(tmp_path, latest):
+    from realspans import openai_spans
+
+    stats, rows, _ = _score(tmp_path / "data", openai_spans(latest=latest))
+    # the scripted 500 "upstream overloaded" completion; the tool-calling turn stays healthy
+    assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [("llm", "execution", 1.0, "http_error", "http_error")]
+    assert stats.failures_by_category == {("execution", "call_failure", "http_error"): 1}
