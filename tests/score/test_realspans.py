@@ -45,3 +45,41 @@ def test_openai_instrumentation_failure_is_an_http_error(tmp_path, latest):
     # the scripted 500 "upstream overloaded" completion; the tool-calling turn stays healthy
     assert [(r[1], r[2], r[3], r[4], r[5]) for r in rows] == [("llm", "execution", 1.0, "http_error", "http_error")]
     assert stats.failures_by_category == {("execution", "call_failure", "http_error"): 1}
+
+
+def _looping_graph_spans():
+    """A real LangGraph graph whose two nodes call each other until the recursion limit stops it."""
+    from typing import TypedDict
+
+    from langgraph.errors import GraphRecursionError
+    from langgraph.graph import END, START, StateGraph
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+    from realspans import capture
+
+    class State(TypedDict):
+        n: int
+
+    g = StateGraph(State)
+    g.add_node("draft", lambda s: {"n": s["n"] + 1})
+    g.add_node("review", lambda s: {"n": s["n"]})
+    g.add_edge(START, "draft")
+    g.add_edge("draft", "review")
+    g.add_conditional_edges("review", lambda s: "draft" if s["n"] < 1000 else END)
+    graph = g.compile()
+    with capture("looping-agent") as (provider, exporter):
+        instrumentor = LangChainInstrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+        try:
+            with pytest.raises(GraphRecursionError):
+                graph.invoke({"n": 0}, {"recursion_limit": 6})
+        finally:
+            instrumentor.uninstrument()
+        return list(exporter.get_finished_spans())
+
+
+def test_real_langgraph_recursion_limit_is_a_loop_bound(tmp_path):
+    stats, rows, _ = _score(tmp_path / "data", _looping_graph_spans())
+    bound = [r for r in rows if r[2] == "termination"]
+    # the graph span recorded GraphRecursionError: loop_bound on it, loop_limit_reached
+    assert [(r[0], r[3], r[4], r[5]) for r in bound] == [("LangGraph", 1.0, "loop_bound", "loop_limit_reached")]
+    assert stats.failures_by_category[("planning", "non_termination", "loop_limit_reached")] == 1

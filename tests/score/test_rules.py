@@ -182,3 +182,35 @@ def test_rule_table_is_consistent():
     for r in RULES:
         assert tax.classify(r.category) is not None, r.name
         assert 1 <= r.score <= 5 and r.metric in ("execution", "output", "arguments", "termination")
+
+
+def test_openinference_tool_schema_and_json_input(builder):
+    t2 = "e" * 32
+    schema = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer", "minimum": 1}},
+        "required": ["q"]}}}
+    spans = [
+        span(t2, "llm", None, step_type="llm", step_name="ChatOpenAI", output_text="calling lookup",
+             attributes={"llm.tools.0.tool.json_schema": json.dumps(schema)}),
+        # OpenInference TOOL spans carry the arguments as input.value (JSON), normalized to input_text
+        span(t2, "bad", "llm", step_type="tool", step_name="lookup", input_text='{"q": "x", "k": 0}', output_text="r"),
+        span(t2, "good", "llm", step_type="tool", step_name="lookup", input_text='{"q": "x", "k": 3}', output_text="r"),
+        span(t2, "text", "llm", step_type="tool", step_name="lookup", input_text="x", output_text="r"),
+    ]
+    builder.spans(spans)
+    builder.build(spans)
+    score_store(builder.data)
+    got = _scores(builder.data)
+    assert got[("bad", "arguments")][:2] == (2, "tool_args_schema")
+    assert "k: 0 is less than the minimum of 1" in _explanation(builder.data, "bad", "arguments")
+    assert got[("good", "arguments")][:2] == (5, "no_rule_fired")
+    assert got[("text", "arguments")][:2] == (5, "no_rule_fired")  # plain-text input: nothing to validate
+
+
+def _explanation(data, span_id, metric):
+    con = connect(data)
+    try:
+        return con.execute("select explanation from step_scores where span_id = $s and metric = $m",
+                           {"s": span_id, "m": metric}).fetchall()[0][0]
+    finally:
+        con.close()
