@@ -162,6 +162,18 @@ class Registry:
     def __init__(self) -> None:
         self._metrics: dict[str, _Metric] = {}
         self._lock = threading.Lock()
+        self._sources: list[Callable[[], str]] = []
+
+    def add_source(self, source: Callable[[], str]) -> None:
+        """Also render the metric families of ``source()`` (Prometheus text, e.g. from a child process)."""
+        with self._lock:
+            self._sources.append(source)
+
+    def remove_source(self, source: Callable[[], str]) -> None:
+        """Stop rendering ``source``."""
+        with self._lock:
+            if source in self._sources:
+                self._sources.remove(source)
 
     def _get(self, name: str, factory: Callable[[], _Metric]) -> _Metric:
         with self._lock:
@@ -195,7 +207,27 @@ class Registry:
         """Return every metric in the Prometheus text exposition format."""
         with self._lock:
             metrics = sorted(self._metrics.values(), key=lambda m: m.name)
-        return "\n".join(m.render() for m in metrics) + "\n"
+            sources = list(self._sources)
+        own = {m.name for m in metrics}
+        text = "\n".join(m.render() for m in metrics) + "\n"
+        for source in sources:
+            text += foreign_families(source(), own)
+        return text
+
+
+def foreign_families(text: str, skip: set[str]) -> str:
+    """Return the metric families of ``text`` whose names are not in ``skip``."""
+    out: list[str] = []
+    keep = False
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split(" ", 3)[2]
+            keep = name not in skip
+            if keep:
+                skip.add(name)
+        if keep and line:
+            out.append(line)
+    return "\n".join(out) + "\n" if out else ""
 
 
 REGISTRY = Registry()

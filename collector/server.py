@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracedag.collector.convert_proc import ConverterProcess
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
 from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
@@ -46,6 +47,7 @@ class CollectorConfig:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     convert: bool = True
+    convert_process: bool = False  # convert in a child process (off this interpreter's GIL)
     convert_interval: float = 0.25
     build: bool = False
     build_idle_seconds: float = 30.0
@@ -71,6 +73,7 @@ class RunningCollector:
         self._convert_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._converter: Any = None
+        self._child: ConverterProcess | None = None
         self._stopped = False
         self._register_gauges()
 
@@ -95,7 +98,12 @@ class RunningCollector:
     def start(self) -> RunningCollector:
         """Start the spool sealer, the converter and the receivers."""
         self.spool.start()
-        if self.config.convert:
+        if self.config.convert and self.config.convert_process:
+            self._child = ConverterProcess(self.data, self.config.convert_interval)
+            self._child.start()
+            REGISTRY.add_source(self._child.metrics_text)
+            self._spawn("converter-supervisor", self._supervise)
+        elif self.config.convert:
             self._converter = _make_converter(self.data)
             self._spawn("spool-converter", self._convert_loop)
         if self.config.build:
@@ -137,6 +145,11 @@ class RunningCollector:
             except Exception:
                 logger.exception("spool conversion round failed; retrying")
 
+    def _supervise(self) -> None:
+        while not self._stop.wait(1.0):
+            if self._child is not None:
+                self._child.ensure_alive()
+
     def _build_loop(self) -> None:
         build = _build_function()
         if build is None:
@@ -153,6 +166,8 @@ class RunningCollector:
     def flush(self) -> None:
         """Seal the spool and convert everything acknowledged so far, synchronously."""
         self.spool.flush()
+        if self._child is not None:
+            self._child.flush()
         self.convert_once()
 
     def stop(self, grace_seconds: float = 10.0) -> None:
@@ -171,6 +186,9 @@ class RunningCollector:
         self._stop.set()
         for thread in self._threads:
             thread.join(grace_seconds + 30)
+        if self._child is not None:
+            self._child.stop(grace_seconds + 60)
+            REGISTRY.remove_source(self._child.metrics_text)
         try:
             self.convert_once()
         except Exception:

@@ -47,12 +47,14 @@ def parse_size(text: str) -> int:
 @click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
 @click.option("--build-idle", default=30.0, show_default=True, type=float,
               help="Seconds without new spans before a trace is built.")
+@click.option("--convert", "convert_mode", type=click.Choice(["process", "thread"]), default="process",
+              show_default=True, help="Convert the spool to Parquet in a child process or a thread.")
 @click.option("--grace", default=10.0, show_default=True, type=float,
               help="Seconds to drain in-flight requests on SIGTERM/SIGINT.")
 def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
     tls_cert: Path | None, tls_key: Path | None, max_body: str, max_inflight: str, build: bool,
-    build_idle: float, grace: float,
+    build_idle: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
     from tracedag.collector.server import CollectorConfig, start_collector
@@ -63,6 +65,7 @@ def collect(
         data=data, host=host, http_port=http_port, grpc_port=grpc_port, tokens=tokens, token_file=token_file,
         tls_cert=tls_cert, tls_key=tls_key, max_body_bytes=parse_size(max_body),
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
+        convert_process=convert_mode == "process",
     )
     stop = threading.Event()
 

@@ -46,6 +46,13 @@ def _acked(files: list[Path]) -> set[str]:
     return out
 
 
+def _wait_for_acks(files: list[Path], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not all(f.exists() and f.stat().st_size for f in files):
+        assert time.time() < deadline, "load clients got no SUCCESS"
+        time.sleep(0.1)
+
+
 def _kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
     rng = random.Random(seed)
     data = tmp_path / "data"
@@ -58,14 +65,17 @@ def _kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
             out = tmp_path / f"acked-{r}-{transport}.txt"
             outs.append(out)
             clients.append(subprocess.Popen(
-                [sys.executable, str(HERE / "load_client.py"), transport, endpoint, str(out), "4"],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                [sys.executable, str(HERE / "load_client.py"), transport, endpoint, str(out), "60"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))
-        time.sleep(rng.uniform(1.5, 3.0))
+        _wait_for_acks(outs[-2:], 60)
+        time.sleep(rng.uniform(0.3, 2.0))
         proc.kill()  # SIGKILL under load
         proc.wait(10)
+        time.sleep(1.0)  # clients see the failure, then stop (a SUCCESS not yet logged only shrinks `acked`)
         for client in clients:
-            client.wait(60)
+            client.terminate()
+            client.wait(30)
     acked = _acked(outs)
     assert len(acked) > 0
     _final_check(data, acked)
