@@ -36,7 +36,7 @@ roots as (
     where parent_span_id is null
     qualify row_number() over (partition by trace_id order by start_time_unix_nano, span_id) = 1
 ),
-trace_info as (
+trace_info as materialized (
     select s.trace_id,
            coalesce(max(s.run_id), max(s.conversation_id), s.trace_id) as run_key,
            coalesce(arg_min(s.agent_name, s.start_time_unix_nano) filter (where s.agent_name is not null),
@@ -65,7 +65,7 @@ marked as (
     where c.langgraph_node is not null or c.a_node is not null or c.a_td_node is not null
        or c.a_graph_node is not null or c.graph_node_id is not null
 ),
-node_spans as (
+node_spans as materialized (
     select trace_id, span_id, start_time_unix_nano, end_time_unix_nano, langgraph_step, node
     from marked
     where (lg_top or other_mark) and node not in ('__start__', '__end__')

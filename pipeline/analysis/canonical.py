@@ -10,6 +10,7 @@ as neither is stripped and whitespace-collapsed. ``None`` and empty text give ``
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
@@ -62,8 +63,9 @@ def _unwrap(value: Any) -> tuple[bool, Any]:
     return _parse(inner.strip()) if isinstance(inner, str) else (True, inner)
 
 
+@functools.lru_cache(maxsize=65536)
 def canonical_args(text: str | None) -> str:
-    """Return the canonical form of an arguments text (see the module docstring)."""
+    """Return the canonical form of an arguments text (see the module docstring); cached."""
     if text is None or not text.strip():
         return ""
     ok, value = _parse(text.strip())
