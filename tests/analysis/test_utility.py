@@ -184,3 +184,15 @@ def test_named_queries_run_again_over_the_written_tables(store):
     ]
     steps = run_named(data, "run_steps").to_pylist()
     assert {r["kind"] for r in steps} == {"node", "response"}
+
+
+def test_agent_without_nodes_still_gets_tables_and_a_picture(store, tmp_path):
+    store.run("t1", "s", [[]], responses=["hi"])  # a turn with no node and no tool
+    result = analyze(store.write())
+    (row,) = result.tables["agent_utility"].to_pylist()
+    assert (row["conversations"], row["node_visits"], row["transitions"]) == (1, 0, 0)
+    from tracedag.pipeline.analysis.picture import write_pictures
+
+    (path,) = write_pictures(result, tmp_path).values()
+    assert "1 conversations" in path.read_text()
+    ET.parse(path)
