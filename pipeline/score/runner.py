@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -25,11 +26,13 @@ from tracedag.pipeline.score import inputs
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
-from tracedag.pipeline.score.judge_client import Judge, JudgeTask, run_judge
 from tracedag.pipeline.score.rows import ScoreRow, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.rules import score_step
 from tracedag.pipeline.views import connect
+
+if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
+    from tracedag.pipeline.score.judge_client import JudgeTask
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,8 @@ def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
 
 
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
+    from tracedag.pipeline.score.judge_client import JudgeTask
+
     rubrics = load_rubrics(cfg.rubric_dir)
     tasks: list[JudgeTask] = []
     models: set[str] = set()
@@ -131,6 +136,8 @@ def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list
 def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, stats: ScoreStats,
                 advance: Advance) -> None:
     """Pass 2: grade every latest-build step whose rubric metric has no judge row on that build."""
+    from tracedag.pipeline.score.judge_client import Judge, run_judge
+
     jstats = stats.judge = JudgeStats(model=cfg.model)
     tasks, models = _judge_tasks(con, cfg)
     family = model_family(cfg.model)
