@@ -9,8 +9,8 @@ every old file or every new file, never both and never neither. The old files, n
 staging path, are deleted. A crash at any point leaves the partition complete (old or new);
 leftover staging directories are removed on the next run.
 
-Compaction runs under the ingest writer lock, so no converter adds files to a partition while
-it is being rebuilt. A query that listed the old files just before the swap and opens them
+The merge runs beside the converters; files they add meanwhile are linked into the new state
+inside the ingest writer lock, just before the swap. A query that listed the old files just before the swap and opens them
 after it gets "file not found" and should be re-run (see README, "Data layout").
 """
 
@@ -19,10 +19,13 @@ from __future__ import annotations
 import calendar
 import ctypes
 import errno
+import fcntl
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,16 +87,26 @@ def hour_closed(hour: str, now_unix: float, grace_seconds: float = 300.0) -> boo
 
 
 class Compactor:
-    """Decides which partitions to compact and rebuilds them (call with the writer lock held)."""
+    """Decides which partitions to compact and rebuilds them.
+
+    The merge runs without blocking the converters; only the final step (linking files that
+    arrived meanwhile into the new state, then the swap) runs inside ``critical()``, the ingest
+    writer lock, so it takes milliseconds. One compactor runs at a time (``state/compact.lock``).
+    """
 
     def __init__(self, data: Path, target_rows: int = 250_000, max_open_files: int = 64) -> None:
         self.data = data
         self.target_rows = target_rows
         self.max_open_files = max_open_files
         self.staging_root = data / "state" / "compact"
+        self._clean: dict[Path, tuple[int, bool, int, int]] = {}  # partition -> state when not due
 
     def cleanup(self) -> None:
         """Remove staging directories left by a crash (the partitions themselves are complete)."""
+        with _flock(self.data / "state" / "compact.lock"):
+            self._cleanup()
+
+    def _cleanup(self) -> None:
         if self.staging_root.exists():
             shutil.rmtree(self.staging_root)
 
@@ -104,32 +117,40 @@ class Compactor:
             return []
         out = []
         for part in sorted(p for p in root.glob("recv_hour=*") if p.is_dir()):
-            files = list(part.glob("*.parquet"))
             closed = hour_closed(part.name.split("=", 1)[1], now_unix)
-            if len(files) > self.max_open_files or (closed and len(self._small(files)) > 1):
+            state = (part.stat().st_mtime_ns, closed, self.max_open_files, self.target_rows)
+            if self._clean.get(part) == state:
+                continue  # unchanged since it was last found not due
+            files = list(part.glob("*.parquet"))
+            if len(files) > self.max_open_files or (closed and len(files) > 1 and len(self._small(files)) > 1):
                 out.append(part)
+            else:
+                self._clean[part] = state
         return out
 
     def _small(self, files: list[Path]) -> list[Path]:
         return [f for f in files if pq.ParquetFile(f).metadata.num_rows < self.target_rows // 2]
 
-    def run(self, now_unix: float | None = None) -> CompactStats:
+    def run(self, critical: Callable[[], AbstractContextManager[object]], now_unix: float | None = None) -> CompactStats:
         """Compact every partition that is due, spans and evaluations; return what was done."""
         now = time.time() if now_unix is None else now_unix
         stats = CompactStats()
-        self.cleanup()
-        for table in ("spans", "evaluations"):
-            for part in self.due(table, now):
-                try:
-                    self.compact(part, table == "spans", stats)
-                except OSError as exc:
-                    logger.warning("compaction of %s skipped: %s", part, exc)
-                    self.cleanup()
-                    if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                        return stats
+        with _flock(self.data / "state" / "compact.lock"):
+            self._cleanup()
+            for table in ("spans", "evaluations"):
+                for part in self.due(table, now):
+                    try:
+                        self.compact(part, table == "spans", stats, critical)
+                    except OSError as exc:
+                        logger.warning("compaction of %s skipped: %s", part, exc)
+                        self._cleanup()
+                        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                            return stats
         return stats
 
-    def compact(self, part: Path, dedupe: bool, stats: CompactStats) -> None:
+    def compact(
+        self, part: Path, dedupe: bool, stats: CompactStats, critical: Callable[[], AbstractContextManager[object]]
+    ) -> None:
         """Rebuild one partition with its small files merged, then swap it in atomically."""
         files = sorted(part.glob("*.parquet"), key=lambda f: f.name)
         small = set(self._small(files))
@@ -140,15 +161,16 @@ class Compactor:
             if f in small:
                 merger.add(f)
             else:
-                os.link(f, stage / f.name)
-                if dedupe and sidecar_path(f).exists():
-                    os.link(sidecar_path(f), sidecar_path(stage / f.name))
+                _link(f, stage, dedupe)
         merger.close()
-        fsync_dir(stage)
-        faults.hit("compact.middle")
-        exchange(stage, part)
-        fsync_dir(part.parent)
-        fsync_dir(stage.parent)
+        with critical():
+            for f in set(part.glob("*.parquet")) - set(files):  # written while we merged
+                _link(f, stage, dedupe)
+            fsync_dir(stage)
+            faults.hit("compact.middle")
+            exchange(stage, part)
+            fsync_dir(part.parent)
+            fsync_dir(stage.parent)
         shutil.rmtree(stage)
         after = len(list(part.glob("*.parquet")))
         stats.partitions += 1
@@ -156,6 +178,24 @@ class Compactor:
         stats.files_after += after
         stats.duplicates += merger.duplicates
         logger.info("compacted %s: %d -> %d files", part, len(files), after)
+
+
+def _link(f: Path, stage: Path, dedupe: bool) -> None:
+    """Hard-link an unchanged file (and its key sidecar) into the new state of its partition."""
+    os.link(f, stage / f.name)
+    if dedupe and sidecar_path(f).exists():
+        os.link(sidecar_path(f), sidecar_path(stage / f.name))
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class _Merger:

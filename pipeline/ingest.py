@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -293,7 +294,7 @@ class SpoolConverter:
         if self._rounds == 0:
             with self.writer.locked():  # another writer's temp files are not leftovers
                 _remove_temp_files(self.data)
-                self.compactor.cleanup()
+            self.compactor.cleanup()
         self._rounds += 1
         for seg in self.sealed():
             try:
@@ -316,13 +317,18 @@ class SpoolConverter:
     def compact(self, now_unix: float | None = None) -> CompactStats:
         """Compact the partitions that are due (under the writer lock); a write error skips it."""
         self._last_compact = time.monotonic()
-        with self.writer.locked():
-            try:
-                result = self.compactor.run(now_unix)
-            finally:
-                self.writer.bump()
+        result = self.compactor.run(self._swap_section, now_unix)
         self.prune_done(now_unix)
         return result
+
+    @contextmanager
+    def _swap_section(self) -> Iterator[None]:
+        """The writer lock, with the file generation bumped after a compaction swap."""
+        with self.writer.locked():
+            try:
+                yield
+            finally:
+                self.writer.bump()
 
     def prune_done(self, now_unix: float | None = None) -> int:
         """Delete converted segments older than ``done_retention`` seconds from ``spool/done/``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_compaction_removes_duplicates_that_escaped_the_window(data: Path) -> No
         path = write_atomic(conv.table, part / f"{name}.parquet")
         write_sidecar(path, conv.keys, conv.content)
     assert stored(data) == (2048, 1024)
-    st = Compactor(data).run()
+    st = Compactor(data).run(contextlib.nullcontext)
     assert st.duplicates == 1024
     assert stored(data) == (1024, 1024)
     assert connect(data).execute("select distinct batch_id from spans").fetchall() == [("a",)]
@@ -108,3 +109,24 @@ def test_h70_concurrent_counts_never_see_partial_or_double_data(data: Path) -> N
     print(f"H70: {len(seen)} queries, {len(errors)} retried after a swap")
     assert len(errors) <= max(2, len(seen) // 10), errors[:3]
     assert stored(data) == (512 * len(reqs), 512 * len(reqs))
+
+
+def test_files_written_while_merging_survive_the_swap(data: Path) -> None:
+    reqs = list(requests(512 * 6, seed=35))
+    received = time.time_ns() - 3 * HOUR
+    for i, r in enumerate(reqs[:5]):
+        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    conv = SpoolConverter(data, compact_interval=1e9)
+    conv.run_once()
+
+    @contextlib.contextmanager
+    def critical():  # a converter stores one more segment after the merge, before the swap
+        write_segment(data, 99, [(reqs[5].SerializeToString(), received)])
+        conv.run_once()
+        with conv.writer.locked():
+            yield
+
+    st = conv.compactor.run(critical)
+    part = next((data / "tables" / "spans").iterdir())
+    assert st.partitions == 1 and len(list(part.glob("*.parquet"))) == 2
+    assert stored_ids(data) == request_ids(reqs)
