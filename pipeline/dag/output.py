@@ -122,20 +122,20 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
         np.full(int(seq.sum()), 2),
         np.full(x_src.size, 3),
     ]).astype(np.int8)
-    tree_edge = np.zeros(src.size, dtype=np.bool_)
-    tree_edge[: child.size] = True
-    up = np.where(tree_edge, dst, src)  # a child influences its parent
-    down = np.where(tree_edge, src, dst)
-    n = src.size
+    n, c = src.size, child.size
+    src_ids, dst_ids = _ids(prep, src), _ids(prep, dst)
+    # tree edges come first: there a child (dst) influences its parent (src); zero-copy slices
+    up = pa.chunked_array(dst_ids.slice(0, c).chunks + src_ids.slice(c).chunks)
+    down = pa.chunked_array(src_ids.slice(0, c).chunks + dst_ids.slice(c).chunks)
     return pa.Table.from_arrays(
         [
             prep.column("trace_id").take(pa.array(dst)),
             pa.repeat(pa.scalar(build_id), n),
-            _ids(prep, src),
-            _ids(prep, dst),
+            src_ids,
+            dst_ids,
             pa.DictionaryArray.from_arrays(pa.array(kinds), EDGE_KINDS).cast(pa.string()),
-            _ids(prep, up),
-            _ids(prep, down),
+            up,
+            down,
         ],
         schema=DAG_EDGES_V1,
     )
