@@ -62,7 +62,7 @@ class Picture:
     start: list[str]
     subtitle: str
     flow: dict[str, float] = field(default_factory=dict)
-    """Mean position of each node's first visit in the runs (orders the layout)."""
+    """Mean relative position of each node's first visit in the runs (orders the layout)."""
 
 
 def _fmt_pct(x: float) -> str:
@@ -89,15 +89,17 @@ def build_picture(agent: str, node_rows: list[dict[str, Any]], edge_rows: list[d
 
 
 def first_visit_flow(paths: list[list[str]]) -> dict[str, float]:
-    """Mean index of each node's first visit over the node paths that visit it."""
+    """Mean relative position (0 = first, 1 = last) of each node's first visit, over the node
+    paths that visit it: the final node of every conversation sorts last, whatever the length."""
     sums: dict[str, list[float]] = {}
     for path in paths:
         seen: dict[str, int] = {}
         for i, node in enumerate(path):
             seen.setdefault(node, i)
+        last = max(1, len(path) - 1)
         for node, i in seen.items():
             acc = sums.setdefault(node, [0.0, 0.0])
-            acc[0] += i
+            acc[0] += i / last
             acc[1] += 1
     return {n: s / c for n, (s, c) in sums.items()}
 
@@ -121,7 +123,8 @@ def _subtitle(s: dict[str, Any]) -> str:
 
 
 def _ranks(g: nx.DiGraph, p: Picture) -> dict[str, float]:
-    """Flow rank: the mean first-visit position; unvisited nodes follow their BFS distance."""
+    """Flow rank in [0, 1]: the mean relative first-visit position; unvisited nodes use their BFS
+    distance from the entry nodes, scaled to [0, 1]."""
     dist: dict[str, int] = {}
     roots = list(p.start)
     while True:
@@ -133,7 +136,8 @@ def _ranks(g: nx.DiGraph, p: Picture) -> dict[str, float]:
             break
         free = [n for n in rest if not any(m in rest for m in g.predecessors(n))]
         roots = free or sorted(rest, key=lambda n: (-p.nodes[n].visits, n))[:1]
-    return {n: p.flow.get(n, float(dist[n])) for n in p.nodes}
+    far = max(1, max(dist.values(), default=1))
+    return {n: p.flow.get(n, dist[n] / far) for n in p.nodes}
 
 
 def _layers(g: nx.DiGraph, p: Picture) -> dict[str, int]:
@@ -162,7 +166,25 @@ def layout(p: Picture) -> dict[str, tuple[float, float]]:
         order = sorted(layers[x], key=lambda n: (_bary(g, n, pos), -p.nodes[n].visits, n))
         for i, n in enumerate(order):
             pos[n] = (MARGIN + R_MAX + x * GAP_X, TOP + R_MAX + (i - (len(order) - 1) / 2) * GAP_Y)
+    _clear_long_edges(g, layer_of, pos)
     return _shift_down(pos)
+
+
+def _clear_long_edges(g: nx.DiGraph, layer_of: dict[str, int], pos: dict[str, tuple[float, float]]) -> None:
+    """Move a node off a longer edge that would cross it: odd layers up, even layers down."""
+    moved: set[str] = set()
+    for u, v in g.edges:
+        if layer_of[v] - layer_of[u] < 2:
+            continue
+        (x1, y1), (x2, y2) = pos[u], pos[v]
+        for w, (xw, yw) in list(pos.items()):
+            if w in moved or w in (u, v) or not x1 < xw < x2:
+                continue
+            y_line = y1 + (y2 - y1) * (xw - x1) / (x2 - x1)
+            if abs(yw - y_line) < R_MAX + 12:
+                shift = 0.55 * GAP_Y * (-1 if layer_of[w] % 2 else 1)
+                pos[w] = (xw, yw + shift)
+                moved.add(w)
 
 
 def _bary(g: nx.DiGraph, n: str, pos: dict[str, tuple[float, float]]) -> float:
@@ -290,8 +312,10 @@ _STYLE = """<style>
 text { font-family: Helvetica, Arial, sans-serif; }
 .title { font-size: 20px; font-weight: bold; fill: #222; }
 .sub { font-size: 13px; fill: #555; }
-.nl { font-size: 13px; font-weight: bold; text-anchor: middle; fill: #111; }
-.ns { font-size: 11px; text-anchor: middle; fill: #444; }
+.nl { font-size: 13px; font-weight: bold; text-anchor: middle; fill: #111; paint-order: stroke;
+      stroke: #ffffff; stroke-width: 4px; stroke-opacity: 0.9; }
+.ns { font-size: 11px; text-anchor: middle; fill: #444; paint-order: stroke; stroke: #ffffff;
+      stroke-width: 3px; stroke-opacity: 0.9; }
 .el { font-size: 11px; text-anchor: middle; font-weight: bold; paint-order: stroke; stroke: #ffffff;
       stroke-width: 4px; }
 .lg { font-size: 12px; fill: #333; }
