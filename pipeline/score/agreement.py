@@ -3,7 +3,8 @@
 Pairs come from ``queries/score_agreement_pairs.sql``. Scores are put in the five categories
 1-5 by rounding half up (3.5 -> 4); ``kappa_fail`` is Cohen's kappa on the two classes
 failed (<= 2) / not failed; recall is the share of human-failed steps the source also fails,
-precision the share of the source's failures the humans agree with.
+precision the share of the source's failures the humans agree with. ``kappa_category`` compares
+the failure areas (taxonomy L1) on the steps that both failed and both categorised.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracedag.pipeline.score.rows import is_failed
+from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
 from tracedag.pipeline.views import connect
 from tracedag.queries import load
 
@@ -61,6 +63,8 @@ class Agreement:
     detected: int
     source_failures: int
     matrix: list[list[int]]
+    kappa_category: float | None = None
+    category_pairs: int = 0
 
     @property
     def recall(self) -> float | None:
@@ -73,15 +77,26 @@ class Agreement:
         return self.detected / self.source_failures if self.source_failures else None
 
 
-def agreement(source: str, human: Sequence[float], auto: Sequence[float]) -> Agreement:
-    """Compare one source's scores with the human scores of the same steps."""
+def agreement(source: str, human: Sequence[float], auto: Sequence[float],
+              categories: Sequence[tuple[str | None, str | None]] = ()) -> Agreement:
+    """Compare one source's scores (and failure areas, as (human L1, source L1)) with the humans'."""
     hc, ac = [to_class(x) for x in human], [to_class(x) for x in auto]
     hf, af = [is_failed(x) for x in human], [is_failed(x) for x in auto]
+    both = [(h, a) for h, a in categories if h and a]
     return Agreement(
         source=source, pairs=len(hc), kappa=cohen_kappa(hc, ac), kappa_fail=cohen_kappa(hf, af),
         human_failures=sum(hf), detected=sum(1 for h, a in zip(hf, af, strict=True) if h and a),
         source_failures=sum(af), matrix=confusion(hc, ac),
+        kappa_category=cohen_kappa([h for h, _ in both], [a for _, a in both]), category_pairs=len(both),
     )
+
+
+def _l1(l3: str | None) -> str | None:
+    if l3 == UNCLASSIFIED:
+        return str(UNCLASSIFIED)
+    found = load_taxonomy().classify(l3)
+    l1: str | None = found.l1 if found else None
+    return l1
 
 
 def agreement_report(data: Path, metric: str | None = None) -> tuple[list[Agreement], int]:
@@ -95,9 +110,11 @@ def agreement_report(data: Path, metric: str | None = None) -> tuple[list[Agreem
         ).fetchall()
     finally:
         con.close()
-    by_source: dict[str, tuple[list[float], list[float]]] = {}
-    for source, _t, _s, h, a in pairs:
-        hs, as_ = by_source.setdefault(source, ([], []))
+    by_source: dict[str, tuple[list[float], list[float], list[tuple[str | None, str | None]]]] = {}
+    for source, _t, _s, h, a, h_l3, a_l1 in pairs:
+        hs, as_, cats = by_source.setdefault(source, ([], [], []))
         hs.append(h)
         as_.append(a)
+        if is_failed(h) and is_failed(a):
+            cats.append((_l1(h_l3), a_l1))
     return [agreement(s, *by_source[s]) for s in sorted(by_source)], int(labelled[0][0])

@@ -36,12 +36,13 @@ def summary_table(results: list[Agreement], labelled: int) -> Table:
     """One row per source: pairs, coverage, kappa 1-5, kappa fail/pass, recall, precision."""
     t = Table(title=f"agreement with human labels ({labelled} labelled steps)")
     for name in ("source", "pairs", "coverage", "kappa 1-5", "kappa fail/pass", "failure recall",
-                 "failure precision"):
+                 "failure precision", "kappa area (both failed)"):
         t.add_column(name, justify="left" if name == "source" else "right")
     for a in results:
         cover = a.pairs / labelled if labelled else None
         t.add_row(a.source, str(a.pairs), _num(cover, True), _num(a.kappa), _num(a.kappa_fail),
-                  f"{_num(a.recall, True)} ({a.detected}/{a.human_failures})", _num(a.precision, True))
+                  f"{_num(a.recall, True)} ({a.detected}/{a.human_failures})", _num(a.precision, True),
+                  f"{_num(a.kappa_category)} ({a.category_pairs})")
     return t
 
 

@@ -15,6 +15,7 @@ from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.agreement import agreement, agreement_report, cohen_kappa, to_class
 from tracedag.pipeline.score.labels import BadLabelFile, import_labels
 from tracedag.pipeline.score.rows import ScoreRow, to_table
+from tracedag.pipeline.score.taxonomy import load_taxonomy
 from tracedag.pipeline.views import connect
 
 T = "c" * 32
@@ -23,7 +24,7 @@ JUDGE = [1, 1, 5, 4, 3, 5]
 
 CSV = f"""trace_id,span_id,metric,score,label,taxonomy_l3,annotator
 {T},s0,quality,1,,unfaithful_output,ann
-{T},s1,quality,2,,,ann
+{T},s1,quality,2,,timeout,ann
 {T},s2,quality,,pass,,ann
 {T},,quality,3,,,ann
 {T},s3,quality,5,,,ann
@@ -44,7 +45,10 @@ def labelled(builder, tmp_path):
     builder.spans(spans)
     builder.build(spans)
     score_store(builder.data)  # rule rows: all 5 (clean spans)
-    judge_rows = [ScoreRow(T, f"s{i}", "b1", "quality", float(s), "judge", judge_model="m") for i, s in enumerate(JUDGE)]
+    tax = load_taxonomy()
+    cats = {0: tax.leaves["unfaithful_output"], 1: tax.leaves["timeout"]}
+    judge_rows = [ScoreRow(T, f"s{i}", "b1", "quality", float(s), "judge", judge_model="m", category=cats.get(i))
+                  for i, s in enumerate(JUDGE)]
     store.write_parquet_atomic(to_table(judge_rows), store.table_dir(builder.data, "step_scores"))
     path = tmp_path / "labels.csv"
     path.write_text(CSV, encoding="utf-8")
@@ -127,6 +131,9 @@ def test_agreement_report_on_the_store(labelled):
     # s4's human score is the mean 3 (2 and 4), as in HUMAN
     assert (j.pairs, j.kappa, j.kappa_fail, j.recall) == (6, pytest.approx(1 / 3), pytest.approx(2 / 3),
                                                           pytest.approx(2 / 3))
+    # areas on the steps both failed: s0 generation/generation, s1 execution/execution -> kappa 1
+    # (observed 1; expected (1*1 + 1*1) / 4 = 0.5)
+    assert (j.kappa_category, j.category_pairs) == (1.0, 2)
     # rules saw nothing wrong (all 5): observed 2/6, expected (2*6)/36 -> kappa 0; fail/pass kappa 0; recall 0
     r = by["rule"]
     assert (r.kappa, r.kappa_fail, r.recall, r.precision) == (pytest.approx(0), pytest.approx(0), 0.0, None)
