@@ -14,6 +14,8 @@
 --                run has no pair -> 1.0); variants: mean Jaccard of each variant run's set with the
 --                base path's set.
 --   Variants of a scenario without exact replays get null metrics and reason 'no exact replays (no base path)'.
+--   Response consistency (judge or offline) is added by `tracedag determinism` in Python: the
+--   stored table <data>/tables/determinism/ has it, this query's own output does not.
 -- Params: none.
 -- Output columns: agent, agent_version, scenario, comparison ('replays' | 'variants'), runs,
 --   variants (distinct variant ids), node_consistency, node_coverage, action_consistency,
