@@ -27,45 +27,47 @@ win as (
     where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
       and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
 ),
-candidate as (
-    -- only a step with a score row <= threshold can fail
-    select distinct trace_id, span_id
-    from step_scores
-    where cast(score as double) <= cast($fail_threshold as double) and trace_id in (select trace_id from win)
-),
 step_score as (
-    -- one row per candidate step: a human row if there is one, else the lowest score (ties: a row
-    -- with a taxonomy first, then by metric, source)
+    -- every step with a failing score row or a human row: the human row if there is one, else the
+    -- lowest score (ties: a row with a taxonomy first, then by metric, source). A step without such
+    -- a row cannot fail, so the other rows are never read past the filter.
     select trace_id, span_id, unnest(best)
     from (
-        select s.trace_id, s.span_id,
-               arg_min({'score': cast(s.score as double), 'metric': s.metric, 'source': s.source,
-                        'taxonomy_l1': s.taxonomy_l1, 'taxonomy_l2': s.taxonomy_l2,
-                        'taxonomy_l3': s.taxonomy_l3, 'explanation': s.explanation},
-                       (coalesce(s.source, '') <> 'human', cast(s.score as double), s.taxonomy_l1 is null,
-                        s.metric, s.source)) as best
-        from step_scores s
-        semi join candidate c on c.trace_id = s.trace_id and c.span_id = s.span_id
-        where s.score is not null
-        group by s.trace_id, s.span_id
+        select trace_id, span_id,
+               arg_min({'score': cast(score as double), 'metric': metric, 'source': source,
+                        'taxonomy_l1': taxonomy_l1, 'taxonomy_l2': taxonomy_l2,
+                        'taxonomy_l3': taxonomy_l3, 'explanation': explanation},
+                       (coalesce(source, '') <> 'human', cast(score as double), taxonomy_l1 is null,
+                        metric, source)) as best
+        from step_scores
+        where score is not null
+          and (cast(score as double) <= cast($fail_threshold as double) or source = 'human')
+          and trace_id in (select trace_id from win)
+        group by trace_id, span_id
     )
 ),
+failed_step as (
+    select * from step_score where score <= cast($fail_threshold as double)
+),
+tnode as materialized (
+    -- the steps of the traces that have a failure
+    select trace_id, span_id, cast(step_type as varchar) as step_type, step_name,
+           coalesce(step_key, step_name, span_id) as step_key, coalesce(iteration, 1) as iteration,
+           start_time_unix_nano, end_time_unix_nano, duration_ns
+    from dag_nodes
+    where trace_id in (select trace_id from failed_step)
+),
 fail_node as (
-    select n.trace_id, n.span_id, cast(n.step_type as varchar) as step_type, n.step_name,
-           coalesce(n.step_key, n.step_name, n.span_id) as step_key, coalesce(n.iteration, 1) as iteration,
-           n.start_time_unix_nano, n.end_time_unix_nano, n.duration_ns, s.score, s.metric, s.source,
-           s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation
-    from step_score s
-    join dag_nodes n on n.trace_id = s.trace_id and n.span_id = s.span_id
-    where s.score <= cast($fail_threshold as double)
+    select n.*, s.score, s.metric, s.source, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation
+    from failed_step s
+    join tnode n on n.trace_id = s.trace_id and n.span_id = s.span_id
 ),
 fail as (
     -- recovered: a later iteration of the same step key did not fail
     select f.*,
-           exists (select 1 from dag_nodes later
-                   where later.trace_id = f.trace_id
-                     and coalesce(later.step_key, later.step_name, later.span_id) = f.step_key
-                     and coalesce(later.iteration, 1) > f.iteration
+           exists (select 1 from tnode later
+                   where later.trace_id = f.trace_id and later.step_key = f.step_key
+                     and later.iteration > f.iteration
                      and not exists (select 1 from fail_node g
                                      where g.trace_id = later.trace_id and g.span_id = later.span_id))
                as recovered
@@ -75,7 +77,7 @@ src as (
     select trace_id, span_id from fail where not recovered
 ),
 dep as (
-    select distinct e.trace_id, e.upstream_span_id as up, e.downstream_span_id as down,
+    select e.trace_id, e.upstream_span_id as up, e.downstream_span_id as down,
            s.span_id is not null as down_is_src
     from dag_edges e
     left join src s on s.trace_id = e.trace_id and s.span_id = e.downstream_span_id

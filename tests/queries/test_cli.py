@@ -140,3 +140,10 @@ def test_my_query_headers_declare_every_parameter_they_use() -> None:
         assert doc.description, name
         assert set(doc.used) == declared, name
         assert {"fail_threshold", "since_ns", "trace_id"} <= declared, name
+
+
+@pytest.mark.parametrize("name", MINE)
+def test_every_query_runs_on_an_empty_store(tmp_path: Path, name: str) -> None:
+    code, out = run(tmp_path, "query", name, "--format", "json")
+    assert code == 0, out
+    assert json.loads(out) == []
