@@ -19,11 +19,13 @@ from tracedag.pipeline.commands._options import data_option
               help="OpenAI-compatible endpoint (env TRACEDAG_JUDGE_BASE_URL).")
 @click.option("--judge-concurrency", type=int, help="Judge requests in flight (env TRACEDAG_JUDGE_CONCURRENCY).")
 @click.option("--judge-max-steps", type=int, help="Judge at most this many steps in this run.")
+@click.option("--judge-price", nargs=2, type=float, metavar="IN OUT",
+              help="USD per million input and output tokens (env TRACEDAG_JUDGE_PRICE_IN/_OUT).")
 @click.option("--max-iterations", type=int, help="Flag loop iterations at or above this bound.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def score_command(data: Path, use_judge: bool | None, judge_model: str | None, judge_base_url: str | None,
-                  judge_concurrency: int | None, judge_max_steps: int | None, max_iterations: int | None,
-                  no_progress: bool) -> None:
+                  judge_concurrency: int | None, judge_max_steps: int | None,
+                  judge_price: tuple[float, float] | None, max_iterations: int | None, no_progress: bool) -> None:
     """Score every built step not scored yet: rules, evaluations in the spans, optional LLM judge."""
     from rich.console import Console
 
@@ -34,8 +36,9 @@ def score_command(data: Path, use_judge: bool | None, judge_model: str | None, j
         use_judge = bool(os.environ.get("TRACEDAG_JUDGE_MODEL"))
     judge = None
     if use_judge:
+        price_in, price_out = judge_price or (None, None)
         judge = JudgeConfig.from_env(model=judge_model, base_url=judge_base_url, concurrency=judge_concurrency,
-                                     max_steps=judge_max_steps)
+                                     max_steps=judge_max_steps, price_in=price_in, price_out=price_out)
     stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations)
     Console().print(stats_renderable(stats))
 

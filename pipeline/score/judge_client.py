@@ -85,25 +85,36 @@ class Judge:
         self.cache = cache
         self.stats = stats
         self.sleep = sleep
+        self.json_mode: bool = self.cfg.json_mode
         # retries are ours (counted, bounded); the client must not retry on its own
         self.client = openai.OpenAI(base_url=self.cfg.base_url, api_key=self.cfg.api_key,
                                     timeout=self.cfg.timeout_s, max_retries=0)
 
+    def _rejects_json_mode(self, e: Exception) -> bool:
+        """An endpoint that refuses ``response_format``: stop sending it (the answer is validated anyway)."""
+        if not (self.json_mode and isinstance(e, openai.BadRequestError) and "response_format" in str(e)):
+            return False
+        logger.warning("judge endpoint rejects response_format json_object; asking without it")
+        self.json_mode = False
+        return True
+
     def _create(self, messages: list[dict[str, str]]) -> Any:
-        extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.cfg.json_mode else {}
         for attempt in range(self.cfg.max_retries + 1):
+            extra: dict[str, Any] = {"response_format": {"type": "json_object"}} if self.json_mode else {}
             try:
                 self.stats.add(calls=1)
                 return self.client.chat.completions.create(
                     model=self.cfg.model, messages=messages, temperature=0, **extra)  # type: ignore[arg-type]
             except (openai.OpenAIError, json.JSONDecodeError) as e:
+                if self._rejects_json_mode(e):
+                    continue
                 wait = _retry_wait(e, attempt, self.cfg)
                 if wait is None or attempt == self.cfg.max_retries:
                     raise JudgeCallFailed(f"{type(e).__name__}: {e}") from e
                 logger.info("judge request failed (%s), retry %d in %.1fs", type(e).__name__, attempt + 1, wait)
                 self.stats.add(retries=1)
                 self.sleep(wait)
-        raise JudgeCallFailed("no attempt made")  # only reached with max_retries < 0
+        raise JudgeCallFailed("retries exhausted")
 
     def _ask(self, messages: list[dict[str, str]]) -> Verdict:
         convo = list(messages)

@@ -55,7 +55,8 @@ class FakeJudge:
             self.requests.append((time.monotonic(), body))
             status, headers, content, delay = self.script.pop(0) if self.script else (200, {}, None, 0.0)
         if status != 200:
-            return status, headers, json.dumps({"error": {"message": "scripted", "type": "x"}}).encode(), delay
+            message = content or "scripted"
+            return status, headers, json.dumps({"error": {"message": message, "type": "x"}}).encode(), delay
         text = content if content is not None else self.default(body)
         if text.startswith("RAW:"):  # a broken HTTP body, not a chat completion
             return 200, headers, text[4:].encode(), delay
@@ -337,3 +338,43 @@ def test_broken_http_body_is_a_recorded_error_not_a_crash(builder):
     assert (stats.judge.judged, stats.judge.errors, stats.judge.retries, len(fake.requests)) == (0, 1, 2, 3)
     assert "JSONDecodeError" in stats.judge.error_samples[0]
     assert _judge_rows(builder.data) == {}
+
+
+def test_endpoint_without_json_mode(builder):
+    spans = [STEPS[2], {**STEPS[1], "parent_span_id": None, "status_code": 0, "error_type": None}]
+    builder.spans(spans)
+    builder.build(spans)
+    fake = FakeJudge()
+    fake.script = [(400, {}, "response_format json_object is not supported by this model", 0.0)]
+    with serve(fake) as url:
+        stats = score_store(builder.data, judge=_cfg(url, concurrency=1))
+    bodies = [b for _, b in fake.requests]
+    assert "response_format" in bodies[0]
+    assert all("response_format" not in b for b in bodies[1:]) and len(bodies) == 3
+    assert (stats.judge.judged, stats.judge.errors, stats.judge.retries) == (2, 0, 0)
+
+
+def test_config_from_env_and_cli_price(builder):
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+    from tracedag.pipeline.score.judge import JudgeNotConfigured
+
+    env = {"TRACEDAG_JUDGE_MODEL": "m", "OPENAI_API_KEY": "sk", "TRACEDAG_JUDGE_PRICE_IN": "0.5",
+           "TRACEDAG_JUDGE_PRICE_OUT": "1.5", "TRACEDAG_JUDGE_CONCURRENCY": "3"}
+    cfg = JudgeConfig.from_env(env)
+    assert (cfg.model, cfg.api_key, cfg.prices(), cfg.concurrency, cfg.base_url) == ("m", "sk", (0.5, 1.5), 3, None)
+    assert JudgeConfig.from_env({"TRACEDAG_JUDGE_MODEL": "gpt-4o-mini-2024-07-18"}).prices() == (0.15, 0.60)
+    with pytest.raises(JudgeNotConfigured, match="TRACEDAG_JUDGE_TIMEOUT"):
+        JudgeConfig.from_env({"TRACEDAG_JUDGE_MODEL": "m", "TRACEDAG_JUDGE_TIMEOUT": "soon"})
+    with pytest.raises(JudgeNotConfigured, match="no model"):
+        JudgeConfig.from_env({})
+    with pytest.raises(JudgeNotConfigured, match="no API key"):
+        JudgeConfig.from_env({"TRACEDAG_JUDGE_MODEL": "m"}).with_key()
+    _store(builder)
+    with serve(FakeJudge()) as url:
+        out = CliRunner(env={"COLUMNS": "200"}).invoke(cli, [
+            "score", "--data", str(builder.data), "--no-progress", "--judge", "--judge-model", "judge-x",
+            "--judge-base-url", url, "--judge-price", "10", "20"])
+    assert out.exit_code == 0, out.output
+    assert "$0.0042" in out.output  # (300 * 10 + 60 * 20) / 1e6; no key needed for a custom endpoint
