@@ -186,6 +186,10 @@ class OtlpHttpServer:
             writer.close()
         if self._server is not None:
             self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- connections ---------------------------------------------------------------------
 
