@@ -21,6 +21,7 @@ from tracedag.pipeline import normalize_text as text
 from tracedag.pipeline.normalize_extract import (
     Entries,
     coalesce,
+    key_value,
     map_entries,
     on_dictionary,
     pick,
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 Cols = dict[str, pa.Array]
 Filler = Callable[[pa.Array, pa.Array, text.Reducer], pa.Array]
 _NULL = pa.scalar(None, pa.string())
-_LG = r'"{k}":\s*"(?P<v>(?:[^"\\]|\\.)*)"'
+_STRING = r'"(?P<v>(?:[^"\\]|\\.)*)"'
 
 
 def normalize(base: pa.Table, *, reference: bool = False) -> pa.Table:
@@ -73,7 +74,7 @@ def agent_columns(base: pa.Table, reference: bool = False) -> Cols:
     a = pick(entries, span_keys())
     res = pick(map_entries(base["resource_attributes"]), RESOURCE_KEYS)
     name = on_dictionary(base["name"], lambda d: d)
-    out: Cols = {}
+    out: Cols = {"_clean_name": on_dictionary(base["name"], clean_name)}
     out.update(_first_of(a))
     out.update(_langgraph(a, name))
     out.update(_kinds(a, name, out))
@@ -102,12 +103,11 @@ def _first_of(a: Cols) -> Cols:
 def _langgraph(a: Cols, name: pa.Array) -> Cols:
     """LangGraph step metadata from OpenInference ``metadata`` JSON or OpenLLMetry association properties."""
     meta = a["metadata"]
-    node = coalesce(a[COLUMN_SOURCES["lg_node"][0]], regex_field(meta, _LG.format(k="langgraph_node")))
-    step = coalesce(a[COLUMN_SOURCES["lg_step"][0]], regex_field(meta, r'"langgraph_step":\s*(?P<v>-?\d+)'))
-    trig = coalesce(a[COLUMN_SOURCES["lg_triggers"][0]],
-                    regex_field(meta, r'"langgraph_triggers":\s*(?P<v>\[[^\]]*\])'))
+    node = coalesce(a[COLUMN_SOURCES["lg_node"][0]], key_value(meta, "langgraph_node", _STRING))
+    step = coalesce(a[COLUMN_SOURCES["lg_step"][0]], key_value(meta, "langgraph_step", r"(?P<v>-?\d+)"))
+    trig = coalesce(a[COLUMN_SOURCES["lg_triggers"][0]], key_value(meta, "langgraph_triggers", r"(?P<v>\[[^\]]*\])"))
     trig = pc.replace_substring_regex(trig, r'"\s*,\s*"', '","')
-    ns = coalesce(a[COLUMN_SOURCES["lg_checkpoint_ns"][0]], regex_field(meta, _LG.format(k="langgraph_checkpoint_ns")))
+    ns = coalesce(a[COLUMN_SOURCES["lg_checkpoint_ns"][0]], key_value(meta, "langgraph_checkpoint_ns", _STRING))
     task_id = regex_field(ns, r":(?P<v>[^:|]*)$")
     entity = coalesce(*(a[k] for k in COLUMN_SOURCES["entity_name"]))
     is_node = pc.or_(pc.fill_null(pc.equal(node, name), False), pc.fill_null(pc.equal(node, entity), False))
@@ -131,7 +131,7 @@ def _kinds(a: Cols, name: pa.Array, got: Cols) -> Cols:
     agent_name = coalesce(got["agent_name"], pc.if_else(graph_run, name, _NULL))
     node_name = pc.if_else(got["_is_node"], got["langgraph_node"], _NULL)
     step_name = coalesce(node_name, got["tool_name"], agent_name, got["graph_node_name"], got["entity_name"],
-                         on_dictionary(name, clean_name))
+                         got["_clean_name"])
     return {"step_type": step_type, "step_name": step_name, "agent_name": agent_name}
 
 

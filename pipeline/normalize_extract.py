@@ -7,7 +7,9 @@ column per key. No per-span Python loop touches the maps.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,23 +62,39 @@ def scatter(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
 def pick(entries: Entries, wanted: list[str]) -> dict[str, pa.Array]:
     """Return one string column per key of ``wanted`` (null where the row lacks the key).
 
-    One hash lookup per entry, then one ``take`` for all the keys present in the batch: a
-    (present keys x rows) index matrix whose rows are sliced back out as the columns.
+    One hash lookup per entry; the picked entries are gathered once, grouped by key (rows in
+    order, a repeated key keeping its later entry), and each key's column is assembled from
+    offsets over that one buffer (no per-key copy of the strings).
     """
     idx = pc.index_in(entries.keys, value_set=pa.array(wanted, pa.string()))
     k_all = np.asarray(pc.fill_null(idx, -1), dtype=np.int64)
     pos = np.flatnonzero(k_all >= 0)
-    k = k_all[pos]
-    present = np.flatnonzero(np.bincount(k, minlength=len(wanted)))
-    slot = np.full(len(wanted), -1, dtype=np.int64)
-    slot[present] = np.arange(len(present))
-    take = np.full((len(present), entries.n), -1, dtype=np.int64)
-    take[slot[k], entries.rows[pos]] = pos  # a repeated key: the later entry wins
-    flat = take.ravel()
-    values = entries.values.take(pa.array(flat, mask=flat < 0))
+    order = np.argsort(k_all[pos].astype(np.int16), kind="stable")  # by key; rows stay in order
+    pos = pos[order]
+    k, rows = k_all[pos], entries.rows[pos]
+    last = np.ones(len(k), dtype=bool)
+    last[:-1] = (k[1:] != k[:-1]) | (rows[1:] != rows[:-1])
+    k, rows, pos = k[last], rows[last], pos[last]
+    values = entries.values.take(pa.array(pos))
+    bounds = np.searchsorted(k, np.arange(len(wanted) + 1))
     nulls = pa.nulls(entries.n, pa.string())
-    return {key: nulls if slot[j] < 0 else values.slice(int(slot[j]) * entries.n, entries.n)
-            for j, key in enumerate(wanted)}
+    return {key: _column(values, rows, int(bounds[j]), int(bounds[j + 1]), entries.n) if bounds[j] < bounds[j + 1]
+            else nulls for j, key in enumerate(wanted)}
+
+
+def _column(values: pa.Array, rows: np.ndarray, a: int, b: int, n: int) -> pa.Array:
+    """The length-``n`` string column with ``values[a:b]`` at ``rows[a:b]`` (increasing), sharing ``values``' data."""
+    voff = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
+    lengths = np.zeros(n, dtype=np.int32)
+    lengths[rows[a:b]] = np.diff(voff[a : b + 1])
+    offsets = np.empty(n + 1, dtype=np.int32)
+    offsets[0] = 0
+    np.cumsum(lengths, out=offsets[1:])
+    offsets += voff[a]
+    valid = np.zeros(n, dtype=bool)
+    valid[rows[a:b]] = True
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), values.buffers()[2], bitmap, null_count=n - (b - a))
 
 
 def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
@@ -107,17 +125,40 @@ def coalesce(*arrays: pa.Array) -> pa.Array:
 
 
 def on_dictionary(arr: pa.ChunkedArray | pa.Array, fn: Callable[[pa.Array], pa.Array]) -> pa.Array:
-    """Apply a vectorised string function to a (possibly dictionary-encoded) column, once per distinct value."""
+    """Apply a vectorised string function to a column once per distinct value (dictionary-encoding it if needed)."""
     a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if pa.types.is_dictionary(a.type):
-        return fn(a.dictionary).take(a.indices)
-    return fn(a)
+    if not pa.types.is_dictionary(a.type):
+        a = pc.dictionary_encode(a)
+    return fn(a.dictionary).take(a.indices)
 
 
 def regex_field(arr: pa.Array, pattern: str) -> pa.Array:
     """The named group ``v`` of ``pattern`` in each string (null where it does not match)."""
     parts = pc.extract_regex(arr, pattern)
     return pc.if_else(pc.is_valid(parts), parts.field("v"), pa.scalar(None, pa.string()))
+
+
+def key_value(arr: pa.Array, key: str, value: str) -> pa.Array:
+    """``regex_field(arr, '"key":\\s*' + value)``, without an unanchored capture over each whole text.
+
+    Each text is split at its first ``"key"``; ``value`` is matched anchored right after it. Texts
+    holding ``"key"`` where that fails (the first occurrence is not the key of the match) take the
+    unanchored pattern.
+    """
+    quoted = json.dumps(key)
+    parts = pc.split_pattern(arr, quoted, max_splits=1)
+    offsets = np.asarray(parts.offsets, dtype=np.int64)
+    has = np.diff(offsets) == 2
+    flat = pc.list_flatten(parts)
+    tails = scatter(flat.take(pa.array(offsets[:-1][has] - offsets[0] + 1)), np.flatnonzero(has), len(arr))
+    found = regex_field(tails, r"^:\s*" + value)
+    retry = np.flatnonzero(has & ~np.asarray(pc.is_valid(found), dtype=bool))
+    if len(retry) == 0:
+        return found
+    slow = regex_field(arr.take(pa.array(retry)), re.escape(quoted) + r":\s*" + value)
+    mask = np.zeros(len(arr), dtype=bool)
+    mask[retry] = True
+    return pc.replace_with_mask(found, pa.array(mask), slow)
 
 
 def to_int(arr: pa.Array) -> pa.Array:

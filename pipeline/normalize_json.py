@@ -11,8 +11,9 @@ as written by compact or default ``json.dumps``):
 - a single assistant message with one non-empty text part or one tool call without arguments,
   optionally with ``finish_reason`` (``genai_output``: the text, or ``name(null)``);
 - flat objects (scalar or list-of-scalar values, no ``,``/``:`` inside strings, none of the keys
-  ``readable`` treats specially, distinct keys, not a single list member) (``readable``: the
-  object re-serialised with ``", "`` and ``": "`` separators, which is what ``json.dumps`` writes).
+  ``readable`` treats specially, distinct keys, not a single list member), written compact or with
+  default ``json.dumps`` separators (``readable``: the object with ``", "`` and ``": "``
+  separators, which is what ``json.dumps`` writes).
 """
 
 from __future__ import annotations
@@ -54,8 +55,15 @@ GENAI_OUTPUT = (f'^\\[\\{{"role"{_C}{_STR}{_S}"parts"{_C}\\[(?:{_text_part(_NONE
 
 _FLAT_STR = r'"[^"\\\x00-\x1f,:]*"'
 _SCALAR = f"(?:{_FLAT_STR}|0|-?[1-9][0-9]*|true|false|null)"
-_VALUE = f"(?:{_SCALAR}|\\[\\]|\\[{_SCALAR}(?:{_S}{_SCALAR})*\\])"
-FLAT_OBJECT = f"^\\{{(?:{_FLAT_STR}{_C}{_VALUE}(?:{_S}{_FLAT_STR}{_C}{_VALUE})*)?\\}}$"
+
+
+def _flat_object(colon: str, comma: str) -> str:
+    value = f"(?:{_SCALAR}|\\[\\]|\\[{_SCALAR}(?:{comma}{_SCALAR})*\\])"
+    return f"^\\{{(?:{_FLAT_STR}{colon}{value}(?:{comma}{_FLAT_STR}{colon}{value})*)?\\}}$"
+
+
+FLAT_COMPACT = _flat_object(":", ",")  # separators as json.dumps(separators=(",", ":")) writes them
+FLAT_SPACED = _flat_object(": ", ", ")  # as json.dumps writes them by default: the readable form already
 # keys ``readable`` looks into (content, tool calls, wrappers): such objects take the per-row path
 _SPECIAL_KEY = r'"(?:content|tool_calls|input_str|inputs|outputs|output|input|args|kwargs|data|messages)":'
 _SINGLE_LIST = f"^\\{{{_FLAT_STR}{_C}\\[(?:{_SCALAR}(?:{_S}{_SCALAR})*)?\\]\\}}$"
@@ -101,18 +109,19 @@ def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 
 def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """``normalize_text.readable`` for flat objects (``FLAT_OBJECT`` and the conditions above)."""
-    ok = _matches(values, FLAT_OBJECT)
-    if not ok.any():
-        return values, ok
-    special = pc.or_(pc.match_substring_regex(values, _SPECIAL_KEY), pc.match_substring_regex(values, _SINGLE_LIST))
-    ok &= ~np.asarray(pc.fill_null(special, True), dtype=bool)
-    ok[ok] &= _distinct_keys(values.filter(pa.array(ok)))
+    """``normalize_text.readable`` for flat objects (``FLAT_COMPACT``/``FLAT_SPACED``, conditions above)."""
+    compact = _matches(values, FLAT_COMPACT)
+    ok = compact | _matches(values, FLAT_SPACED)
     if not ok.any():
         return values, ok
     sub = values.filter(pa.array(ok))
-    out = pc.replace_substring_regex(pc.replace_substring_regex(sub, _S, ", "), _C, ": ")
-    return out, ok
+    special = pc.or_(pc.match_substring_regex(sub, _SPECIAL_KEY), pc.match_substring_regex(sub, _SINGLE_LIST))
+    keep = ~np.asarray(special, dtype=bool) & _distinct_keys(sub)
+    ok[ok] = keep
+    if not keep.all():
+        sub = sub.filter(pa.array(keep))
+    spaced = pc.replace_substring(pc.replace_substring(sub, ",", ", "), ":", ": ")  # all , and : separate
+    return pc.if_else(pa.array(compact[ok]), spaced, sub), ok
 
 
 def _distinct_keys(values: pa.Array) -> np.ndarray:

@@ -61,6 +61,8 @@ def fill(current: pa.Array, source: pa.Array, fn: Reducer) -> pa.Array:
     rows = _needed(current, source)
     if len(rows) == 0:
         return current
+    if len(rows) == len(source) - source.null_count:  # every source value is needed: no gather
+        return pc.coalesce(current, reduce_column(source, fn))
     return _patch(current, rows, reduce_column(source.take(pa.array(rows)), fn))
 
 
@@ -93,22 +95,17 @@ def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
     plain = np.asarray(pc.fill_null(pc.match_substring_regex(values, _PLAIN), True), dtype=bool)
     if plain.all():
         return values
-    out = values
-    rows = np.flatnonzero(~plain)
-    todo = values.take(pa.array(rows))
+    out, pending = values, ~plain
     fast = normalize_json.FAST_PATHS.get(fn.__name__)
     if fast is not None:
-        texts, done = fast(todo)
+        texts, done = fast(values)  # its shapes start with [ or {: never plain, never null
         if done.any():
-            mask = np.zeros(len(values), dtype=bool)
-            mask[rows[done]] = True
-            out = pc.replace_with_mask(out, pa.array(mask), texts)
-            rows, todo = rows[~done], todo.filter(pa.array(~done))
-    if len(rows) == 0:
+            out = pc.replace_with_mask(out, pa.array(done), texts)
+            pending &= ~done
+    if not pending.any():
         return out
-    mask = np.zeros(len(values), dtype=bool)
-    mask[rows] = True
-    return pc.replace_with_mask(out, pa.array(mask), _reduce_distinct(todo, fn))
+    todo = values.take(pa.array(np.flatnonzero(pending)))
+    return pc.replace_with_mask(out, pa.array(pending), _reduce_distinct(todo, fn))
 
 
 def _reduce_distinct(todo: pa.Array, fn: Reducer) -> pa.Array:

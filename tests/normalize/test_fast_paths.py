@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 
 from tracedag.pipeline import normalize_json, normalize_text
-from tracedag.pipeline.normalize import normalize
-from tracedag.pipeline.normalize_extract import map_entries, pick
+from tracedag.pipeline.normalize import clean_name, normalize
+from tracedag.pipeline.normalize_extract import key_value, map_entries, on_dictionary, pick, regex_field
 from tracedag.pipeline.normalize_rules import span_keys
 from tracedag.schemas.spans import BASE_SCHEMA
 
@@ -188,3 +188,53 @@ def test_cap_counts_characters_not_bytes(extra):
     texts = ["é" * (cap + extra), "a" * (cap + extra), "😀" * (cap // 2) + "a" * (cap // 2 + extra), None, "short"]
     got, cut = normalize_text.cap(pa.array(texts, pa.string()))
     assert (got.to_pylist(), cut.to_pylist()) == _cap_reference(texts)
+
+
+_META_VALUES = {"langgraph_node": r'"(?P<v>(?:[^"\\]|\\.)*)"', "langgraph_step": r"(?P<v>-?\d+)",
+                "langgraph_triggers": r"(?P<v>\[[^\]]*\])"}
+
+
+def _key_value_reference(values, key):
+    return regex_field(pa.array(values, pa.string()), f'"{key}":\\s*' + _META_VALUES[key]).to_pylist()
+
+
+def test_key_value_equals_unanchored_regex_on_captured_metadata(captured):
+    meta = pick(map_entries(captured["attributes"]), ["metadata"])["metadata"]
+    assert pc.sum(pc.is_valid(meta)).as_py() > 10
+    for key, value in _META_VALUES.items():
+        assert key_value(meta, key, value).to_pylist() == _key_value_reference(meta.to_pylist(), key), key
+
+
+_META_PIECES = st.sampled_from(['"langgraph_node"', '"langgraph_node": "a\\"b"', '"langgraph_node":"x"', ": ", '"',
+                                '"langgraph_step": 3', '"langgraph_step":-12', '"langgraph_triggers": ["a", "b"]',
+                                "[", "]", "{", "}", ", ", "\\", "tools", '"langgraph_node":  \n "y"'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(_META_PIECES, max_size=6).map("".join)), min_size=1, max_size=8))
+def test_key_value_equals_unanchored_regex(values):
+    for key, value in _META_VALUES.items():
+        assert key_value(pa.array(values, pa.string()), key, value).to_pylist() == _key_value_reference(values, key)
+
+
+def test_clean_name_once_per_distinct_name_on_plain_strings():
+    names = ["GET /users/123", "GET /users/456", "agent", None, "run 7f3a9c2e-1b2c-4d5e-8f90-123456789abc"]
+    plain = on_dictionary(pa.array(names, pa.string()), clean_name).to_pylist()
+    assert plain == clean_name(pa.array(names, pa.string())).to_pylist()
+    assert plain[:3] == ["GET /users", "GET /users", "agent"]
+
+
+_MAP_KEYS = st.sampled_from(["input.value", "gen_ai.tool.name", "metadata", "other.key", "session.id"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.tuples(_MAP_KEYS, st.sampled_from(["", "a", "ébc", "x" * 40])),
+                                               max_size=6)), min_size=1, max_size=10), st.integers(0, 3))
+def test_pick_equals_per_row_lookup_with_repeated_keys(maps, offset):
+    """Maps with repeated keys (the later entry wins), empty strings, null maps, sliced input."""
+    column = pa.array([None] * offset + maps, pa.map_(pa.string(), pa.string())).slice(offset)
+    keys = ["input.value", "gen_ai.tool.name", "metadata", "session.id", "absent"]
+    got = pick(map_entries(column), keys)
+    for key in keys:
+        got[key].validate(full=True)
+        assert got[key].to_pylist() == [None if m is None else dict(m).get(key) for m in maps], key
