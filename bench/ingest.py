@@ -105,10 +105,7 @@ class Collector:
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                with open(f"/proc/{self.proc.pid}/status") as fh:
-                    for line in fh:
-                        if line.startswith("VmRSS:"):
-                            self.peak_rss = max(self.peak_rss, int(line.split()[1]) * 1024)
+                self.peak_rss = max(self.peak_rss, tree_rss(self.proc.pid))
             except OSError:
                 return
 
@@ -116,6 +113,22 @@ class Collector:
         self._stop.set()
         self.proc.terminate()
         self.proc.wait(120)
+
+
+def tree_rss(pid: int) -> int:
+    """RSS of a process and its children (the collector and its converter process)."""
+    total = 0
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                total += tree_rss(int(child))
+            except OSError:
+                continue
+    return total
 
 
 # -- clients -------------------------------------------------------------------------------
