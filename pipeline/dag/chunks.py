@@ -45,7 +45,7 @@ def _route(data: Path, chunks: list[list[str]], tmp: Path) -> None:
     """Write the spans of each chunk to ``tmp/chunk-<k>.arrow`` in one pass over the spans files."""
     ids = pa.array([t for c in chunks for t in c], pa.string())
     bounds = np.cumsum([len(c) for c in chunks])
-    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
         scanner = _dataset(data).scanner(columns=INPUT_COLUMNS, filter=ds.field("trace_id").isin(ids))
         for batch in scanner.to_batches():
@@ -53,7 +53,7 @@ def _route(data: Path, chunks: list[list[str]], tmp: Path) -> None:
             chunk = np.searchsorted(bounds, pos, side="right")
             for k in np.unique(chunk).tolist():
                 if k not in writers:
-                    writers[k] = pa.ipc.new_file(str(tmp / f"chunk-{k}.arrow"), INPUT_SCHEMA)
+                    writers[k] = pa.ipc.new_stream(str(tmp / f"chunk-{k}.arrow"), INPUT_SCHEMA)
                 writers[k].write_batch(batch.take(pa.array(np.flatnonzero(chunk == k))))
     finally:
         for w in writers.values():
@@ -74,7 +74,7 @@ def chunk_tables(data: Path, chunks: list[list[str]], tmp: Path) -> Iterator[pa.
                 yield INPUT_SCHEMA.empty_table()
                 continue
             with pa.memory_map(str(path)) as source:
-                yield pa.ipc.open_file(source).read_all()
+                yield pa.ipc.open_stream(source).read_all()
             path.unlink()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from tracedag.pipeline.dag.explicit import Resolved
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec
+from tracedag.pipeline.dag.traces import traces_table
 from tracedag.pipeline.dag.tree import BoolArray, IntArray
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
 
@@ -141,33 +142,6 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
     )
 
 
-_TRACES_SQL = """
-select n.trace_id, $build_id as build_id, $built::bigint as built_unix_nano,
-       max(p.received_unix_nano) as last_received_unix_nano,
-       arg_min(n.span_id, (n.is_orphan::int, n.start_time_unix_nano, n.span_id))
-           filter (where n.parent_span_id is null) as root_span_id,
-       arg_min(p.service_name, n.nested_left) filter (where p.service_name is not null) as service_name,
-       arg_min(p.service_version, n.nested_left) filter (where p.service_version is not null) as service_version,
-       arg_min(p.conversation_id, n.nested_left) filter (where p.conversation_id is not null) as conversation_id,
-       arg_min(p.run_id, n.nested_left) filter (where p.run_id is not null) as run_id,
-       arg_min(p.scenario_id, n.nested_left) filter (where p.scenario_id is not null) as scenario_id,
-       arg_min(p.replay_index, n.nested_left) filter (where p.replay_index is not null) as replay_index,
-       arg_min(p.variant_id, n.nested_left) filter (where p.variant_id is not null) as variant_id,
-       min(n.start_time_unix_nano) as start_time_unix_nano, max(n.end_time_unix_nano) as end_time_unix_nano,
-       max(n.end_time_unix_nano) - min(n.start_time_unix_nano) as duration_ns,
-       count(*) as span_count, count(*) filter (where n.status_code = 2) as error_count,
-       count(*) filter (where n.parent_span_id is null) as root_count,
-       count(*) filter (where n.is_orphan) as orphan_count,
-       count(*) filter (where n.clock_skew) as clock_skew_count,
-       count(*) filter (where p.parent_span_id is null) = 1 and not bool_or(n.is_orphan) as connected,
-       any_value(m.method) as method, any_value(m.fallback_reason) as fallback_reason,
-       any_value(m.deviation_reason) is not null as deviant, any_value(m.deviation_reason) as deviation_reason
-from out_nodes n positional join prep p join out_meta m on m.trace_id = n.trace_id
-group by n.trace_id
-order by n.trace_id
-"""
-
-
 def _trace_meta(prep: pa.Table, g: Graph, edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None) -> pa.Table:
     """Per trace: method, fallback reason, deviation reason."""
     trace_ids = prep.column("trace_id").take(pa.array(np.flatnonzero(np.diff(g.trace, prepend=-1))))
@@ -213,7 +187,6 @@ def _deviations(edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None, tra
 
 
 def assemble(
-    con: duckdb.DuckDBPyConnection,
     prep: pa.Table,
     g: Graph | None,
     build_id: str,
@@ -226,7 +199,4 @@ def assemble(
     nodes = nodes_table(prep, g, build_id, spec)
     edges = edges_table(prep, g, build_id)
     meta = _trace_meta(prep, g, edges, nodes, spec)
-    con.register("out_nodes", nodes)
-    con.register("out_meta", meta)
-    traces = arrow(con, _TRACES_SQL, {"build_id": build_id, "built": built_unix_nano})
-    return traces.cast(TRACES_V1), nodes, edges
+    return traces_table(prep, g, meta, build_id, built_unix_nano), nodes, edges

@@ -162,7 +162,7 @@ def reconstruct(
             f = prepare(con, spans)
         del spans  # the caller passes the only reference: free the input before the heavy steps
         if f.n == 0:
-            empty: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, None, build_id, built_unix_nano, spec)
+            empty: tuple[pa.Table, pa.Table, pa.Table] = assemble(f.prep, None, build_id, built_unix_nano, spec)
             return empty
         has_ref = f.prep.column("has_parent_ref").to_numpy(zero_copy_only=False).astype(np.bool_)
         with stage("repair"):
@@ -176,7 +176,7 @@ def reconstruct(
         with stage("loops+explicit"):
             graph = _graph(con, f, ct, order, left, right)
         with stage("assemble"):
-            out: tuple[pa.Table, pa.Table, pa.Table] = assemble(con, f.prep, graph, build_id, built_unix_nano, spec)
+            out: tuple[pa.Table, pa.Table, pa.Table] = assemble(f.prep, graph, build_id, built_unix_nano, spec)
         return out
     finally:
         con.close()
