@@ -141,29 +141,40 @@ def evaluation_ranges(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, 
 
 # ---- judge ----------------------------------------------------------------------------------------
 
+# Latest-build steps with a rubric metric not judged on that build yet (at most $limit steps),
+# with the outputs of their upstream steps (never their scores).
 JUDGE_CANDIDATES_SQL = """
-with judged as (
-    select trace_id, span_id, build_id, list(distinct metric) as metrics from step_scores_all
-    where source = 'judge' group by all
+with rubric as (
+    select unnest($types) as step_type, unnest($metrics) as metric
+), todo as (
+    select n.trace_id, n.span_id, n.build_id, list(r.metric order by r.metric) as todo,
+           min(n.topo_index) as topo_index
+    from dag_nodes n join rubric r on r.step_type = cast(n.step_type as varchar)
+    where not exists (select 1 from step_scores_all s
+                      where s.source = 'judge' and s.trace_id = n.trace_id and s.span_id = n.span_id
+                        and s.build_id = n.build_id and s.metric = r.metric)
+    group by n.trace_id, n.span_id, n.build_id
+    order by n.trace_id, topo_index
+    limit $limit
 ), upstream as (
     select e.trace_id, e.downstream_span_id as span_id,
            list(struct_pack(label := concat_ws(' ', cast(u.step_type as varchar),
                                                coalesce(u.step_name, cast(u.name as varchar))),
                             text := u.output_text) order by u.end_time_unix_nano desc) as ups
-    from dag_edges e join spans u on u.trace_id = e.trace_id and u.span_id = e.upstream_span_id
-    where e.downstream_span_id is not null
+    from dag_edges e
+    join todo t on t.trace_id = e.trace_id and t.span_id = e.downstream_span_id
+    join spans u on u.trace_id = e.trace_id and u.span_id = e.upstream_span_id
     group by all
 )
-select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_type,
+select t.trace_id, t.span_id, t.build_id, cast(n.step_type as varchar) as step_type,
        coalesce(n.step_name, cast(s.name as varchar)) as step_name, s.tool_name, s.model,
        coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.input_text, s.output_text,
-       coalesce(j.metrics, []) as judged, coalesce(up.ups, []) as upstream
-from dag_nodes n
-left join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
-left join judged j on j.trace_id = n.trace_id and j.span_id = n.span_id and j.build_id = n.build_id
-left join upstream up on up.trace_id = n.trace_id and up.span_id = n.span_id
-where cast(n.step_type as varchar) in (select unnest($types))
-order by n.trace_id, n.topo_index
+       t.todo, coalesce(up.ups, []) as upstream
+from todo t
+join dag_nodes n on n.trace_id = t.trace_id and n.span_id = t.span_id and n.build_id = t.build_id
+left join spans s on s.trace_id = t.trace_id and s.span_id = t.span_id
+left join upstream up on up.trace_id = t.trace_id and up.span_id = t.span_id
+order by t.trace_id, t.topo_index
 """
 
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
@@ -187,7 +198,9 @@ def judge_input(r: dict[str, Any], max_chars: int, max_upstream: int) -> JudgeIn
                       output_text=_clip(r["output_text"], max_chars), upstream=ups)
 
 
-def judge_candidates(con: duckdb.DuckDBPyConnection, step_types: list[str]) -> list[dict[str, Any]]:
-    """Latest-build steps of the given types, with the metrics already judged on that build."""
-    rows: list[dict[str, Any]] = con.sql(JUDGE_CANDIDATES_SQL, params={"types": step_types}).to_arrow_table().to_pylist()
+def judge_candidates(con: duckdb.DuckDBPyConnection, rubric_keys: list[tuple[str, str]],
+                     limit: int | None) -> list[dict[str, Any]]:
+    """Latest-build steps with (step type, metric) rubrics not judged yet, with ``todo`` metrics."""
+    params = {"types": [t for t, _ in rubric_keys], "metrics": [m for _, m in rubric_keys], "limit": limit}
+    rows: list[dict[str, Any]] = con.sql(JUDGE_CANDIDATES_SQL, params=params).to_arrow_table().to_pylist()
     return rows

@@ -117,19 +117,15 @@ def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
     from tracedag.pipeline.score.judge_client import JudgeTask
 
-    rubrics = load_rubrics(cfg.rubric_dir)
+    rubrics = {(rb.step_type, rb.metric): rb for group in load_rubrics(cfg.rubric_dir).values() for rb in group}
     tasks: list[JudgeTask] = []
     models: set[str] = set()
-    for r in inputs.judge_candidates(con, sorted(rubrics)):
-        todo = [rb for rb in rubrics[r["step_type"]] if rb.metric not in r["judged"]]
-        if not todo:
-            continue
+    for r in inputs.judge_candidates(con, sorted(rubrics), cfg.max_steps):
         if r["model"]:
             models.add(r["model"])
         step = inputs.judge_input(r, cfg.max_chars, cfg.max_upstream)
-        tasks.extend(JudgeTask(r["trace_id"], r["span_id"], r["build_id"], rb, step) for rb in todo)
-    if cfg.max_steps is not None:
-        tasks = tasks[: cfg.max_steps]
+        tasks.extend(JudgeTask(r["trace_id"], r["span_id"], r["build_id"], rubrics[(r["step_type"], m)], step)
+                     for m in r["todo"])
     return tasks, sorted(models)
 
 

@@ -378,3 +378,30 @@ def test_config_from_env_and_cli_price(builder):
             "--judge-base-url", url, "--judge-price", "10", "20"])
     assert out.exit_code == 0, out.output
     assert "$0.0042" in out.output  # (300 * 10 + 60 * 20) / 1e6; no key needed for a custom endpoint
+
+
+def test_a_new_rubric_metric_is_judged_on_the_next_run(builder, tmp_path):
+    import yaml
+
+    from tracedag.pipeline.score.rubrics import load_rubrics
+
+    llm = load_rubrics()["llm"][0]
+    doc = {"id": llm.id, "version": llm.version, "step_type": "llm", "metric": llm.metric, "question": llm.question,
+           "anchors": llm.anchors, "failure_categories": list(llm.failure_categories),
+           "examples": list(llm.examples)}
+    rubric_dir = tmp_path / "rubrics"
+    rubric_dir.mkdir()
+    (rubric_dir / "llm.response_quality.yaml").write_text(yaml.safe_dump(doc))
+    spans = [STEPS[2]]
+    builder.spans(spans)
+    builder.build(spans)
+    with serve(FakeJudge()) as url:
+        first = score_store(builder.data, judge=_cfg(url, rubric_dir=rubric_dir))
+        doc.update(id="llm.conciseness", metric="conciseness", version="0.1.0")
+        (rubric_dir / "llm.conciseness.yaml").write_text(yaml.safe_dump(doc))
+        second = score_store(builder.data, judge=_cfg(url, rubric_dir=rubric_dir))
+    assert (first.judge.judged, second.judge.judged, second.judge.calls) == (1, 1, 1)
+    con = connect(builder.data)
+    metrics = con.execute("select metric, rubric_version from step_scores where source = 'judge' order by 1").fetchall()
+    con.close()
+    assert metrics == [("conciseness", "llm.conciseness@0.1.0"), ("response_quality", "llm.response_quality@1.0.0")]
