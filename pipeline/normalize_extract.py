@@ -47,9 +47,14 @@ def map_entries(column: pa.ChunkedArray | pa.Array) -> Entries:
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    keys = arr.keys.slice(start, stop - start)
-    values = arr.items.slice(start, stop - start)
+    keys = _plain_string(arr.keys.slice(start, stop - start))
+    values = _plain_string(arr.items.slice(start, stop - start))
     return Entries(rows, keys, values, n)
+
+
+def _plain_string(arr: pa.Array) -> pa.Array:
+    """``arr`` as ``pa.string()`` (``pick`` assembles columns from its 32-bit offsets)."""
+    return arr if arr.type == pa.string() else arr.cast(pa.string())
 
 
 def scatter(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
@@ -120,8 +125,20 @@ def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
 
 def coalesce(*arrays: pa.Array) -> pa.Array:
     """First non-null value per row, empty strings counting as null."""
-    cleaned = [pc.if_else(pc.equal(a, ""), pa.scalar(None, a.type), a) if pa.types.is_string(a.type) else a for a in arrays]
+    cleaned = [empty_as_null(a) if pa.types.is_string(a.type) else a for a in arrays]
     return cleaned[0] if len(cleaned) == 1 else pc.coalesce(*cleaned)
+
+
+def empty_as_null(arr: pa.Array) -> pa.Array:
+    """``arr`` with its empty strings made null (a new validity bitmap over the same data buffers)."""
+    if arr.null_count == len(arr):
+        return arr
+    keep = np.asarray(pc.fill_null(pc.greater(pc.binary_length(arr), 0), False), dtype=bool)
+    if keep.all():
+        return arr
+    bitmap = pa.py_buffer(np.packbits(keep, bitorder="little"))
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    return pa.StringArray.from_buffers(len(arr), pa.py_buffer(np.ascontiguousarray(offsets)), arr.buffers()[2], bitmap)
 
 
 def on_dictionary(arr: pa.ChunkedArray | pa.Array, fn: Callable[[pa.Array], pa.Array]) -> pa.Array:

@@ -18,7 +18,14 @@ from realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 
 from tracedag.pipeline import normalize_json, normalize_text
 from tracedag.pipeline.normalize import clean_name, normalize
-from tracedag.pipeline.normalize_extract import key_value, map_entries, on_dictionary, pick, regex_field
+from tracedag.pipeline.normalize_extract import (
+    coalesce,
+    key_value,
+    map_entries,
+    on_dictionary,
+    pick,
+    regex_field,
+)
 from tracedag.pipeline.normalize_rules import span_keys
 from tracedag.schemas.spans import BASE_SCHEMA
 
@@ -238,3 +245,12 @@ def test_pick_equals_per_row_lookup_with_repeated_keys(maps, offset):
     for key in keys:
         got[key].validate(full=True)
         assert got[key].to_pylist() == [None if m is None else dict(m).get(key) for m in maps], key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(*[st.sampled_from([None, "", "a", "é€"])] * 3), min_size=1, max_size=12), st.integers(0, 3))
+def test_coalesce_skips_nulls_and_empty_strings(rows, offset):
+    cols = [pa.array([None] * offset + [r[i] for r in rows], pa.string()).slice(offset) for i in range(3)]
+    got = coalesce(*cols)
+    got.validate(full=True)
+    assert got.to_pylist() == [next((v for v in r if v), None) for r in rows]
