@@ -48,8 +48,8 @@ def summary_table(results: list[Agreement], labelled: int) -> Table:
 
 def matrix_table(a: Agreement) -> Table:
     """The 5x5 confusion matrix of one source (rows: human, columns: source)."""
-    t = Table(title=f"confusion: human (rows) x {a.source} (columns)")
-    t.add_column("human")
+    t = Table(title=f"confusion: {a.source}", caption=f"rows: human, columns: {a.source}")
+    t.add_column("score")
     for c in CLASSES:
         t.add_column(str(c), justify="right")
     for c, row in zip(CLASSES, a.matrix, strict=True):
