@@ -50,7 +50,7 @@ class StepFacts:
 
 # ---- signals derived from the facts -------------------------------------------------------------
 
-_ERROR_WORDS = re.compile(r"^\s*(error\b|exception\b|traceback \(most recent call last\)|failed:)", re.I)
+_ERROR_WORDS = re.compile(r"^\s*(error\s*:|exception\s*:|\w+(?:error|exception)\s*:|traceback \(most recent call last\)|failed\s*:)", re.I)
 _RESULT_ERROR_KEYS = ("error", "errors", "exception")
 
 

@@ -169,10 +169,19 @@ def test_single_rules(facts, metric, rule):
     assert rows[metric].rule_name == rule
 
 
-def test_no_error_words_without_a_failure():
-    # "timeout" in a successful tool's output is not a failure signal
-    facts = StepFacts(T, "s", step_type="tool", output_text="The meeting timeout is 5 minutes.")
+@pytest.mark.parametrize("text", ["The meeting timeout is 5 minutes.", "Error rates fell 5% in May.",
+                                  '{"error": null, "rows": 3}', '{"status": "ok"}'])
+def test_no_error_words_without_a_failure(text):
+    # error words in a successful tool's result are not a failure signal
+    facts = StepFacts(T, "s", step_type="tool", output_text=text)
     assert {r.metric: r.score for r in score_step(facts)} == {"execution": 5, "output": 5}
+
+
+@pytest.mark.parametrize("text", ["Error: ValueError('negative')\n Please fix your mistakes.",
+                                  "KeyError: 'city'", "Traceback (most recent call last):\n  File x"])
+def test_tool_results_that_report_errors(text):
+    rows = {r.metric: r for r in score_step(StepFacts(T, "s", step_type="tool", output_text=text))}
+    assert (rows["execution"].score, rows["execution"].rule_name) == (1, "tool_status_error")
 
 
 def test_rule_table_is_consistent():
