@@ -197,3 +197,19 @@ def test_service_name_from_argument_then_environment(monkeypatch):
         assert [s.resource.attributes["service.name"] for s in second.get_finished_spans()] == ["explicit"]
     finally:
         td.shutdown()
+
+
+def test_conversation_and_run_labels_work_as_decorators(exporter):
+    @td.conversation("conv-deco")
+    @td.run_labels(scenario_id="deco", replay_index=1)
+    @td.agent("decorated")
+    def handle(message: str) -> str:
+        return message.upper()
+
+    assert handle("a") == "A" and handle("b") == "B"
+    spans = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent decorated"] if td.force_flush() else []
+    assert len(spans) == 2
+    for span in spans:
+        assert span.attributes["gen_ai.conversation.id"] == "conv-deco"
+        assert span.attributes["tracedag.scenario_id"] == "deco"
+        assert span.attributes["tracedag.replay_index"] == 1
