@@ -61,16 +61,11 @@ from sib s join sib_groups g using (grp) where g.step_mode
 
 _STEP_EDGES = "select a.idx as a, b.idx as b from sib_steps a join sib_steps b on a.grp = b.grp and b.r = a.r + 1"
 
-_COUNTS = """
-select s.idx, g.gsize, g.step_mode,
-       coalesce(st.n_pred, pr.n_pred, 0) as n_pred, coalesce(st.n_succ, su.n_succ, 0) as n_succ
-from sib s join sib_groups g using (grp)
-left join sib_steps st on st.idx = s.idx
-left join (select b as idx, count(*) as n_pred from sib_pairs group by b) pr on pr.idx = s.idx
-left join (select a as idx, count(*) as n_succ from sib_pairs group by a) su on su.idx = s.idx
-order by s.idx
+_PAIR_COUNTS = """
+select a as idx, count(*) as n, true as is_pred_of_other from sib_pairs group by a
+union all
+select b, count(*), false from sib_pairs group by b
 """
-
 
 @dataclass(frozen=True)
 class SiblingOrder:
@@ -98,20 +93,34 @@ def sibling_order(con: duckdb.DuckDBPyConnection, sib: pa.Table, tolerance_ns: i
         con.execute(_STEP_RANKS)
         t_edges = arrow(con, _TIME_EDGES, {"tol": tolerance_ns})
         s_edges = arrow(con, _STEP_EDGES)
-        counts = arrow(con, _COUNTS)
+        groups = arrow(con, "select grp, gsize, step_mode from sib_groups")
+        steps = arrow(con, "select idx, n_pred, n_succ from sib_steps")
+        pairs = arrow(con, _PAIR_COUNTS)
     finally:
         con.unregister("sib")
         for t in ("sib_groups", "sib_pairs", "sib_steps"):
             con.execute(f"drop table if exists {t}")
-    src = np.concatenate([_col(t_edges, "a"), _col(s_edges, "a")])
-    dst = np.concatenate([_col(t_edges, "b"), _col(s_edges, "b")])
+    n = sib.num_rows
+    grp = _col(sib, "grp")
+    size_of = np.zeros(int(grp.max()) + 1 if n else 1, dtype=np.int64)
+    size_of[_col(groups, "grp")] = _col(groups, "gsize")
+    mode_of = np.zeros(size_of.size, dtype=np.bool_)
+    mode_of[_col(groups, "grp")] = groups.column("step_mode").to_numpy(zero_copy_only=False).astype(np.bool_)
+    n_pred = np.zeros(n, dtype=np.int64)
+    n_succ = np.zeros(n, dtype=np.int64)
+    is_a = pairs.column("is_pred_of_other").to_numpy(zero_copy_only=False).astype(np.bool_)
+    idx, cnt = _col(pairs, "idx"), _col(pairs, "n")
+    n_succ[idx[is_a]] = cnt[is_a]
+    n_pred[idx[~is_a]] = cnt[~is_a]
+    n_pred[_col(steps, "idx")] = _col(steps, "n_pred")
+    n_succ[_col(steps, "idx")] = _col(steps, "n_succ")
     return SiblingOrder(
-        src=src,
-        dst=dst,
-        n_pred=_col(counts, "n_pred"),
-        n_succ=_col(counts, "n_succ"),
-        group_size=_col(counts, "gsize"),
-        step_mode=counts.column("step_mode").to_numpy(zero_copy_only=False).astype(np.bool_),
+        src=np.concatenate([_col(t_edges, "a"), _col(s_edges, "a")]),
+        dst=np.concatenate([_col(t_edges, "b"), _col(s_edges, "b")]),
+        n_pred=n_pred,
+        n_succ=n_succ,
+        group_size=size_of[grp],
+        step_mode=mode_of[grp],
     )
 
 
