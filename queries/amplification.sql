@@ -20,6 +20,9 @@
 --   downstream_failures  sum over the originating failures of the failures downstream of each in
 --                        the failure DAG (a failure downstream of two originating ones counts for both)
 --   amplification_factor downstream_failures / originating (null when no originating failure)
+-- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
+-- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
+-- after $max_hops hops.
 with recursive
 win as (
     select trace_id

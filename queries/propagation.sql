@@ -22,6 +22,9 @@
 -- in the failure DAG (transitively). kind = 'propagated' when failing_upstream is not empty.
 -- chain_length = hops of the longest failure-DAG path from an originating failure to the step
 -- (0 for an originating failure).
+-- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
+-- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
+-- after $max_hops hops.
 with recursive
 win as (
     select trace_id

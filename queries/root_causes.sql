@@ -28,6 +28,9 @@
 -- The failure of a trace is its final failure: the non-recovered failure with no failure downstream
 -- of it that has the most failures upstream (ties: latest end, then span_id). A trace whose
 -- failures were all recovered is not a failed trace.
+-- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
+-- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
+-- after $max_hops hops.
 with recursive
 win as (
     select trace_id, conversation_id

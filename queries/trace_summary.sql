@@ -18,6 +18,9 @@
 -- failures.sql, originating failures as in propagation.sql, workflow_score/passed as in
 -- workflow_scores.sql, root cause = the greedy root of the trace's final failure as in
 -- root_causes.sql (strategy greedy, per trace); category = its taxonomy_l1 ('unclassified' if none).
+-- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
+-- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
+-- after $max_hops hops.
 with recursive
 win as (
     select *
