@@ -20,11 +20,14 @@ import pyarrow.compute as pc
 from tracedag.pipeline import normalize_text as text
 from tracedag.pipeline.normalize_extract import (
     Entries,
+    Sparse,
     coalesce,
+    first_present,
     key_value,
     map_entries,
     on_dictionary,
     pick,
+    pick_sparse,
     regex_field,
     scatter,
     single_chunk,
@@ -45,7 +48,11 @@ from tracedag.schemas.spans import AGENT_FIELDS, SPANS_V1
 logger = logging.getLogger(__name__)
 
 Cols = dict[str, pa.Array]
-Filler = Callable[[pa.Array, pa.Array, text.Reducer], pa.Array]
+Filler = Callable[[pa.Array, Sparse, pa.Array, text.Reducer], pa.Array]
+TEXT_SOURCES = ("tool_args", "tool_result", "input_messages", "output_messages", "input_value", "output_value",
+                "entity_input", "entity_output")
+# payload keys: read in place by the text columns, never copied into per-key columns
+TEXT_KEYS = list(dict.fromkeys(k for src in TEXT_SOURCES for k in COLUMN_SOURCES[src]))
 _NULL = pa.scalar(None, pa.string())
 _STRING = r'"(?P<v>(?:[^"\\]|\\.)*)"'
 
@@ -71,7 +78,7 @@ def normalize(base: pa.Table, *, reference: bool = False) -> pa.Table:
 def agent_columns(base: pa.Table, reference: bool = False) -> Cols:
     """Compute every agent column (plain Arrow arrays, step_type not yet dictionary-encoded)."""
     entries = map_entries(base["attributes"])
-    a = pick(entries, span_keys())
+    a = pick(entries, [k for k in span_keys() if k not in TEXT_KEYS])
     res = pick(map_entries(base["resource_attributes"]), RESOURCE_KEYS)
     name = on_dictionary(base["name"], lambda d: d)
     out: Cols = {"_clean_name": on_dictionary(base["name"], clean_name)}
@@ -79,7 +86,7 @@ def agent_columns(base: pa.Table, reference: bool = False) -> Cols:
     out.update(_langgraph(a, name))
     out.update(_kinds(a, name, out))
     out["error_type"] = _error_type(a, base)
-    out.update(_texts(a, entries, text.fill_reference if reference else text.fill))
+    out.update(_texts(pick_sparse(entries, TEXT_KEYS), entries, text.fill_reference if reference else text.fill))
     out.update(_labels(a, res))
     out["conversation_id"] = inherit_by_trace(base, out["conversation_id"])
     return out
@@ -183,25 +190,27 @@ def exception_types(events: pa.ChunkedArray) -> pa.Array:
     return scatter(kinds, rows[is_exc], len(ev))
 
 
-def _texts(a: Cols, entries: Entries, fill: Filler) -> Cols:
+def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: Filler) -> Cols:
     """input_text / output_text in source priority order, capped, with the truncation flag."""
-    src = {k: coalesce(*(a[x] for x in COLUMN_SOURCES[k])) for k in
-           ("tool_args", "tool_result", "input_messages", "output_messages", "input_value", "output_value",
-            "entity_input", "entity_output")}
-    inp = fill(pa.nulls(entries.n, pa.string()), src["tool_args"], text.readable)
-    inp = fill(inp, src["input_messages"], text.genai_input)
+    src = {k: first_present(*(sp[x] for x in COLUMN_SOURCES[k])) for k in TEXT_SOURCES}
+
+    def fill(current: pa.Array, source: str, fn: text.Reducer) -> pa.Array:
+        return fill_with(current, src[source], entries.values, fn)
+
+    inp = fill(pa.nulls(entries.n, pa.string()), "tool_args", text.readable)
+    inp = fill(inp, "input_messages", text.genai_input)
     inp = pc.coalesce(inp, text.last_user_message(entries, "llm.input_messages.", "message\\.role|message\\.content",
                                                    "message.role", "message.content"))
     inp = pc.coalesce(inp, text.last_user_message(entries, "gen_ai.prompt.", "role|content", "role", "content"))
-    inp = fill(inp, src["input_value"], text.readable)
-    inp = fill(inp, src["entity_input"], text.readable)
-    out = fill(pa.nulls(entries.n, pa.string()), src["tool_result"], text.readable)
-    out = fill(out, src["output_messages"], text.genai_output)
+    inp = fill(inp, "input_value", text.readable)
+    inp = fill(inp, "entity_input", text.readable)
+    out = fill(pa.nulls(entries.n, pa.string()), "tool_result", text.readable)
+    out = fill(out, "output_messages", text.genai_output)
     out = pc.coalesce(out, text.last_message(entries, "llm.output_messages.", "message\\.content", "message.content"))
     out = pc.coalesce(out, text.llm_output_calls(entries))
     out = pc.coalesce(out, text.last_message(entries, "gen_ai.completion.", "content", "content"))
-    out = fill(out, src["output_value"], text.readable)
-    out = fill(out, src["entity_output"], text.readable)
+    out = fill(out, "output_value", text.readable)
+    out = fill(out, "entity_output", text.readable)
     inp, cut_in = text.cap(coalesce(inp))
     out, cut_out = text.cap(coalesce(out))
     return {"input_text": inp, "output_text": out, "text_truncated": pc.or_(cut_in, cut_out)}

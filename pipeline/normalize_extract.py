@@ -71,15 +71,7 @@ def pick(entries: Entries, wanted: list[str]) -> dict[str, pa.Array]:
     order, a repeated key keeping its later entry), and each key's column is assembled from
     offsets over that one buffer (no per-key copy of the strings).
     """
-    idx = pc.index_in(entries.keys, value_set=pa.array(wanted, pa.string()))
-    k_all = np.asarray(pc.fill_null(idx, -1), dtype=np.int64)
-    pos = np.flatnonzero(k_all >= 0)
-    order = np.argsort(k_all[pos].astype(np.int16), kind="stable")  # by key; rows stay in order
-    pos = pos[order]
-    k, rows = k_all[pos], entries.rows[pos]
-    last = np.ones(len(k), dtype=bool)
-    last[:-1] = (k[1:] != k[:-1]) | (rows[1:] != rows[:-1])
-    k, rows, pos = k[last], rows[last], pos[last]
+    k, rows, pos = _picked(entries, wanted)
     values = entries.values.take(pa.array(pos))
     bounds = np.searchsorted(k, np.arange(len(wanted) + 1))
     nulls = pa.nulls(entries.n, pa.string())
@@ -100,6 +92,50 @@ def _column(values: pa.Array, rows: np.ndarray, a: int, b: int, n: int) -> pa.Ar
     valid[rows[a:b]] = True
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), values.buffers()[2], bitmap, null_count=n - (b - a))
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """The rows (increasing) of a map column holding a non-empty value for a key, and that entry's position."""
+
+    rows: np.ndarray
+    pos: np.ndarray
+
+
+def _picked(entries: Entries, wanted: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key index, row, entry position) of the entries whose key is wanted, by key then row, last per (key, row)."""
+    idx = pc.index_in(entries.keys, value_set=pa.array(wanted, pa.string()))
+    k_all = np.asarray(pc.fill_null(idx, -1), dtype=np.int64)
+    pos = np.flatnonzero(k_all >= 0)
+    pos = pos[np.argsort(k_all[pos].astype(np.int16), kind="stable")]  # rows stay in order
+    k, rows = k_all[pos], entries.rows[pos]
+    last = np.ones(len(k), dtype=bool)
+    last[:-1] = (k[1:] != k[:-1]) | (rows[1:] != rows[:-1])  # a repeated key: the later entry wins
+    return k[last], rows[last], pos[last]
+
+
+def pick_sparse(entries: Entries, wanted: list[str]) -> dict[str, Sparse]:
+    """Per key of ``wanted``, the rows with a non-empty value and where it is (no string is copied)."""
+    k, rows, pos = _picked(entries, wanted)
+    offsets = np.frombuffer(entries.values.buffers()[1], dtype=np.int32)[entries.values.offset :]
+    nonempty = offsets[pos + 1] > offsets[pos]
+    k, rows, pos = k[nonempty], rows[nonempty], pos[nonempty]
+    bounds = np.searchsorted(k, np.arange(len(wanted) + 1))
+    return {key: Sparse(rows[bounds[j] : bounds[j + 1]], pos[bounds[j] : bounds[j + 1]]) for j, key in enumerate(wanted)}
+
+
+def first_present(*cols: Sparse) -> Sparse:
+    """Per row, the first of ``cols`` (in priority order) that has a value."""
+    if len(cols) == 1:
+        return cols[0]
+    rows = np.concatenate([c.rows for c in cols])
+    pos = np.concatenate([c.pos for c in cols])
+    prio = np.concatenate([np.full(len(c.rows), i) for i, c in enumerate(cols)])
+    order = np.lexsort((prio, rows))
+    rows, pos = rows[order], pos[order]
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = rows[1:] != rows[:-1]
+    return Sparse(rows[first], pos[first])
 
 
 def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:

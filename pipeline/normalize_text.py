@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline import normalize_json
-from tracedag.pipeline.normalize_extract import Entries, family
+from tracedag.pipeline.normalize_extract import Entries, Sparse, family, scatter
 
 logger = logging.getLogger(__name__)
 
@@ -52,38 +52,32 @@ _dumps = json.JSONEncoder(ensure_ascii=False).encode
 _dumps_sorted = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
-def fill(current: pa.Array, source: pa.Array, fn: Reducer) -> pa.Array:
-    """Fill the null rows of ``current`` with ``fn`` applied to ``source`` (only where needed).
+def fill(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa.Array:
+    """Fill the null rows of ``current`` with ``fn`` applied to ``source`` (entries of ``values``), only where needed.
 
-    Equal to ``fill_reference``, faster: text that cannot be JSON is its own readable form (no
-    Python call), each distinct JSON payload is reduced once, and parsed with ``loads_fast``.
+    Equal to ``fill_reference``, faster: only the needed payloads are gathered, text that cannot
+    be JSON is its own readable form, known JSON shapes are reduced by Arrow kernels
+    (``reduce_column``), each other distinct payload once in Python with ``loads_fast``.
     """
-    rows = _needed(current, source)
+    rows, pos = _needed(current, source)
     if len(rows) == 0:
         return current
-    if len(rows) == len(source) - source.null_count:  # every source value is needed: no gather
-        return pc.coalesce(current, reduce_column(source, fn))
-    return _patch(current, rows, reduce_column(source.take(pa.array(rows)), fn))
+    texts = reduce_column(values.take(pa.array(pos)), fn)
+    return pc.coalesce(current, scatter(texts, rows, len(current)))
 
 
-def fill_reference(current: pa.Array, source: pa.Array, fn: Reducer) -> pa.Array:
+def fill_reference(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa.Array:
     """The straightforward ``fill``: ``fn`` on every needed row with the standard ``json`` module (the oracle)."""
-    rows = _needed(current, source)
+    rows, pos = _needed(current, source)
     if len(rows) == 0:
         return current
-    texts = [fn(s, json.loads) for s in source.take(pa.array(rows)).to_pylist()]
-    return _patch(current, rows, pa.array(texts, pa.string()))
+    texts = [fn(s, json.loads) for s in values.take(pa.array(pos)).to_pylist()]
+    return pc.coalesce(current, scatter(pa.array(texts, pa.string()), rows, len(current)))
 
 
-def _needed(current: pa.Array, source: pa.Array) -> np.ndarray:
-    need = pc.and_(pc.is_null(current), pc.is_valid(source))
-    return np.flatnonzero(np.asarray(pc.fill_null(need, False), dtype=bool))
-
-
-def _patch(current: pa.Array, rows: np.ndarray, texts: pa.Array) -> pa.Array:
-    patch = np.full(len(current), -1, dtype=np.int64)
-    patch[rows] = np.arange(len(rows))
-    return pc.coalesce(current, texts.take(pa.array(patch, mask=patch < 0)))
+def _needed(current: pa.Array, source: Sparse) -> tuple[np.ndarray, np.ndarray]:
+    free = np.asarray(pc.is_null(current), dtype=bool)[source.rows]
+    return source.rows[free], source.pos[free]
 
 
 def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
@@ -232,8 +226,6 @@ def last_message(entries: Entries, prefix: str, fields: str, content_field: str)
 
 
 def _pick_message(fam: pa.Table, n: int, role_field: str | None, content_field: str, want_role: str | None) -> pa.Array:
-    from tracedag.pipeline.normalize_extract import scatter
-
     if fam.num_rows == 0:
         return pa.nulls(n, pa.string())
     content = fam.filter(pc.equal(fam["field"], content_field))

@@ -20,10 +20,12 @@ from tracedag.pipeline import normalize_json, normalize_text
 from tracedag.pipeline.normalize import clean_name, normalize
 from tracedag.pipeline.normalize_extract import (
     coalesce,
+    first_present,
     key_value,
     map_entries,
     on_dictionary,
     pick,
+    pick_sparse,
     regex_field,
 )
 from tracedag.pipeline.normalize_rules import span_keys
@@ -254,3 +256,34 @@ def test_coalesce_skips_nulls_and_empty_strings(rows, offset):
     got = coalesce(*cols)
     got.validate(full=True)
     assert got.to_pylist() == [next((v for v in r if v), None) for r in rows]
+
+
+def _sparse_as_column(sparse, values, n):
+    out = [None] * n
+    for row, value in zip(sparse.rows.tolist(), values.take(pa.array(sparse.pos)).to_pylist(), strict=True):
+        out[row] = value
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.tuples(_MAP_KEYS, st.sampled_from(["", "a", "ébc", "x" * 40])),
+                                               max_size=6)), min_size=1, max_size=10), st.integers(0, 3))
+def test_sparse_sources_equal_picked_columns_coalesced(maps, offset):
+    """The text sources read in place (pick_sparse, first_present) equal pick + coalesce."""
+    entries = map_entries(pa.array([None] * offset + maps, pa.map_(pa.string(), pa.string())).slice(offset))
+    keys = ["input.value", "gen_ai.tool.name", "metadata"]
+    dense, sparse = pick(entries, keys), pick_sparse(entries, keys)
+    for key in keys:
+        assert _sparse_as_column(sparse[key], entries.values, entries.n) == coalesce(dense[key]).to_pylist()
+    both = first_present(sparse["metadata"], sparse["input.value"])
+    want = coalesce(dense["metadata"], dense["input.value"]).to_pylist()
+    assert _sparse_as_column(both, entries.values, entries.n) == want
+
+
+def test_sparse_sources_on_captured_spans(captured):
+    from tracedag.pipeline.normalize import TEXT_KEYS
+
+    entries = map_entries(captured["attributes"])
+    dense, sparse = pick(entries, TEXT_KEYS), pick_sparse(entries, TEXT_KEYS)
+    for key in TEXT_KEYS:
+        assert _sparse_as_column(sparse[key], entries.values, entries.n) == coalesce(dense[key]).to_pylist(), key
