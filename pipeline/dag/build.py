@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from tracedag.pipeline.dag.chunks import chunk_tables
@@ -78,7 +79,7 @@ class BuildStats:
 class Plan:
     """Which traces to build now, in chunks of trace ids."""
 
-    chunks: list[list[str]]
+    chunks: list[pa.Array]  # trace ids, sorted
     pending: int
     unchanged: int
     spans: int
@@ -87,28 +88,25 @@ class Plan:
 
 def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int) -> Plan:
     """Pick the complete traces that are new or changed (all complete ones with ``full``)."""
-    rows = arrow(con, _CANDIDATES_SQL).to_pylist()
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    size = pending = unchanged = total = 0
-    due: int | None = None
-    for r in rows:
-        if r["last_received"] > now_ns - idle_ns:
-            pending += 1
-            due = min(due or r["last_received"], r["last_received"])
-            continue
-        if not (full or r["changed"]):
-            unchanged += 1
-            continue
-        if current and size + r["n"] > chunk_spans:
-            chunks.append(current)
-            current, size = [], 0
-        current.append(r["trace_id"])
-        size += r["n"]
-        total += r["n"]
-    if current:
-        chunks.append(current)
-    return Plan(chunks, pending, unchanged, total, None if due is None else due + idle_ns)
+    t = arrow(con, _CANDIDATES_SQL)
+    last = np.asarray(t.column("last_received").to_numpy(zero_copy_only=False), dtype=np.int64)
+    n = np.asarray(t.column("n").to_numpy(zero_copy_only=False), dtype=np.int64)
+    changed = np.asarray(t.column("changed").to_numpy(zero_copy_only=False), dtype=np.bool_)
+    pending = last > now_ns - idle_ns
+    build = ~pending & (changed | full)
+    ids = t.column("trace_id").filter(pa.array(build)).combine_chunks()
+    sizes = n[build]
+    # chunk k takes the traces whose first span falls in [k * chunk_spans, (k + 1) * chunk_spans)
+    chunk = (np.cumsum(sizes) - sizes) // max(chunk_spans, 1)
+    starts = np.flatnonzero(np.diff(chunk, prepend=-1))
+    ends = np.append(starts[1:], sizes.size) if sizes.size else starts
+    return Plan(
+        chunks=[ids.slice(int(a), int(b - a)) for a, b in zip(starts, ends, strict=True)],
+        pending=int(pending.sum()),
+        unchanged=int((~pending & ~build).sum()),
+        spans=int(sizes.sum()),
+        next_due_unix_nano=int(last[pending].min()) + idle_ns if pending.any() else None,
+    )
 
 
 @contextmanager
@@ -189,10 +187,10 @@ def build_store(
         try:
             with stage("plan"):
                 plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
-            stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
-            _run(data, plan, stats, workflow, tolerance_ns, progress)
         finally:
-            con.close()
+            con.close()  # before the build: DuckDB keeps its buffers while open
+        stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
+        _run(data, plan, stats, workflow, tolerance_ns, progress)
         stats.seconds = round(time.perf_counter() - t0, 3)
         _save_state(data, stats, {**marks, "next_due_unix_nano": plan.next_due_unix_nano})
     logger.info("build %s: %d traces, %d spans in %.2fs", stats.build_id, stats.traces_built, stats.spans, stats.seconds)

@@ -31,9 +31,9 @@ def _dataset(data: Path) -> ds.Dataset:
     return ds.dataset([str(f) for f in parquet_files(data, "spans")], schema=SPANS_V1, format="parquet")
 
 
-def load_spans(data: Path, trace_ids: list[str]) -> pa.Table:
+def load_spans(data: Path, trace_ids: pa.Array) -> pa.Table:
     """Read the input columns of the spans of ``trace_ids``."""
-    flt = ds.field("trace_id").isin(pa.array(trace_ids, pa.string()))
+    flt = ds.field("trace_id").isin(trace_ids)
     try:
         return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
     except FileNotFoundError:  # compaction swapped a partition after we listed it
@@ -41,13 +41,15 @@ def load_spans(data: Path, trace_ids: list[str]) -> pa.Table:
         return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
 
 
-def _route(data: Path, chunks: list[list[str]], tmp: Path) -> None:
+def _route(data: Path, chunks: list[pa.Array], tmp: Path) -> None:
     """Write the spans of each chunk to ``tmp/chunk-<k>.arrow`` in one pass over the spans files."""
-    ids = pa.array([t for c in chunks for t in c], pa.string())
+    ids = pa.concat_arrays(chunks)
     bounds = np.cumsum([len(c) for c in chunks])
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
-        scanner = _dataset(data).scanner(columns=INPUT_COLUMNS, filter=ds.field("trace_id").isin(ids))
+        scanner = _dataset(data).scanner(
+            columns=INPUT_COLUMNS, filter=ds.field("trace_id").isin(ids), batch_readahead=2, fragment_readahead=1
+        )
         for batch in scanner.to_batches():
             pos = pc.index_in(batch.column("trace_id"), value_set=ids).to_numpy(zero_copy_only=False)
             chunk = np.searchsorted(bounds, pos, side="right")
@@ -60,7 +62,7 @@ def _route(data: Path, chunks: list[list[str]], tmp: Path) -> None:
             w.close()
 
 
-def chunk_tables(data: Path, chunks: list[list[str]], tmp: Path) -> Iterator[pa.Table]:
+def chunk_tables(data: Path, chunks: list[pa.Array], tmp: Path) -> Iterator[pa.Table]:
     """Yield the input spans of each chunk of trace ids, in order."""
     if len(chunks) == 1:
         yield load_spans(data, chunks[0])
