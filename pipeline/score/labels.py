@@ -24,6 +24,7 @@ from tracedag.pipeline import store
 from tracedag.pipeline.errors import TracedagError
 from tracedag.pipeline.score.evaluations_map import label_score
 from tracedag.pipeline.score.rows import ScoreRow, categorize, to_table
+from tracedag.pipeline.score.runner import score_lock
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
 from tracedag.pipeline.views import connect
 from tracedag.schemas.tables import HUMAN_LABELS_V1
@@ -139,6 +140,12 @@ def import_labels(data: Path, path: Path, annotator: str | None = None, strict: 
             result.bad.append((line, str(e)))
     if strict and result.bad:
         return result
+    with score_lock(data):
+        _store_labels(data, good, result)
+    return result
+
+
+def _store_labels(data: Path, good: list[dict[str, Any]], result: ImportResult) -> None:
     seen = _existing(data)
     fresh = [r for r in good if tuple(r[k] for k in _KEY) not in seen]
     result.duplicates = len(good) - len(fresh)
@@ -151,7 +158,6 @@ def import_labels(data: Path, path: Path, annotator: str | None = None, strict: 
         result.imported = len(fresh)
         write_human_scores(data)
     result.not_built = _count_not_built(data, fresh)
-    return result
 
 
 def _count_not_built(data: Path, rows: list[dict[str, Any]]) -> int:

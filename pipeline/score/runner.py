@@ -10,6 +10,7 @@ graded. Each pass writes its own Parquet files; ``build_id`` is the build scored
 
 from __future__ import annotations
 
+import fcntl
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -166,6 +167,27 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
+    with score_lock(data):
+        _score_locked(data, judge, progress, max_iterations, stats)
+    logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
+    return stats
+
+
+@contextmanager
+def score_lock(data: Path) -> Iterator[None]:
+    """One scorer at a time per data directory (two would score the same builds twice)."""
+    state = data / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    with open(state / "score.lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,
+                  stats: ScoreStats) -> None:
     con = _connect(data)
     try:
         with _progress(progress) as advance:
@@ -177,8 +199,6 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
                 score_judge(data, con, judge, stats, advance)
     finally:
         con.close()
-    logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
-    return stats
 
 
 def _connect(data: Path) -> duckdb.DuckDBPyConnection:

@@ -223,3 +223,22 @@ def _explanation(data, span_id, metric):
                            {"s": span_id, "m": metric}).fetchall()[0][0]
     finally:
         con.close()
+
+
+def test_concurrent_scorers_do_not_score_twice(builder):
+    import threading
+
+    builder.spans(SPANS)
+    builder.build(SPANS)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(score_store(builder.data))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.steps for r in results) == [0, 0, len(SPANS)]
+    con = connect(builder.data)
+    dupes = con.execute("select count(*) from (select span_id, metric from step_scores group by all "
+                        "having count(*) > 1)").fetchall()[0][0]
+    con.close()
+    assert dupes == 0
