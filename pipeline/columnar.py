@@ -21,9 +21,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tracedag.pipeline.convert import any_value_text, attributes_text
 from tracedag.pipeline.dedupe import keys_from_hex, keys_from_ids
+from tracedag.pipeline.wirecols import ShadowRequest, collapse_duplicates, decode_keyvalues
 from tracedag.schemas.spans import BASE_SCHEMA, EVENT, LINK
 
 _MAP = pa.map_(pa.string(), pa.string())
@@ -123,11 +127,17 @@ class ColumnBuilder:
                 self._fix_duplicates(first, n)
             offs.append(len(keys))
             if span.events:
-                self.events[n] = _events(span)
+                self.events[n] = _events(span.events)
             if span.links:
-                self.links[n] = _links(span)
+                self.links[n] = _links(span.links)
             n += 1
         self.n = n
+
+    def _attributes(self) -> pa.Array:
+        return pa.MapArray.from_arrays(
+            pa.array(self.attr_offsets, pa.int32()), pa.array(self.attr_keys, pa.string()),
+            pa.array(self.attr_vals, pa.string()),
+        )
 
     def _fix_duplicates(self, first: int, row: int) -> None:
         """Collapse repeated keys of the span's attributes (last value wins, first position kept)."""
@@ -142,6 +152,7 @@ class ColumnBuilder:
     def finish(self, batch_id: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
         """Return the ``BASE_SCHEMA`` table, the dedupe keys and the content hashes."""
         n = self.n
+        attributes = self._attributes()  # first: it finds the spans with repeated keys
         tid, sid = _hex_column(self.trace_ids, 16), _hex_column(self.span_ids, 8)
         if len(tid.buffers()[2] or b"") == 32 * n and len(sid.buffers()[2] or b"") == 16 * n and _fixed(self):
             keys = keys_from_ids(b"".join(self.trace_ids), b"".join(self.span_ids), n)
@@ -168,10 +179,7 @@ class ColumnBuilder:
             "received_unix_nano": pa.array(self.received, pa.int64()),
             "batch_id": pa.array([batch_id], pa.string()).take(pa.array(np.zeros(n, np.int32))),
             "quality_flags": self._flags(starts, ends),
-            "attributes": pa.MapArray.from_arrays(
-                pa.array(self.attr_offsets, pa.int32()), pa.array(self.attr_keys, pa.string()),
-                pa.array(self.attr_vals, pa.string()),
-            ),
+            "attributes": attributes,
             "resource_attributes": _resource_maps(self.resources).take(pa.array(self.res_index, pa.int32())),
             "events": _sparse(self.events, n, pa.list_(EVENT)),
             "links": _sparse(self.links, n, pa.list_(LINK)),
@@ -237,12 +245,79 @@ def _sparse(items: dict[int, list[dict[str, Any]]], n: int, typ: pa.DataType) ->
     return pa.array([items.get(i, []) for i in range(n)], typ)
 
 
-def _events(span: Any) -> list[dict[str, Any]]:
+def _events(events: Any) -> list[dict[str, Any]]:
     return [{"time_unix_nano": e.time_unix_nano, "name": e.name, "attributes": attributes_text(e.attributes)[0]}
-            for e in span.events]
+            for e in events]
 
 
-def _links(span: Any) -> list[dict[str, Any]]:
+def _links(links: Any) -> list[dict[str, Any]]:
     return [{"trace_id": ln.trace_id.hex(), "span_id": ln.span_id.hex(), "trace_state": ln.trace_state or None,
-             "attributes": attributes_text(ln.attributes)[0]} for ln in span.links]
+             "attributes": attributes_text(ln.attributes)[0]} for ln in links]
 
+
+
+class WireBuilder(ColumnBuilder):
+    """``ColumnBuilder`` over serialized requests: attributes stay bytes until one vectorized decode."""
+
+    def __init__(self, shard: tuple[int, int] = (0, 1)) -> None:
+        super().__init__(shard)
+        self.raw_attrs: list[bytes] = []
+        self.attr_counts: list[int] = []
+
+    def add_payload(self, payload: bytes, received: int) -> None:
+        """Append every span of a serialized ``ExportTraceServiceRequest``."""
+        request = ShadowRequest.FromString(payload)
+        for rs in request.resource_spans:
+            res_attrs, _ = attributes_text(Resource.FromString(rs.resource).attributes)
+            ri = len(self.resources)
+            self.resources.append(res_attrs)
+            self.services.append(dict(res_attrs).get("service.name"))
+            for ss in rs.scope_spans:
+                scope = InstrumentationScope.FromString(ss.scope)
+                si = len(self.scopes)
+                self.scopes.append((scope.name or None, scope.version or None))
+                before = self.n
+                self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
+                k = self.n - before
+                self.res_index.extend([ri] * k)
+                self.scope_index.extend([si] * k)
+                self.received.extend([received] * k)
+
+    def _spans(self, spans: Any) -> None:
+        raw, counts = self.raw_attrs, self.attr_counts
+        tids, sids, pids, names = self.trace_ids, self.span_ids, self.parents, self.names
+        starts, ends, kinds, dropped = self.starts, self.ends, self.kinds, self.dropped
+        codes, msgs, tstates, content = self.status_codes, self.status_msgs, self.trace_states, self.content
+        digest = xxhash.xxh3_64_intdigest
+        n = self.n
+        for span in spans:
+            tids.append(span.trace_id)
+            sids.append(span.span_id)
+            pids.append(span.parent_span_id)
+            tstates.append(span.trace_state)
+            names.append(span.name)
+            kinds.append(span.kind)
+            st = span.status
+            codes.append(st.code)
+            msgs.append(st.message)
+            starts.append(span.start_time_unix_nano)
+            ends.append(span.end_time_unix_nano)
+            dropped.extend((span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count))
+            content.append(digest(span.SerializeToString(deterministic=True)))
+            attrs = span.attributes
+            raw.extend(attrs)
+            counts.append(len(attrs))
+            if span.events:
+                self.events[n] = _events(Span.Event.FromString(b) for b in span.events)
+            if span.links:
+                self.links[n] = _links(Span.Link.FromString(b) for b in span.links)
+            n += 1
+        self.n = n
+
+    def _attributes(self) -> pa.Array:
+        keys, vals = decode_keyvalues(self.raw_attrs)
+        counts = np.array(self.attr_counts, dtype=np.int64)
+        keys, vals, counts, self.dup_rows = collapse_duplicates(keys, vals, counts)
+        offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        return pa.MapArray.from_arrays(pa.array(offsets), keys, vals)

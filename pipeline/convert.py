@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from tracedag.collector.wire import parse_request
 from tracedag.pipeline.dedupe import keys_from_hex
 from tracedag.pipeline.normalize import normalize
 from tracedag.schemas.spans import BASE_SCHEMA
+
+logger = logging.getLogger(__name__)
 
 
 def any_value_text(v: AnyValue) -> str:
@@ -184,15 +187,21 @@ def convert_records(
 ) -> Converted:
     """Convert serialized requests with their receive times into one ``Converted`` batch.
 
-    Payloads that do not parse are skipped and counted in ``bad_records``. With ``workers > 1``
-    each worker process converts the whole traces of one shard (``shard=(w, k)``: traces whose
-    last id byte is ``w`` mod ``k``), so normalization sees the same traces as in one process.
+    The wire path (``columnar.WireBuilder``) is tried first; if any payload does not parse or holds
+    invalid UTF-8, the batch is converted record by record instead, skipping the payloads that do
+    not parse (counted in ``bad_records``). With ``workers > 1`` each worker process converts the
+    whole traces of one shard (``shard=(w, k)``: traces whose last id byte is ``w`` mod ``k``), so
+    normalization sees the same traces as in one process.
     """
     if workers > 1 and len(records) > 1:
         from tracedag.pipeline.convert_pool import convert_parallel
 
         parallel: Converted = convert_parallel(records, batch_id, workers)
         return parallel
+    try:
+        return convert_wire(records, batch_id, shard)
+    except (DecodeError, pa.ArrowInvalid, ValueError, IndexError) as exc:
+        logger.info("batch %s: converting record by record (%s)", batch_id, exc)
     good: list[tuple[ExportTraceServiceRequest, int]] = []
     bad = 0
     for payload, received in records:
@@ -203,6 +212,17 @@ def convert_records(
     conv = convert_fast(good, batch_id, shard)
     conv.bad_records = bad
     return conv
+
+
+def convert_wire(records: list[tuple[bytes, int]], batch_id: str, shard: tuple[int, int] = (0, 1)) -> Converted:
+    """Convert serialized requests with the wire builder (attributes decoded for the whole batch)."""
+    from tracedag.pipeline.columnar import WireBuilder
+
+    builder = WireBuilder(shard)
+    for payload, received in records:
+        builder.add_payload(payload, received)
+    base, keys, content = builder.finish(batch_id)
+    return Converted(normalize(base), keys, content, positions=np.array(builder.positions, dtype=np.int64))
 
 
 def convert_fast(

@@ -13,7 +13,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from bench.gen import requests
-from tracedag.pipeline.convert import any_value_text, convert_fast, convert_records, convert_reference
+from tracedag.pipeline.convert import (
+    any_value_text,
+    convert_fast,
+    convert_records,
+    convert_reference,
+    convert_wire,
+)
 from tracedag.pipeline.ingest import write_atomic
 
 _TEXT = st.text(max_size=12)
@@ -92,11 +98,13 @@ def otlp_requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
 
 
 def _same(reqs: list[tuple[ExportTraceServiceRequest, int]]) -> None:
-    ref, fast = convert_reference(reqs, "b1"), convert_fast(reqs, "b1")
-    assert fast.table.schema.equals(ref.table.schema, check_metadata=True)
-    assert fast.table.to_pylist() == ref.table.to_pylist()
-    assert fast.keys.tolist() == ref.keys.tolist()
-    assert fast.content.tolist() == ref.content.tolist()
+    ref = convert_reference(reqs, "b1")
+    wire = convert_wire([(r.SerializeToString(), recv) for r, recv in reqs], "b1")
+    for fast in (convert_fast(reqs, "b1"), wire):
+        assert fast.table.schema.equals(ref.table.schema, check_metadata=True)
+        assert fast.table.to_pylist() == ref.table.to_pylist()
+        assert fast.keys.tolist() == ref.keys.tolist()
+        assert fast.content.tolist() == ref.content.tolist()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -167,3 +175,12 @@ def test_otlp_parquet_otlp_round_trip(tmp_path: Path, req: ExportTraceServiceReq
     conv = convert_records([(req.SerializeToString(), 5)], "rt")
     path = write_atomic(conv.table, tmp_path / f"rt-{time.time_ns()}.parquet")
     assert _canonical(_back_to_otlp(path)) == _canonical(req)
+
+
+def test_invalid_utf8_in_an_attribute_falls_back_and_skips_only_that_payload() -> None:
+    reqs = list(requests(1024, seed=6))
+    bad = reqs[0].SerializeToString().replace(b"api.example.com", b"\xffpi.example.com", 1)
+    assert bad != reqs[0].SerializeToString()
+    conv = convert_records([(bad, 1), (reqs[1].SerializeToString(), 2)], "b")
+    assert conv.bad_records == 1
+    assert conv.table.to_pylist() == convert_reference([(reqs[1], 2)], "b").table.to_pylist()

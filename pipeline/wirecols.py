@@ -1,0 +1,243 @@
+"""Span attributes decoded straight from the protobuf wire format, for a whole batch at once.
+
+The requests are parsed with a *shadow* schema that is wire-compatible with OTLP but declares
+``Span.attributes``, ``events`` and ``links`` (and the resource and scope) as ``bytes``: upb
+hands over each attribute's serialized ``KeyValue`` without building a Python object for it.
+All ``KeyValue`` records of the batch are then decoded together with numpy: tags and varint
+lengths are read as vectors, and the key and string-value texts become Arrow ``string_view``
+arrays pointing into the one buffer (cast to ``string`` in C). Boolean and integer values are
+vectorized too; doubles, bytes, arrays, kvlists, an empty key or any non-canonical record take
+the per-record path (``KeyValue.FromString`` + ``any_value_text``), so every value gets exactly
+the text the reference converter gives it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+from tracedag.pipeline.convert import any_value_text
+
+_B, _S, _U32, _I32, _F32, _F64, _MSG = 12, 9, 13, 5, 7, 6, 11
+_REPEATED, _OPTIONAL = 3, 1
+
+
+def _message(fp: descriptor_pb2.FileDescriptorProto, name: str, fields: list[tuple[str, int, int, int, str]]) -> None:
+    msg = fp.message_type.add(name=name)
+    for fname, number, ftype, label, type_name in fields:
+        f = msg.field.add(name=fname, number=number, type=ftype, label=label)
+        if type_name:
+            f.type_name = type_name
+
+
+def _shadow_classes() -> dict[str, Any]:
+    fp = descriptor_pb2.FileDescriptorProto(name="tracedag_shadow_otlp.proto", package="tracedag.shadow",
+                                            syntax="proto3")
+    o, r = _OPTIONAL, _REPEATED
+    _message(fp, "Status", [("message", 2, _S, o, ""), ("code", 3, _I32, o, "")])
+    _message(fp, "Span", [
+        ("trace_id", 1, _B, o, ""), ("span_id", 2, _B, o, ""), ("trace_state", 3, _S, o, ""),
+        ("parent_span_id", 4, _B, o, ""), ("flags", 16, _F32, o, ""), ("name", 5, _S, o, ""),
+        ("kind", 6, _I32, o, ""), ("start_time_unix_nano", 7, _F64, o, ""),
+        ("end_time_unix_nano", 8, _F64, o, ""), ("attributes", 9, _B, r, ""),
+        ("dropped_attributes_count", 10, _U32, o, ""), ("events", 11, _B, r, ""),
+        ("dropped_events_count", 12, _U32, o, ""), ("links", 13, _B, r, ""),
+        ("dropped_links_count", 14, _U32, o, ""), ("status", 15, _MSG, o, ".tracedag.shadow.Status"),
+    ])
+    _message(fp, "ScopeSpans", [("scope", 1, _B, o, ""), ("spans", 2, _MSG, r, ".tracedag.shadow.Span"),
+                                ("schema_url", 3, _S, o, "")])
+    _message(fp, "ResourceSpans", [("resource", 1, _B, o, ""),
+                                   ("scope_spans", 2, _MSG, r, ".tracedag.shadow.ScopeSpans"),
+                                   ("schema_url", 3, _S, o, "")])
+    _message(fp, "Request", [("resource_spans", 1, _MSG, r, ".tracedag.shadow.ResourceSpans")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fp)
+    return {m: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tracedag.shadow.{m}"))
+            for m in ("Request", "Span")}
+
+
+SHADOW = _shadow_classes()
+ShadowRequest: Any = SHADOW["Request"]
+
+
+def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode one varint at each position: (value, byte count, complete)."""
+    val = np.zeros(len(pos), dtype=np.uint64)
+    count = np.zeros(len(pos), dtype=np.int64)
+    done = np.zeros(len(pos), dtype=bool)
+    for k in range(max_bytes):
+        b = buf[pos + k].astype(np.uint64)
+        active = ~done
+        val |= np.where(active, (b & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
+        count = np.where(active, k + 1, count)
+        done |= b < 0x80
+        if done.all():
+            break
+    return val, count, done
+
+
+def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, starts: np.ndarray,
+           lengths: np.ndarray) -> pa.Array:
+    """A ``string`` array of byte ranges (buffer ``which``, start, length), without a Python loop.
+
+    ``buffers`` holds (data, heads) pairs, ``heads`` being a sliding 12-byte window over the
+    zero-padded data: row ``i`` is the 12 bytes from offset ``i``, which Arrow's string_view
+    layout inlines (short strings) or uses as the 4-byte prefix. One cast builds the result.
+    """
+    n = len(starts)
+    head = np.zeros((n, 12), dtype=np.uint8)
+    for b, (_data, heads) in enumerate(buffers):
+        sel = which == b
+        head[sel] = heads[starts[sel]]
+    views = np.zeros((n, 16), dtype=np.uint8)
+    views[:, 0:4] = lengths.astype(np.int32).view(np.uint8).reshape(n, 4)
+    inline = lengths <= 12
+    short = head[inline]
+    short[np.arange(12)[None, :] >= lengths[inline][:, None]] = 0
+    views[inline, 4:16] = short
+    views[~inline, 4:8] = head[~inline, :4]
+    views[~inline, 8:12] = which[~inline].astype(np.int32).view(np.uint8).reshape(-1, 4)
+    views[~inline, 12:16] = starts[~inline].astype(np.int32).view(np.uint8).reshape(-1, 4)
+    arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), *(d for d, _ in buffers)])
+    return arr.cast(pa.string())
+
+
+def _blob(texts: list[str]) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np.ndarray]:
+    """Texts as one padded buffer: ((data, heads), starts, lengths)."""
+    encoded = [t.encode() for t in texts]
+    joined = b"".join([*encoded, bytes(16)])
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.cumsum(lengths) - lengths
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    return (pa.py_buffer(joined), np.lib.stride_tricks.sliding_window_view(buf, 12)), starts, lengths
+
+
+class _Records:
+    """The serialized ``KeyValue`` records of a batch as one buffer plus offsets."""
+
+    def __init__(self, raw: list[bytes]) -> None:
+        self.raw = raw
+        # one buffer, plus 16 zero bytes so that reads just past the end (varints, 12-byte heads) stay in range
+        joined = b"".join([*raw, bytes(16)])
+        self.data = pa.py_buffer(joined)
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+        self.end = np.cumsum(lengths)
+        self.start = self.end - lengths
+        self.size = len(joined) - 16
+        self.buf = np.frombuffer(joined, dtype=np.uint8)
+        self.heads = np.lib.stride_tricks.sliding_window_view(self.buf, 12)
+
+    def at(self, pos: np.ndarray) -> np.ndarray:
+        """Clip positions into the padded buffer (malformed lengths must not index out of range)."""
+        clipped: np.ndarray = np.clip(pos, 0, self.size)
+        return clipped
+
+
+def decode_keyvalues(raw: list[bytes]) -> tuple[pa.Array, pa.Array]:
+    """Return the key and value-text arrays of serialized ``KeyValue`` records (same order)."""
+    if not raw:
+        return pa.array([], pa.string()), pa.array([], pa.string())
+    r = _Records(raw)
+    s, e, buf = r.start, r.end, r.buf
+    ok = (e - s >= 2) & (buf[r.at(s)] == 0x0A)
+    klen, kn, kdone = _varint(buf, r.at(s + 1), 5)
+    ks = s + 1 + kn
+    ke = ks + klen.astype(np.int64)
+    ok &= kdone & (ke <= e)
+    has_v = ke < e
+    ok &= ~has_v | (buf[r.at(ke)] == 0x12)
+    vlen, vn, vdone = _varint(buf, r.at(ke + 1), 5)
+    vs = np.where(has_v, ke + 1 + vn, e)
+    ok &= ~has_v | (vdone & (vs + vlen.astype(np.int64) == e))
+    nonempty = ok & (vs < e)
+    tag = np.where(nonempty, buf[r.at(vs)], 0)
+    slen, sn, sdone = _varint(buf, r.at(vs + 1), 5)
+    is_str = nonempty & (tag == 0x0A) & sdone & (vs + 1 + sn + slen.astype(np.int64) == e)
+    is_bool = nonempty & (tag == 0x10) & (vs + 2 == e) & (buf[r.at(vs + 1)] < 2)
+    is_int = nonempty & (tag == 0x18)
+    ival, inn, idone = _varint(buf, r.at(vs[is_int] + 1), 10)
+    int_ok = idone & (vs[is_int] + 1 + inn == e[is_int])
+    is_int[is_int] = int_ok
+    is_double = nonempty & (tag == 0x21) & (vs + 9 == e)
+    slow = ~ok | (nonempty & ~(is_str | is_bool | is_int | is_double))
+    fix = _Fixes()
+    fix.add(is_bool, np.where(buf[r.at(vs[is_bool] + 1)] == 1, "true", "false").tolist())
+    fix.add(is_int, ival[int_ok].astype(np.int64).tolist())
+    doubles = buf[r.at(vs[is_double] + 1)[:, None] + np.arange(8)[None, :]].copy().view("<f8").ravel()
+    fix.add(is_double, doubles.tolist())
+    key_fix = _Fixes()
+    if slow.any():
+        key_fix.add(slow, _slow(raw, slow, fix))
+    keys = key_fix.views((r.data, r.heads), np.where(ok, ks, 0), np.where(ok, klen.astype(np.int64), 0))
+    vals = fix.views((r.data, r.heads), np.where(is_str, vs + 1 + sn, 0), np.where(is_str, slen.astype(np.int64), 0))
+    keys.validate(full=True)  # UTF-8 of the texts taken straight from the wire
+    vals.validate(full=True)
+    return keys, vals
+
+
+class _Fixes:
+    """Value texts that replace the placeholders of non-string records, applied in one pass."""
+
+    def __init__(self) -> None:
+        self.index: list[np.ndarray] = []
+        self.texts: list[str] = []
+
+    def add(self, mask: np.ndarray, values: list[Any]) -> None:
+        """Record the texts (``str`` of each value) of the records selected by ``mask``, in order."""
+        if values:
+            self.index.append(np.nonzero(mask)[0])
+            self.texts.extend(v if isinstance(v, str) else str(v) for v in values)
+
+    def views(self, base: tuple[pa.Buffer, np.ndarray], starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+        """The texts: byte ranges of ``base``, except the recorded records, which take their text."""
+        which = np.zeros(len(starts), dtype=np.int64)
+        if not self.texts:
+            return _views([base], which, starts, lengths)
+        idx = np.concatenate(self.index)
+        extra, fstarts, flengths = _blob(self.texts)
+        starts, lengths = starts.copy(), lengths.copy()
+        which[idx], starts[idx], lengths[idx] = 1, fstarts, flengths
+        return _views([base, extra], which, starts, lengths)
+
+
+def _slow(raw: list[bytes], slow: np.ndarray, fix: _Fixes) -> list[str]:
+    """Decode the records the vectorized pass left (arrays, kvlists, bytes, odd encodings); return keys.
+
+    Identical records (e.g. ``gen_ai.response.finish_reasons=["stop"]``) are decoded once.
+    """
+    cache: dict[bytes, tuple[str, str]] = {}
+    keys, vals = [], []
+    for i in np.nonzero(slow)[0].tolist():
+        hit = cache.get(raw[i])
+        if hit is None:
+            kv = KeyValue.FromString(raw[i])
+            hit = cache[raw[i]] = (kv.key, any_value_text(kv.value))
+        keys.append(hit[0])
+        vals.append(hit[1])
+    fix.add(slow, vals)
+    return keys
+
+
+def collapse_duplicates(
+    keys: pa.Array, vals: pa.Array, counts: np.ndarray
+) -> tuple[pa.Array, pa.Array, np.ndarray, list[int]]:
+    """Collapse keys repeated within a span (last value, first position): new keys, values, counts, rows."""
+    n = len(counts)
+    span_of = np.repeat(np.arange(n, dtype=np.int64), counts)
+    codes = keys.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    combined = span_of * (int(codes.max(initial=0)) + 1) + codes
+    if len(pc.unique(pa.array(combined))) == len(combined):
+        return keys, vals, counts, []
+    _, first = np.unique(combined, return_index=True)
+    _, last = np.unique(combined[::-1], return_index=True)
+    last = len(combined) - 1 - last
+    order = np.argsort(first, kind="stable")
+    keep, source = first[order], last[order]
+    new_counts = np.bincount(span_of[keep], minlength=n)
+    dup_rows = np.nonzero(new_counts != counts)[0].tolist()
+    return keys.take(pa.array(keep)), vals.take(pa.array(source)), new_counts, dup_rows
