@@ -5,8 +5,9 @@ All figures are measured in the same run on the same generated batches (``bench/
 
 - parse-only: ``ExportTraceServiceRequest.FromString`` of every batch (the ceiling);
 - naive: parse + ``convert.requests_to_table`` (the reference loop: rows, ``from_pydict``);
-- fast: parse + ``convert.convert_records`` (columnar builder, keys and content hashes too),
-  in 1 process and in 2 worker processes;
+- fast: ``convert.convert_records`` (parse with the shadow schema, wire-level attribute decoding,
+  keys and content hashes too), in 1 process and in 2 worker processes; the base columns alone
+  both for the wire builder and for the object-based columnar builder;
 - the whole spool -> Parquet round (``SpoolConverter.run_once``: read segments, convert,
   dedupe, sort, write zstd Parquet with fsync), 1 and 2 processes;
 - conversions with and without normalization (the agent columns, ``normalize``), since that step is
@@ -18,6 +19,7 @@ All figures are measured in the same run on the same generated batches (``bench/
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gen import payloads
 from tracedag.pipeline import convert
-from tracedag.pipeline.columnar import ColumnBuilder
+from tracedag.pipeline.columnar import ColumnBuilder, WireBuilder
 from tracedag.pipeline.convert_pool import shutdown
 from tracedag.schemas.spans import BASE_SCHEMA
 
@@ -69,7 +71,14 @@ def fast_base(bodies: Bodies) -> None:
     builder.finish("bench")
 
 
-def spool_to_parquet(bodies: Bodies, workers: int) -> float:
+def wire_base(bodies: Bodies) -> None:
+    builder = WireBuilder()
+    for b in bodies:
+        builder.add_payload(b, 1)
+    builder.finish("bench")
+
+
+def spool_to_parquet(bodies: Bodies, workers: int) -> float:  # returns the timed part only
     """Seconds for ``SpoolConverter.run_once`` to turn the batches (in 16 MB segments) into Parquet."""
     from tracedag.collector.spool import SpoolWriter
     from tracedag.pipeline.ingest import SpoolConverter
@@ -87,15 +96,31 @@ def spool_to_parquet(bodies: Bodies, workers: int) -> float:
         return time.perf_counter() - t
 
 
-def measure(fn: Callable[[Bodies], None], bodies: Bodies, runs: int) -> float:
-    """Return the median seconds of ``runs`` calls (after one warm-up call)."""
+def _pool_cpu() -> float:
+    """CPU seconds used so far by the live conversion worker processes (from /proc)."""
+    from tracedag.pipeline import convert_pool
+
+    pool = convert_pool._POOL
+    total = 0.0
+    for pid in list(getattr(pool, "_processes", {}) or {}):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def measure(fn: Callable[[Bodies], float | None], bodies: Bodies, runs: int) -> tuple[float, float]:
+    """Return the median wall seconds and median CPU seconds (this process + workers) of ``runs`` calls."""
     fn(bodies)
-    times = []
+    walls, cpus = [], []
     for _ in range(runs):
-        t = time.perf_counter()
-        fn(bodies)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        c, w = time.process_time() + _pool_cpu(), time.perf_counter()
+        inner = fn(bodies)
+        walls.append(inner if inner is not None else time.perf_counter() - w)
+        cpus.append(time.process_time() + _pool_cpu() - c)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,41 +135,46 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(len(ss.spans) for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
             for ss in rs.scope_spans)
     size = sum(len(b) for b in bodies)
-    cases: list[tuple[str, Callable[[Bodies], None], int]] = [
+    cases: list[tuple[str, Callable[[Bodies], float | None], int]] = [
         ("parse-only (ceiling)", parse_only, 1),
         ("naive loop + normalize", naive, 1),
         ("naive loop, base columns", naive_base, 1),
         ("fast, 1 process + normalize", fast, 1),
-        ("fast, base columns", fast_base, 1),
+        ("fast (objects), base columns", fast_base, 1),
+        ("fast (wire), base columns", wire_base, 1),
         ("fast, 2 processes + normalize", lambda b: fast(b, 2), 2),
     ]
-    results: dict[str, tuple[float, int]] = {}
+    results: dict[str, tuple[float, float, int]] = {}
     for label, fn, procs in cases:
         with console.status(f"measuring {label}"):
-            results[label] = (n / measure(fn, bodies, args.runs), procs)
+            wall, cpu = measure(fn, bodies, args.runs)
+            results[label] = (n / wall, n / cpu, procs)
     for workers in (1, 2):
         label = f"spool -> Parquet end to end, {workers} process{'es' if workers > 1 else ''}"
         with console.status(f"measuring {label}"):
-            spool_to_parquet(bodies, workers)
-            secs = statistics.median(spool_to_parquet(bodies, workers) for _ in range(args.runs))
-            results[label] = (n / secs, workers)
+            wall, cpu = measure(lambda b, w=workers: spool_to_parquet(b, w), bodies, args.runs)
+            results[label] = (n / wall, n / cpu, workers)
     shutdown()
     _print(console, results, n, size, len(bodies), args.runs)
     return 0
 
 
-def _print(console: Console, results: dict[str, tuple[float, int]], n: int, size: int, batches: int,
+def _print(console: Console, results: dict[str, tuple[float, float, int]], n: int, size: int, batches: int,
            runs: int) -> None:
-    base = results["naive loop + normalize"][0]
-    base_cols = results["naive loop, base columns"][0]
-    table = Table(title=f"{n} spans in {batches} batches, {size / n:.0f} B/span, median of {runs} runs")
-    for col in ("case", "processes", "spans/s", "spans/s per process", "x naive (same step)"):
+    base = results["naive loop + normalize"][1]
+    base_cols = results["naive loop, base columns"][1]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    table = Table(title=f"{n} spans in {batches} batches, {size / n:.0f} B/span, median of {runs} runs, "
+                        f"load average {load}")
+    for col in ("case", "processes", "spans/s (wall)", "spans per CPU-second", "x naive per CPU-second"):
         table.add_column(col, justify="right" if col != "case" else "left")
-    for label, (rate, procs) in results.items():
+    for label, (rate, cpu_rate, procs) in results.items():
         ref = base_cols if "base" in label else base  # end to end: against the naive conversion alone
-        ratio = "" if label.startswith("parse") else f"{rate / procs / ref:.2f}"
-        table.add_row(label, str(procs), f"{rate:,.0f}", f"{rate / procs:,.0f}", ratio)
+        ratio = "" if label.startswith("parse") else f"{cpu_rate / ref:.2f}"
+        table.add_row(label, str(procs), f"{rate:,.0f}", f"{cpu_rate:,.0f}", ratio)
     console.print(table)
+    console.print("spans per CPU-second = spans / (CPU seconds of this process and its workers): the "
+                  "per-core rate, little affected by other load on the machine.")
 
 
 if __name__ == "__main__":
