@@ -20,15 +20,13 @@ BAR_WIDTH = 24
 _TRACE_SQL = "select * from traces where trace_id like $p || '%' order by trace_id limit 2"
 
 _NODES_SQL = """
-select n.*, s.score, s.metric_count, sp.name::varchar as span_name
+select n.*, s.score, s.metric_count
 from dag_nodes n
 left join (
     select span_id, min(score)::double as score, count(*) as metric_count
     from step_scores where trace_id = $t group by span_id
 ) s using (span_id)
-left join spans sp on sp.trace_id = n.trace_id and sp.span_id = n.span_id
 where n.trace_id = $t
-qualify row_number() over (partition by n.span_id) = 1
 order by n.nested_left
 """
 
@@ -103,7 +101,7 @@ def render_trace(trace: dict[str, Any], nodes: list[dict[str, Any]]) -> Renderab
                          ("flags", "left"), ("timeline", "left")):
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for n in nodes:
-        name = n["step_name"] or n["span_name"] or n["span_id"]
+        name = n["step_name"] or n["span_id"]
         score = "" if n["score"] is None else f"{n['score']:.1f}"
         table.add_row(
             Text("  " * n["depth"] + name, style="bold" if n["depth"] == 0 else ""),
