@@ -42,6 +42,7 @@ class TraceNotFound(TracedagError):  # type: ignore[misc,unused-ignore]
 def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Return the latest ``traces`` row and the ``dag_nodes`` rows (pre-order, with score) of a trace."""
     con = connect(data)
+    con.execute("set enable_progress_bar = false")
     try:
         found = con.sql(_TRACE_SQL, params={"p": trace_id.lower()}).to_arrow_table().to_pylist()
         if not found:

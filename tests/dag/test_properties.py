@@ -24,6 +24,8 @@ def traces(draw):
                 parent = draw(st.sampled_from([None, "ghost"]))  # extra root or orphan
             start = draw(st.integers(0, 12))
             extra = {}
+            if draw(st.booleans()):  # LangGraph super-steps on some spans: step order where a group has them all
+                extra.update(langgraph_step=draw(st.integers(0, 3)), langgraph_node=names[i])
             if draw(st.integers(0, 7)) == 0 and i:
                 extra["previous_execution_id"] = f"e{t}-{draw(st.integers(0, n - 1))}"
             rows.append(span(f"s{i}", parent, start, start + draw(st.integers(0, 6)), name=names[i],
