@@ -14,7 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag.pipeline.score.rubrics import JudgeInput
-from tracedag.pipeline.score.rules import StepFacts
+from tracedag.pipeline.score.rules import BASE_METRICS, DEFAULT_METRICS, StepFacts
 from tracedag.pipeline.score.toolschema import is_definition_key, parse_definitions
 
 # Latest builds (dag_nodes view) that have no rule rows yet: rules and evaluations score them.
@@ -25,8 +25,8 @@ where not exists (select 1 from step_scores_all s
 order by 1
 """
 
-STEP_FACTS_SQL = """
-select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
+FACTS_CORE_SQL = """
+select n.trace_id, n.span_id, n.topo_index, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
        n.iteration, coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.error_type,
        s.finish_reason, s.output_tokens, s.tool_name,
        -- full texts only where a rule reads them (tool results, tool arguments); llm outputs are
@@ -42,7 +42,41 @@ select n.trace_id, n.span_id, n.build_id, cast(n.step_type as varchar) as step_t
         for e in coalesce(s.events, []) if e.name = 'exception'] as exceptions
 from dag_nodes n join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
 left join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
-order by n.trace_id, n.topo_index
+"""
+
+# A "quiet" step cannot make any rule fire: it is not a tool step, reports no failure (status,
+# error.type, exception events, task status, HTTP status), has no finish reason a rule looks for,
+# is not an LLM step with an empty-looking output (more than 4 ASCII letters/digits rule out every
+# "empty" spelling) and is under the iteration bound. Each condition is at least as strict as the
+# rule it stands for (tests/score/test_rules.py checks them against the rule table), so quiet
+# steps get their passing rows straight from SQL and only the others go through Python.
+QUIET_SQL = """(
+    step_type is distinct from 'tool'
+    and status_code is distinct from 2
+    and coalesce(error_type, '') = ''
+    and len(exceptions) = 0
+    and coalesce(lower(task_status), '') <> 'failure'
+    and http_status is null
+    and (finish_reason is null or not regexp_matches(lower(finish_reason),
+         'length|max_tokens|max_output_tokens|content_filter|safety|blocked|prohibited_content|error'))
+    and (step_type is distinct from 'llm' or (coalesce(output_tokens, 1) <> 0 and
+         (result_text is null or length(regexp_replace(result_text, '[^A-Za-z0-9]', '', 'g')) > 4)))
+    and (cast($max_iterations as integer) is null or coalesce(iteration, 0) < cast($max_iterations as integer))
+)"""
+
+STEP_FACTS_SQL = f"""
+with facts as ({FACTS_CORE_SQL})
+select * from facts where not {QUIET_SQL}
+order by trace_id, topo_index
+"""
+
+# The passing rows of the quiet steps: one per base metric of the step type (rules.BASE_METRICS).
+QUIET_ROWS_SQL = f"""
+with facts as ({FACTS_CORE_SQL})
+select trace_id, span_id, build_id,
+       unnest(coalesce(list_extract($metric_lists, list_position($types, step_type)), $default_metrics))
+           as metric
+from facts where {QUIET_SQL}
 """
 
 DEFINITIONS_SQL = """
@@ -102,10 +136,18 @@ def tool_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict
     return out
 
 
+def quiet_rows(con: duckdb.DuckDBPyConnection, max_iterations: int | None) -> pa.Table:
+    """(trace_id, span_id, build_id, metric) of the passing rows of the pending quiet steps."""
+    types = sorted(BASE_METRICS)
+    params = {"max_iterations": max_iterations, "types": types, "metric_lists": [list(BASE_METRICS[t]) for t in types],
+              "default_metrics": list(DEFAULT_METRICS)}
+    return con.sql(QUIET_ROWS_SQL, params=params).to_arrow_table()
+
+
 def step_facts(con: duckdb.DuckDBPyConnection, defs: dict[str, dict[str, dict[str, Any]]],
                max_iterations: int | None, batch_rows: int = 50_000) -> Iterator[list[StepFacts]]:
-    """Yield the pending steps as ``StepFacts``, ``batch_rows`` at a time."""
-    reader = con.sql(STEP_FACTS_SQL).to_arrow_reader(batch_rows)
+    """Yield the pending steps that are not quiet as ``StepFacts``, ``batch_rows`` at a time."""
+    reader = con.sql(STEP_FACTS_SQL, params={"max_iterations": max_iterations}).to_arrow_reader(batch_rows)
     for batch in reader:
         yield [_facts(r, defs, max_iterations) for r in batch.to_pylist()]
 

@@ -79,3 +79,22 @@ def to_table(rows: Iterable[ScoreRow], scored_unix_nano: int | None = None) -> p
     arrays = [pa.array(col, type=f.type) for col, f in zip(columns, STEP_SCORES_V1, strict=False)]
     arrays.append(pa.array([now] * len(arrays[0]), type=pa.int64()))
     return pa.Table.from_arrays(arrays, schema=STEP_SCORES_V1)
+
+
+def passing_table(keys: pa.Table, rule_name: str, explanation: str, score: float,
+                  scored_unix_nano: int | None = None) -> pa.Table:
+    """``STEP_SCORES_V1`` rows of source rule for ``keys`` (trace_id, span_id, build_id, metric), all passing."""
+    n = keys.num_rows
+    now = scored_unix_nano or time.time_ns()
+    given = {name: keys.column(name) for name in ("trace_id", "span_id", "build_id", "metric")}
+    consts: dict[str, object] = {"score": float(score), "label": label_for(score), "source": "rule",
+                                 "rule_name": rule_name, "explanation": explanation, "scored_unix_nano": now}
+    arrays = []
+    for f in STEP_SCORES_V1:
+        if f.name in given:
+            arrays.append(given[f.name].cast(f.type))
+        elif f.name in consts:
+            arrays.append(pa.array([consts[f.name]] * n, type=f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(arrays, schema=STEP_SCORES_V1)

@@ -19,6 +19,8 @@ from tracedag.pipeline.score.rows import ScoreRow, categorize
 from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, parse_arguments
 
 PASS_SCORE = 5.0
+PASS_RULE = "no_rule_fired"
+PASS_EXPLANATION = "no rule fired"
 
 
 @dataclass(slots=True)
@@ -260,9 +262,12 @@ BASE_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+DEFAULT_METRICS = ("execution",)
+
+
 def metrics_for(f: StepFacts) -> list[str]:
     """The metrics every step of this type is scored on, even when no rule fires."""
-    metrics = list(BASE_METRICS.get(f.step_type or "", ("execution",)))
+    metrics = list(BASE_METRICS.get(f.step_type or "", DEFAULT_METRICS))
     if f.step_type == "tool" and f.tool_schema is not None:
         metrics.append("arguments")
     return metrics
@@ -277,8 +282,8 @@ def _detail(rule: Rule, f: StepFacts) -> str:
 
 
 def _row(f: StepFacts, metric: str, fired: list[Rule]) -> ScoreRow:
-    row = ScoreRow(f.trace_id, f.span_id, f.build_id, metric, PASS_SCORE, "rule", rule_name="no_rule_fired",
-                   explanation="no rule fired")
+    row = ScoreRow(f.trace_id, f.span_id, f.build_id, metric, PASS_SCORE, "rule", rule_name=PASS_RULE,
+                   explanation=PASS_EXPLANATION)
     if not fired:
         return row
     best = min(fired, key=lambda r: r.score)  # min() keeps the first of equal scores: table order

@@ -27,9 +27,9 @@ from tracedag.pipeline.score import inputs
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
-from tracedag.pipeline.score.rows import ScoreRow, to_table
+from tracedag.pipeline.score.rows import ScoreRow, passing_table, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
-from tracedag.pipeline.score.rules import score_step
+from tracedag.pipeline.score.rules import PASS_EXPLANATION, PASS_RULE, PASS_SCORE, score_step
 from tracedag.pipeline.views import connect
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
@@ -81,9 +81,24 @@ def _chunks(table: pa.Table, size: int) -> Iterator[pa.Table]:
         yield table.slice(start, size)
 
 
-def _score_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
+def _write_quiet(data: Path, keys: pa.Table, stats: ScoreStats) -> int:
+    """Write the passing rows of the quiet steps; return how many steps they cover."""
+    if keys.num_rows == 0:
+        return 0
+    table = passing_table(keys, PASS_RULE, PASS_EXPLANATION, PASS_SCORE)
+    stats.files.append(store.write_parquet_atomic(table, store.table_dir(data, "step_scores")))
+    steps = len(set(zip(keys.column("trace_id").to_pylist(), keys.column("span_id").to_pylist(), strict=True)))
+    stats.rows_by_source["rule"] += keys.num_rows
+    stats.steps_by_source["rule"] += steps
+    return steps
+
+
+def _score_chunk(data: Path, con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
                  stats: ScoreStats, advance: Advance) -> list[ScoreRow]:
     inputs.use_pending(con, chunk)
+    quiet = _write_quiet(data, inputs.quiet_rows(con, max_iterations), stats)
+    stats.steps += quiet
+    advance("rules", quiet, -1)
     defs = inputs.tool_definitions(con)
     rows: list[ScoreRow] = []
     for facts in inputs.step_facts(con, defs, max_iterations):
@@ -112,7 +127,7 @@ def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
     advance("rules", 0, inputs.pending_steps(con))
     con.unregister("pending")
     for chunk in _chunks(pending, TRACES_PER_CHUNK):
-        _write(data, _score_chunk(con, chunk, max_iterations, stats, advance), stats)
+        _write(data, _score_chunk(data, con, chunk, max_iterations, stats, advance), stats)
 
 
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:

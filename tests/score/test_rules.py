@@ -242,3 +242,49 @@ def test_concurrent_scorers_do_not_score_twice(builder):
                         "having count(*) > 1)").fetchall()[0][0]
     con.close()
     assert dupes == 0
+
+
+TRICKY = [
+    llm("ws", output_text="\n\n\n\n\n\n\n\n\n", output_tokens=5, finish_reason="stop"),
+    llm("nul", output_text="   null   ", output_tokens=2),
+    llm("nbsp", output_text="\xa0\u3000 \xa0", output_tokens=1),
+    llm("fr_list", finish_reason='["stop", "length"]', output_text="enough text here"),
+    llm("fr_stop", finish_reason="STOP", output_text="An error in the report was fixed"),
+    llm("zero", output_text="plenty of words", output_tokens=0),
+    llm("long", output_text="x" * 500, output_tokens=100),
+    span(T, "untyped", "root", output_text="", status_code=1),
+    span(T, "http_ok", "root", step_type="chain", step_name="fetch", attributes={"http.response.status_code": "200"}),
+    span(T, "task_ok", "root", step_type="chain", step_name="t", attributes={"gen_ai.task.status": "success"}),
+    span(T, "task_fail", "root", step_type="chain", step_name="t", attributes={"gen_ai.task.status": "FAILURE"}),
+    span(T, "empty_exc", "root", step_type="agent", step_name="a", events=[{"time_unix_nano": 1, "name": "exception"}]),
+    span(T, "iter3", "root", step_type="chain", step_name="loop", iteration=3),
+    span(T, "err_empty", "root", step_type="agent", step_name="a", error_type=""),
+]
+
+
+def test_sql_fast_path_equals_the_rule_table(builder):
+    """Quiet steps get their rows from SQL; every step must score exactly as score_step says."""
+    from tracedag.pipeline.score import inputs
+
+    spans = SPANS + TRICKY
+    builder.spans(spans)
+    builder.build(spans)
+    stats = score_store(builder.data, max_iterations=3)
+    got = {(k[0], k[1]): (v[0], v[1]) for k, v in _scores(builder.data).items()}
+    con = connect(builder.data)
+    inputs.use_pending(con, con.sql("select distinct trace_id, build_id from dag_nodes").to_arrow_table())
+    facts_sql = f"select * from ({inputs.FACTS_CORE_SQL}) order by trace_id, topo_index"
+    quiet_sql = f"select span_id from ({inputs.FACTS_CORE_SQL}) where {inputs.QUIET_SQL}"
+    defs = inputs.tool_definitions(con)
+    rows = con.sql(facts_sql).to_arrow_table().to_pylist()
+    quiet = {r[0] for r in con.sql(quiet_sql, params={"max_iterations": 3}).fetchall()}
+    con.close()
+    expected = {(r.span_id, r.metric): (r.score, r.rule_name)
+                for row in rows for r in score_step(inputs._facts(row, defs, 3))}
+    assert got == expected
+    # the fast path was taken for the healthy non-tool steps, never for a step where a rule fires
+    assert {"root", "llm_ok", "ret", "long", "fr_stop", "task_ok"} <= quiet
+    # conservative: any HTTP status, or an LLM output with few letters, takes the Python path
+    assert not quiet & {"http_ok", "llm_toolcall"}
+    assert not quiet & {"ws", "nul", "nbsp", "fr_list", "zero", "task_fail", "iter3", "llm_length", "graph"}
+    assert stats.steps == len(spans)
