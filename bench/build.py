@@ -5,7 +5,10 @@ made by copying the 1M store with fresh trace ids, which is much faster than gen
 each measured run is a fresh process:
 
 - ``scan`` (baseline): read the build's input columns of every span from Parquet (the I/O floor);
-- ``build``: ``build_store(data, idle_seconds=0, full=True)``, everything rebuilt.
+- ``build``: ``build_store(data, idle_seconds=0, full=True)``, everything rebuilt;
+- ``naive`` (sizes up to ``--naive-max``): the obvious design for comparison, one networkx graph
+  per trace with pairwise sibling comparison, transitive reduction and topological sort (no
+  repair, no loops/branches, no output written), so it does less than ``build``.
 
 Wall time inside the child (interpreter start and imports excluded), CPU time (user+sys, imports
 included, about 1 s) and peak RSS (``wait4`` rusage of the child) are medians over
@@ -39,6 +42,43 @@ files = [str(f) for f in parquet_files(Path(sys.argv[1]), "spans")]
 n = ds.dataset(files, schema=SPANS_V1, format="parquet").to_table(columns=INPUT_COLUMNS).num_rows
 print(json.dumps({"seconds": time.perf_counter() - t, "spans": n}))
 """,
+    # the obvious design, for comparison: one networkx graph per trace, siblings compared pairwise
+    "naive": """
+import json, sys, time
+from collections import defaultdict
+from pathlib import Path
+import networkx as nx
+import pyarrow.dataset as ds
+from tracedag.pipeline.store import parquet_files
+from tracedag.schemas.spans import SPANS_V1
+t = time.perf_counter()
+files = [str(f) for f in parquet_files(Path(sys.argv[1]), "spans")]
+cols = ["trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "end_time_unix_nano"]
+rows = ds.dataset(files, schema=SPANS_V1, format="parquet").to_table(columns=cols).to_pylist()
+by_trace = defaultdict(list)
+for r in rows:
+    by_trace[r["trace_id"]].append(r)
+edges = 0
+for spans in by_trace.values():
+    g = nx.DiGraph()
+    kids = defaultdict(list)
+    for r in spans:
+        g.add_node(r["span_id"])
+        kids[r["parent_span_id"]].append(r)
+        if r["parent_span_id"]:
+            g.add_edge(r["span_id"], r["parent_span_id"])
+    for sib in kids.values():
+        for a in sib:
+            for b in sib:
+                if a["start_time_unix_nano"] < b["start_time_unix_nano"] and \
+                        a["end_time_unix_nano"] <= b["start_time_unix_nano"] + 1_000_000:
+                    g.add_edge(a["span_id"], b["span_id"])
+    if nx.is_directed_acyclic_graph(g):
+        g = nx.transitive_reduction(g)
+        order = list(nx.topological_sort(g))
+    edges += g.number_of_edges()
+print(json.dumps({"seconds": time.perf_counter() - t, "spans": len(rows), "edges": edges}))
+""",
     "build": """
 import json, sys, time
 from pathlib import Path
@@ -66,6 +106,14 @@ def run_child(kind: str, data: Path) -> dict[str, float]:
     result["rss_mb"] = usage.ru_maxrss / 1024
     result["cpu"] = usage.ru_utime + usage.ru_stime
     return result
+
+
+def _median_runs(kind: str, data: Path, runs: int) -> dict[str, float]:
+    """Median of each figure over ``runs`` fresh-process runs."""
+    results = [run_child(kind, data) for _ in range(runs)]
+    out: dict[str, float] = {k: statistics.median(float(r[k]) for r in results) for k in ("seconds", "cpu", "rss_mb")}
+    out.update({k: float(results[0][k]) for k in ("spans", "traces") if k in results[0]})
+    return out
 
 
 def ensure_store(root: Path, n_spans: int) -> Path:
@@ -105,25 +153,22 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure scan and build at each size; print medians, ratio to the scan baseline, and ns per span."""
+    """Measure scan, naive and build at each size; print medians, the naive/build CPU ratio and CPU us per span."""
     ap = argparse.ArgumentParser(description="tracedag build benchmark")
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench"))
+    ap.add_argument("--naive-max", type=int, default=200_000, help="largest size at which to run the naive baseline")
     args = ap.parse_args(argv)
-    print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'build s':>8} {'x scan':>7} {'cpu s':>7} {'us/span':>8} "
-          f"{'RSS MB':>7} {'load':>5}")
+    print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'naive s':>8} {'build s':>8} {'naive cpu':>9} {'build cpu':>9} "
+          f"{'cpu ratio':>9} {'cpu us/span':>11} {'RSS MB':>7} {'load':>5}")
     for n in args.sizes:
         data = ensure_store(args.dir, n)
-        scans = [run_child("scan", data) for _ in range(args.runs)]
-        builds = [run_child("build", data) for _ in range(args.runs)]
-        scan = statistics.median(r["seconds"] for r in scans)
-        build = statistics.median(r["seconds"] for r in builds)
-        rss = statistics.median(r["rss_mb"] for r in builds)
-        cpu = statistics.median(r["cpu"] for r in builds)
-        spans = int(builds[0]["spans"])
-        print(f"{spans:>9} {int(builds[0]['traces']):>7} {scan:>7.2f} {build:>8.2f} {build / scan:>7.1f} {cpu:>7.2f} "
-              f"{build / spans * 1e6:>8.2f} {rss:>7.0f} {os.getloadavg()[0]:>5.1f}", flush=True)
+        med = {k: _median_runs(k, data, args.runs) for k in ("scan", "naive", "build") if k != "naive" or n <= args.naive_max}
+        b, nv = med["build"], med.get("naive", {"seconds": float("nan"), "cpu": float("nan")})
+        print(f"{int(b['spans']):>9} {int(b['traces']):>7} {med['scan']['seconds']:>7.2f} {nv['seconds']:>8.2f} "
+              f"{b['seconds']:>8.2f} {nv['cpu']:>9.2f} {b['cpu']:>9.2f} {nv['cpu'] / b['cpu']:>9.1f} "
+              f"{b['cpu'] / b['spans'] * 1e6:>11.2f} {b['rss_mb']:>7.0f} {os.getloadavg()[0]:>5.1f}", flush=True)
     return 0
 
 
