@@ -101,7 +101,7 @@ def run_child(kind: str, data: Path) -> dict[str, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} failed with exit code {proc.returncode}")
-    result = json.loads(out)
+    result: dict[str, float] = json.loads(out)
     result["wall"] = time.perf_counter() - t
     result["rss_mb"] = usage.ru_maxrss / 1024
     result["cpu"] = usage.ru_utime + usage.ru_stime
