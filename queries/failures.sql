@@ -56,16 +56,19 @@ fail_node as (
     from failed_step s
     join tnode n on n.trace_id = s.trace_id and n.span_id = s.span_id
 ),
+last_ok as (
+    -- per step key that has a failure: the last iteration that did not fail
+    select n.trace_id, n.step_key, max(n.iteration) as iteration
+    from tnode n
+    semi join fail_node k on k.trace_id = n.trace_id and k.step_key = n.step_key
+    anti join fail_node g on g.trace_id = n.trace_id and g.span_id = n.span_id
+    group by n.trace_id, n.step_key
+),
 fail as (
     -- recovered: a later iteration of the same step key did not fail
-    select f.*,
-           exists (select 1 from tnode later
-                   where later.trace_id = f.trace_id and later.step_key = f.step_key
-                     and later.iteration > f.iteration
-                     and not exists (select 1 from fail_node g
-                                     where g.trace_id = later.trace_id and g.span_id = later.span_id))
-               as recovered
+    select f.*, coalesce(l.iteration > f.iteration, false) as recovered
     from fail_node f
+    left join last_ok l on l.trace_id = f.trace_id and l.step_key = f.step_key
 )
 select f.trace_id, f.span_id, f.step_type, f.step_name, f.step_key, f.iteration, f.score, f.metric,
        f.source, f.taxonomy_l1, f.taxonomy_l2, f.taxonomy_l3, f.explanation, f.recovered,

@@ -41,7 +41,7 @@ step_score as (
         select trace_id, span_id,
                arg_min({'score': cast(score as double), 'metric': metric, 'source': source,
                         'taxonomy_l1': taxonomy_l1, 'taxonomy_l2': taxonomy_l2,
-                        'taxonomy_l3': taxonomy_l3, 'explanation': explanation},
+                        'taxonomy_l3': taxonomy_l3},
                        (coalesce(source, '') <> 'human', cast(score as double), taxonomy_l1 is null,
                         metric, source)) as best
         from step_scores
@@ -63,20 +63,23 @@ tnode as materialized (
     where trace_id in (select trace_id from failed_step)
 ),
 fail_node as (
-    select n.*, s.score, s.metric, s.source, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation
+    select n.*, s.score, s.metric, s.source, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3
     from failed_step s
     join tnode n on n.trace_id = s.trace_id and n.span_id = s.span_id
 ),
+last_ok as (
+    -- per step key that has a failure: the last iteration that did not fail
+    select n.trace_id, n.step_key, max(n.iteration) as iteration
+    from tnode n
+    semi join fail_node k on k.trace_id = n.trace_id and k.step_key = n.step_key
+    anti join fail_node g on g.trace_id = n.trace_id and g.span_id = n.span_id
+    group by n.trace_id, n.step_key
+),
 fail as (
     -- recovered: a later iteration of the same step key did not fail
-    select f.*,
-           exists (select 1 from tnode later
-                   where later.trace_id = f.trace_id and later.step_key = f.step_key
-                     and later.iteration > f.iteration
-                     and not exists (select 1 from fail_node g
-                                     where g.trace_id = later.trace_id and g.span_id = later.span_id))
-               as recovered
+    select f.*, coalesce(l.iteration > f.iteration, false) as recovered
     from fail_node f
+    left join last_ok l on l.trace_id = f.trace_id and l.step_key = f.step_key
 ),
 src as (
     select trace_id, span_id from fail where not recovered
