@@ -43,7 +43,7 @@ def _baseline(data: Path) -> int:
     con = connect(data)
     try:
         inputs.use_pending(con, inputs.pending_rule_builds(con))
-        return con.sql(inputs.STEP_FACTS_SQL).to_arrow_table().num_rows
+        return con.sql(inputs.FACTS_CORE_SQL).to_arrow_table().num_rows
     finally:
         con.close()
 
