@@ -22,7 +22,6 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -125,9 +124,23 @@ def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 
 def _distinct_keys(values: pa.Array) -> np.ndarray:
-    """Per flat object, whether its keys are distinct (a repeated key keeps only its last value in Python)."""
-    keys = pl.Series(values=values).str.extract_all(r'"[^"]*":')
-    return (keys.list.n_unique() == keys.list.len()).fill_null(False).to_numpy()
+    """Per flat object, whether its keys are distinct (a repeated key keeps only its last value in Python).
+
+    Split at ``"``, a key is a piece followed by one starting with ``:`` (strings hold no ``:``).
+    """
+    pieces = pc.split_pattern(values, '"')
+    offsets = np.asarray(pieces.offsets, dtype=np.int64)
+    offsets -= offsets[0]
+    flat = pc.list_flatten(pieces)
+    is_key = np.zeros(len(flat), dtype=bool)
+    is_key[:-1] = np.asarray(pc.starts_with(flat.slice(1), ":"), dtype=bool)
+    is_key[offsets[1:][offsets[1:] > 0] - 1] = False  # the last piece of a row is never a key
+    rows = np.repeat(np.arange(len(values), dtype=np.int64), np.diff(offsets))[is_key]
+    codes = np.asarray(pc.dictionary_encode(flat.filter(pa.array(is_key))).indices, dtype=np.int64)
+    width = int(codes.max(initial=0)) + 1
+    pairs = np.unique(rows * width + codes)
+    keys, distinct = np.bincount(rows, minlength=len(values)), np.bincount(pairs // width, minlength=len(values))
+    return np.asarray(keys == distinct, dtype=bool)
 
 
 FAST_PATHS: dict[str, FastPath] = {"genai_input": genai_input, "genai_output": genai_output, "readable": readable}
