@@ -44,15 +44,18 @@ Bodies = list[bytes]
 
 
 def parse_only(bodies: Bodies) -> None:
+    """Parse every batch (the ceiling)."""
     for b in bodies:
         ExportTraceServiceRequest.FromString(b)
 
 
 def naive(bodies: Bodies) -> None:
+    """The reference loop plus normalization."""
     convert.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in bodies)
 
 
 def naive_base(bodies: Bodies) -> None:
+    """The reference loop, base columns only."""
     cols: dict[str, list[object]] = {f.name: [] for f in BASE_SCHEMA}
     for b in bodies:
         for k, v in convert.request_to_rows(ExportTraceServiceRequest.FromString(b), 1, "bench").items():
@@ -61,10 +64,12 @@ def naive_base(bodies: Bodies) -> None:
 
 
 def fast(bodies: Bodies, workers: int = 1) -> None:
+    """The production conversion (``convert_records``)."""
     convert.convert_records([(b, 1) for b in bodies], "bench", workers)
 
 
 def fast_base(bodies: Bodies) -> None:
+    """The object-based columnar builder, base columns only."""
     builder = ColumnBuilder()
     for b in bodies:
         builder.add(ExportTraceServiceRequest.FromString(b), 1)
@@ -72,6 +77,7 @@ def fast_base(bodies: Bodies) -> None:
 
 
 def wire_base(bodies: Bodies) -> None:
+    """The wire builder, base columns only."""
     builder = WireBuilder()
     for b in bodies:
         builder.add_payload(b, 1)
@@ -124,6 +130,7 @@ def measure(fn: Callable[[Bodies], float | None], bodies: Bodies, runs: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure every case on the same batches and print the table."""
     ap = argparse.ArgumentParser(description="OTLP -> Arrow conversion benchmark")
     ap.add_argument("--spans", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=5)

@@ -172,6 +172,7 @@ class _Batcher:
         self.count = 0
 
     def add(self, service: str, spans: list[Span]) -> Iterator[ExportTraceServiceRequest]:
+        """Add a trace's spans; yield each request that fills up."""
         for s in spans:
             self.by_service.setdefault(service, []).append(s)
             self.count += 1
@@ -179,6 +180,7 @@ class _Batcher:
                 yield self.flush()
 
     def flush(self) -> ExportTraceServiceRequest:
+        """Return the pending spans as one request and start a new one."""
         req = ExportTraceServiceRequest()
         for service, spans in sorted(self.by_service.items()):
             rs: ResourceSpans = req.resource_spans.add()
