@@ -109,10 +109,14 @@ class Collector:
             except OSError:
                 return
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (drain, flush, final conversion) or SIGKILL when the stored data does not matter."""
         self._stop.set()
-        self.proc.terminate()
-        self.proc.wait(120)
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        self.proc.wait(600)
 
 
 def tree_rss(pid: int) -> int:
@@ -210,7 +214,7 @@ def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, floa
         results = drive(col.port, bodies, counts, tids, conc, gz, seconds)
         wall = time.monotonic() - t0
     finally:
-        col.stop()
+        col.stop(kill=True)
         shutil.rmtree(data, ignore_errors=True)
     lat = sorted(x for r in results for x in r.latencies)
     spans = sum(r.spans for r in results)
@@ -252,7 +256,7 @@ def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, float]
     finally:
         stop.set()
         poller.join()
-        col.stop()
+        col.stop(kill=True)
         shutil.rmtree(data, ignore_errors=True)
     acks = sorted(a for r in results for a in r.acks)
     return {"acked_per_s": acked / (acked_end - t0), "queryable_per_s": _steady_rate(samples, t0, acked_end),

@@ -100,7 +100,8 @@ def _die_with_parent() -> None:
 def _child_main(data: str, interval: float, stop: MpEvent, parent: int) -> None:
     """Entry point of the converter process."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent drives shutdown through ``stop``
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the parent drives shutdown through ``stop``
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tracedag.collector.metrics import REGISTRY
     from tracedag.pipeline.ingest import SpoolConverter

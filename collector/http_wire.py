@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 READ_SIZE = 256 * 1024
@@ -117,6 +117,27 @@ def framing(head: Head) -> Framing:
     return Framing(False, int(cl))
 
 
+class _Timed:
+    """Awaits stream reads against one deadline, mapping stream errors to HTTP errors."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.loop = asyncio.get_running_loop()
+
+    async def __call__(self, coro: Awaitable[bytes]) -> bytes:
+        left = self.deadline - self.loop.time()
+        if left <= 0:
+            raise HttpError(408, "request body not received in time")
+        try:
+            return await asyncio.wait_for(coro, left)
+        except TimeoutError as exc:
+            raise HttpError(408, "request body not received in time") from exc
+        except asyncio.IncompleteReadError as exc:
+            raise HttpError(400, "connection closed inside the request body") from exc
+        except asyncio.LimitOverrunError as exc:
+            raise HttpError(400, "bad chunk framing") from exc
+
+
 async def body_chunks(
     reader: asyncio.StreamReader, fr: Framing, deadline: float, whole: bool = False
 ) -> AsyncIterator[bytes]:
@@ -125,34 +146,28 @@ async def body_chunks(
     ``whole``: a Content-Length body comes as one piece (one copy out of the stream buffer;
     the caller has already admitted that many bytes).
     """
-    loop = asyncio.get_running_loop()
-
-    async def timed(coro: object) -> bytes:
-        left = deadline - loop.time()
-        if left <= 0:
-            raise HttpError(408, "request body not received in time")
-        try:
-            return await asyncio.wait_for(coro, left)  # type: ignore[arg-type]
-        except TimeoutError as exc:
-            raise HttpError(408, "request body not received in time") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise HttpError(400, "connection closed inside the request body") from exc
-        except asyncio.LimitOverrunError as exc:
-            raise HttpError(400, "bad chunk framing") from exc
-
-    if whole and not fr.chunked:
+    timed = _Timed(deadline)
+    if fr.chunked:
+        async for chunk in _chunked(reader, timed):
+            yield chunk
+    elif whole:
         if fr.length:
             yield await timed(reader.readexactly(fr.length))
-        return
-    if not fr.chunked:
-        left = fr.length
-        while left > 0:
-            chunk = await timed(reader.read(min(left, READ_SIZE)))
-            if not chunk:
-                raise HttpError(400, "connection closed inside the request body")
-            left -= len(chunk)
+    else:
+        async for chunk in _exactly(reader, timed, fr.length):
             yield chunk
-        return
+
+
+async def _exactly(reader: asyncio.StreamReader, timed: _Timed, size: int) -> AsyncIterator[bytes]:
+    while size > 0:
+        chunk = await timed(reader.read(min(size, READ_SIZE)))
+        if not chunk:
+            raise HttpError(400, "connection closed inside the request body")
+        size -= len(chunk)
+        yield chunk
+
+
+async def _chunked(reader: asyncio.StreamReader, timed: _Timed) -> AsyncIterator[bytes]:
     while True:
         line = await timed(reader.readuntil(b"\r\n"))
         size_text = line.split(b";", 1)[0].strip()
@@ -166,11 +181,7 @@ async def body_chunks(
             while (await timed(reader.readuntil(b"\r\n"))) != b"\r\n":
                 pass
             return
-        while size > 0:
-            chunk = await timed(reader.read(min(size, READ_SIZE)))
-            if not chunk:
-                raise HttpError(400, "connection closed inside a chunk")
-            size -= len(chunk)
+        async for chunk in _exactly(reader, timed, size):
             yield chunk
         if await timed(reader.readexactly(2)) != b"\r\n":
             raise HttpError(400, "bad chunk terminator")

@@ -294,6 +294,7 @@ class OtlpHttpServer:
         reserved = [0]
 
         def reserve(n: int) -> None:
+            """Admit ``n`` more decompressed bytes."""
             self.admission.acquire(n)
             reserved[0] += n
 

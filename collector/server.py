@@ -189,6 +189,8 @@ class RunningCollector:
         if self._child is not None:
             self._child.stop(grace_seconds + 60)
             REGISTRY.remove_source(self._child.metrics_text)
+            if self._child.pending():
+                self._converter = _make_converter(self.data)  # the child is gone: finish here
         try:
             self.convert_once()
         except Exception:

@@ -70,6 +70,7 @@ def collect(
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        """Ask the main loop to drain and stop."""
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
