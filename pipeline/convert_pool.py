@@ -46,19 +46,18 @@ def shutdown() -> None:
 
 
 def convert_parallel(records: list[tuple[bytes, int]], batch_id: str, workers: int) -> Converted:
-    """Convert ``records`` in ``workers`` processes, one trace shard each; rows keep request order.
+    """Convert ``records`` in ``workers`` processes, one trace shard each (rows grouped by shard).
 
     Each worker parses every record (parsing is cheap) but converts and normalizes only the
-    spans of its shard of traces, so traces are never split between workers.
+    spans of its shard of traces, so traces are never split between workers. Rows are not put
+    back in request order (the writer sorts by trace anyway); keys and hashes stay row-aligned.
     """
     pool = _pool(workers)
     shards = [(w, workers) for w in range(workers)]
     parts = list(pool.map(convert_records, [records] * workers, [batch_id] * workers, [0] * workers, shards))
-    order = np.argsort(np.concatenate([p.positions for p in parts if p.positions is not None]), kind="stable")
-    table = pa.concat_tables([p.table for p in parts]).unify_dictionaries().take(pa.array(order))
     return Converted(
-        table,
-        np.concatenate([p.keys for p in parts])[order],
-        np.concatenate([p.content for p in parts])[order],
+        pa.concat_tables([p.table for p in parts]).unify_dictionaries(),
+        np.concatenate([p.keys for p in parts]),
+        np.concatenate([p.content for p in parts]),
         parts[0].bad_records,
     )
