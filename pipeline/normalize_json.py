@@ -114,32 +114,44 @@ def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     if not ok.any():
         return values, ok
     sub = values.filter(pa.array(ok))
+    pieces = pc.split_pattern(sub, '"')  # strings hold no quote: odd pieces are string contents
     special = pc.or_(pc.match_substring_regex(sub, _SPECIAL_KEY), pc.match_substring_regex(sub, _SINGLE_LIST))
-    keep = ~np.asarray(special, dtype=bool) & _distinct_keys(sub)
+    keep = ~np.asarray(special, dtype=bool) & _distinct_keys(pieces)
+    out = _spaced(pieces, compact[ok])
     ok[ok] = keep
-    if not keep.all():
-        sub = sub.filter(pa.array(keep))
-    spaced = pc.replace_substring(pc.replace_substring(sub, ",", ", "), ":", ": ")  # all , and : separate
-    return pc.if_else(pa.array(compact[ok]), spaced, sub), ok
+    return (out if keep.all() else out.filter(pa.array(keep))), ok
 
 
-def _distinct_keys(values: pa.Array) -> np.ndarray:
-    """Per flat object, whether its keys are distinct (a repeated key keeps only its last value in Python).
+def _spaced(pieces: pa.ListArray, compact: np.ndarray) -> pa.Array:
+    """The objects again, with ``", "`` and ``": "`` between the strings of the ``compact`` ones."""
+    offsets = np.asarray(pieces.offsets, dtype=np.int64)
+    offsets -= offsets[0]
+    flat = pc.list_flatten(pieces)
+    row = np.repeat(np.arange(len(pieces), dtype=np.int64), np.diff(offsets))
+    between = ((np.arange(len(flat)) - offsets[:-1][row]) % 2 == 0) & compact[row]
+    if between.any():
+        seps = flat.filter(pa.array(between))
+        flat = pc.replace_with_mask(flat, pa.array(between),
+                                    pc.replace_substring(pc.replace_substring(seps, ",", ", "), ":", ": "))
+    return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat), '"')
 
-    Split at ``"``, a key is a piece followed by one starting with ``:`` (strings hold no ``:``).
+
+def _distinct_keys(pieces: pa.ListArray) -> np.ndarray:
+    """Per flat object (split at ``"``), whether its keys are distinct (Python keeps a repeated key's last value).
+
+    A key is a piece followed by one starting with ``:`` (strings hold no ``:``).
     """
-    pieces = pc.split_pattern(values, '"')
     offsets = np.asarray(pieces.offsets, dtype=np.int64)
     offsets -= offsets[0]
     flat = pc.list_flatten(pieces)
     is_key = np.zeros(len(flat), dtype=bool)
     is_key[:-1] = np.asarray(pc.starts_with(flat.slice(1), ":"), dtype=bool)
     is_key[offsets[1:][offsets[1:] > 0] - 1] = False  # the last piece of a row is never a key
-    rows = np.repeat(np.arange(len(values), dtype=np.int64), np.diff(offsets))[is_key]
+    rows = np.repeat(np.arange(len(pieces), dtype=np.int64), np.diff(offsets))[is_key]
     codes = np.asarray(pc.dictionary_encode(flat.filter(pa.array(is_key))).indices, dtype=np.int64)
     width = int(codes.max(initial=0)) + 1
     pairs = np.unique(rows * width + codes)
-    keys, distinct = np.bincount(rows, minlength=len(values)), np.bincount(pairs // width, minlength=len(values))
+    keys, distinct = np.bincount(rows, minlength=len(pieces)), np.bincount(pairs // width, minlength=len(pieces))
     return np.asarray(keys == distinct, dtype=bool)
 
 
