@@ -62,8 +62,7 @@ def fill(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa
     rows, pos = _needed(current, source)
     if len(rows) == 0:
         return current
-    texts = reduce_column(values.take(pa.array(pos)), fn)
-    return pc.coalesce(current, scatter(texts, rows, len(current)))
+    return _put(current, rows, reduce_column(values.take(pa.array(pos)), fn))
 
 
 def fill_reference(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa.Array:
@@ -73,6 +72,13 @@ def fill_reference(current: pa.Array, source: Sparse, values: pa.Array, fn: Redu
         return current
     texts = [fn(s, json.loads) for s in values.take(pa.array(pos)).to_pylist()]
     return pc.coalesce(current, scatter(pa.array(texts, pa.string()), rows, len(current)))
+
+
+def _put(current: pa.Array, rows: np.ndarray, texts: pa.Array) -> pa.Array:
+    """``current`` (null at ``rows``, increasing) with ``texts`` there."""
+    mask = np.zeros(len(current), dtype=bool)
+    mask[rows] = True
+    return pc.replace_with_mask(current, pa.array(mask), texts)
 
 
 def _needed(current: pa.Array, source: Sparse) -> tuple[np.ndarray, np.ndarray]:
