@@ -42,7 +42,7 @@ def _median(fn: Callable[[], int], runs: int) -> tuple[float, int]:
 def _baseline(data: Path) -> int:
     con = connect(data)
     try:
-        inputs.use_pending(con, inputs.pending_rule_builds(con))
+        con.register("pending", inputs.pending_rule_builds(con))
         return con.sql(inputs.FACTS_CORE_SQL).to_arrow_table().num_rows
     finally:
         con.close()

@@ -65,18 +65,15 @@ QUIET_SQL = """(
 )"""
 
 STEP_FACTS_SQL = f"""
-with facts as ({FACTS_CORE_SQL})
-select * from facts where not {QUIET_SQL}
-order by trace_id, topo_index
+select * from score_facts where not {QUIET_SQL}
 """
 
 # The passing rows of the quiet steps: one per base metric of the step type (rules.BASE_METRICS).
 QUIET_ROWS_SQL = f"""
-with facts as ({FACTS_CORE_SQL})
 select trace_id, span_id, build_id,
        unnest(coalesce(list_extract($metric_lists, list_position($types, step_type)), $default_metrics))
            as metric
-from facts where {QUIET_SQL}
+from score_facts where {QUIET_SQL}
 """
 
 DEFINITIONS_SQL = """
@@ -115,16 +112,27 @@ def pending_rule_builds(con: duckdb.DuckDBPyConnection) -> pa.Table:
     return con.sql(PENDING_RULES_SQL).to_arrow_table()
 
 
-def pending_steps(con: duckdb.DuckDBPyConnection) -> int:
+def pending_steps(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> int:
     """How many steps the ``pending`` builds have."""
-    rows = con.execute("select count(*) from dag_nodes n semi join pending p "
-                       "on p.trace_id = n.trace_id and p.build_id = n.build_id").fetchall()
+    con.register("pending_all", pending)
+    try:
+        rows = con.execute("select count(*) from dag_nodes n semi join pending_all p "
+                           "on p.trace_id = n.trace_id and p.build_id = n.build_id").fetchall()
+    finally:
+        con.unregister("pending_all")
     return int(rows[0][0])
 
 
 def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:
-    """Make ``pending`` the relation the other queries join on."""
+    """Make ``pending`` the relation the other queries join on, and read its steps' facts once."""
     con.register("pending", pending)
+    con.execute(f"create or replace temp table score_facts as {FACTS_CORE_SQL}")
+
+
+def done_pending(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop what ``use_pending`` made."""
+    con.execute("drop table if exists score_facts")
+    con.unregister("pending")
 
 
 def tool_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:

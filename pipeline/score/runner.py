@@ -106,7 +106,7 @@ def _score_chunk(data: Path, con: duckdb.DuckDBPyConnection, chunk: pa.Table, ma
             rows.extend(score_step(f))
         stats.steps += len(facts)
         advance("rules", len(facts), -1)
-    con.unregister("pending")
+    inputs.done_pending(con)
     return rows
 
 
@@ -123,9 +123,7 @@ def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
     """Pass 1: rules for the latest builds that have no rule rows yet."""
     pending = inputs.pending_rule_builds(con)
     stats.builds = pending.num_rows
-    inputs.use_pending(con, pending)
-    advance("rules", 0, inputs.pending_steps(con))
-    con.unregister("pending")
+    advance("rules", 0, inputs.pending_steps(con, pending))
     for chunk in _chunks(pending, TRACES_PER_CHUNK):
         _write(data, _score_chunk(data, con, chunk, max_iterations, stats, advance), stats)
 

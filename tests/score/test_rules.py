@@ -273,8 +273,8 @@ def test_sql_fast_path_equals_the_rule_table(builder):
     got = {(k[0], k[1]): (v[0], v[1]) for k, v in _scores(builder.data).items()}
     con = connect(builder.data)
     inputs.use_pending(con, con.sql("select distinct trace_id, build_id from dag_nodes").to_arrow_table())
-    facts_sql = f"select * from ({inputs.FACTS_CORE_SQL}) order by trace_id, topo_index"
-    quiet_sql = f"select span_id from ({inputs.FACTS_CORE_SQL}) where {inputs.QUIET_SQL}"
+    facts_sql = "select * from score_facts order by trace_id, topo_index"
+    quiet_sql = f"select span_id from score_facts where {inputs.QUIET_SQL}"
     defs = inputs.tool_definitions(con)
     rows = con.sql(facts_sql).to_arrow_table().to_pylist()
     quiet = {r[0] for r in con.sql(quiet_sql, params={"max_iterations": 3}).fetchall()}
