@@ -55,7 +55,7 @@ span_model as (
     select trace_id, span_id, model, coalesce(input_tokens, 0) as input_tokens,
            coalesce(output_tokens, 0) as output_tokens
     from spans
-    where trace_id in (select trace_id from win)
+    where (input_tokens is not null or output_tokens is not null) and trace_id in (select trace_id from win)
 ),
 model_price as (
     -- the longest price-list name contained in the model name
