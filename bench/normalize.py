@@ -139,7 +139,7 @@ def main() -> None:
             added = "-" if name.startswith("interim") else f"{(cpu - base_cpu) / n * 1e6:.2f}"
             table.add_row(label, name, f"{wall * 1e3:.1f}", f"{wall / n * 1e6:.2f}", f"{cpu / n * 1e6:.2f}",
                           f"{n / wall:,.0f}", added)
-    console = Console()
+    console = Console(width=150)
     console.print(table)
     console.print(f"load average (1 min) before: {load_before[0]:.2f}, after: {os.getloadavg()[0]:.2f} "
                   f"on {os.cpu_count()} CPUs")
