@@ -32,6 +32,7 @@ from tracedag.pipeline.normalize_extract import (
     scatter,
     single_chunk,
     to_int,
+    with_prefixes,
 )
 from tracedag.pipeline.normalize_rules import (
     COLUMN_SOURCES,
@@ -51,6 +52,7 @@ Cols = dict[str, pa.Array]
 Filler = Callable[[pa.Array, Sparse, pa.Array, text.Reducer], pa.Array]
 TEXT_SOURCES = ("tool_args", "tool_result", "input_messages", "output_messages", "input_value", "output_value",
                 "entity_input", "entity_output")
+MESSAGE_PREFIXES = ["llm.input_messages.", "llm.output_messages.", "gen_ai.prompt.", "gen_ai.completion."]
 # payload keys: read in place by the text columns, never copied into per-key columns
 TEXT_KEYS = list(dict.fromkeys(k for src in TEXT_SOURCES for k in COLUMN_SOURCES[src]))
 _NULL = pa.scalar(None, pa.string())
@@ -199,16 +201,17 @@ def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: Filler) -> Cols:
 
     inp = fill(pa.nulls(entries.n, pa.string()), "tool_args", text.readable)
     inp = fill(inp, "input_messages", text.genai_input)
-    inp = pc.coalesce(inp, text.last_user_message(entries, "llm.input_messages.", "message\\.role|message\\.content",
+    msgs = with_prefixes(entries, MESSAGE_PREFIXES)  # the indexed message families
+    inp = pc.coalesce(inp, text.last_user_message(msgs, "llm.input_messages.", "message\\.role|message\\.content",
                                                    "message.role", "message.content"))
-    inp = pc.coalesce(inp, text.last_user_message(entries, "gen_ai.prompt.", "role|content", "role", "content"))
+    inp = pc.coalesce(inp, text.last_user_message(msgs, "gen_ai.prompt.", "role|content", "role", "content"))
     inp = fill(inp, "input_value", text.readable)
     inp = fill(inp, "entity_input", text.readable)
     out = fill(pa.nulls(entries.n, pa.string()), "tool_result", text.readable)
     out = fill(out, "output_messages", text.genai_output)
-    out = pc.coalesce(out, text.last_message(entries, "llm.output_messages.", "message\\.content", "message.content"))
-    out = pc.coalesce(out, text.llm_output_calls(entries))
-    out = pc.coalesce(out, text.last_message(entries, "gen_ai.completion.", "content", "content"))
+    out = pc.coalesce(out, text.last_message(msgs, "llm.output_messages.", "message\\.content", "message.content"))
+    out = pc.coalesce(out, text.llm_output_calls(msgs))
+    out = pc.coalesce(out, text.last_message(msgs, "gen_ai.completion.", "content", "content"))
     out = fill(out, "output_value", text.readable)
     out = fill(out, "entity_output", text.readable)
     inp, cut_in = text.cap(coalesce(inp))

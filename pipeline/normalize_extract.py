@@ -138,6 +138,17 @@ def first_present(*cols: Sparse) -> Sparse:
     return Sparse(rows[first], pos[first])
 
 
+def with_prefixes(entries: Entries, prefixes: list[str]) -> Entries:
+    """The entries whose key starts with one of ``prefixes`` (one pass; ``family`` then scans fewer keys)."""
+    mask = np.zeros(len(entries.keys), dtype=bool)
+    for prefix in prefixes:
+        mask |= np.asarray(pc.fill_null(pc.starts_with(entries.keys, prefix), False), dtype=bool)
+    if mask.all():
+        return entries
+    keep = pa.array(mask)
+    return Entries(entries.rows[mask], entries.keys.filter(keep), entries.values.filter(keep), entries.n)
+
+
 def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
     """Entries whose key starts with ``prefix`` and matches ``pattern`` (named groups ``idx``, ``field``).
 
