@@ -155,9 +155,9 @@ class ColumnBuilder:
         """Return the ``BASE_SCHEMA`` table, the dedupe keys and the content hashes."""
         n = self.n
         attributes = self._attributes()  # first: it finds the spans with repeated keys
-        tid, sid = _hex_column(self.trace_ids, 16), _hex_column(self.span_ids, 8)
-        if len(tid.buffers()[2] or b"") == 32 * n and len(sid.buffers()[2] or b"") == 16 * n and _fixed(self):
-            keys = keys_from_ids(b"".join(self.trace_ids), b"".join(self.span_ids), n)
+        (tid, tjoined), (sid, sjoined) = _hex_column(self.trace_ids, 16), _hex_column(self.span_ids, 8)
+        if tjoined is not None and sjoined is not None:
+            keys = keys_from_ids(tjoined, sjoined, n)
         else:
             keys = keys_from_hex(tid, sid)
         starts = np.array(self.starts, dtype=np.uint64).astype(np.int64)
@@ -199,7 +199,7 @@ class ColumnBuilder:
         dup = np.zeros(len(starts), dtype=bool)
         dup[self.dup_rows] = True
         if not (zero.any() or before.any() or dup.any()):
-            return pa.array([[]] * self.n, pa.list_(pa.string()))
+            return _sparse({}, self.n, pa.list_(pa.string()))
         rows: list[list[str]] = []
         for z, b, d in zip(zero.tolist(), before.tolist(), dup.tolist(), strict=True):
             rows.append([f for f, on in (("zero_start", z), ("end_before_start", b),
@@ -207,22 +207,18 @@ class ColumnBuilder:
         return pa.array(rows, pa.list_(pa.string()))
 
 
-def _fixed(b: ColumnBuilder) -> bool:
-    return all(len(t) == 16 for t in b.trace_ids) and all(len(s) == 8 for s in b.span_ids)
-
-
 def _as_type(arr: pa.Array, typ: pa.DataType) -> pa.Array:
     return arr if arr.type == typ else arr.cast(typ)
 
 
-def _hex_column(ids: list[bytes], width: int) -> pa.Array:
-    """Hex-encode ids in one call when all have ``width`` bytes, else one by one."""
+def _hex_column(ids: list[bytes], width: int) -> tuple[pa.Array, bytes | None]:
+    """Hex-encode ids in one call when all have ``width`` bytes (also returning them joined), else one by one."""
     n = len(ids)
     joined = b"".join(ids)
-    if len(joined) != width * n or any(len(x) != width for x in ids):
-        return pa.array([x.hex() for x in ids], pa.string())
-    offsets = pa.py_buffer(np.arange(0, 2 * width * (n + 1), 2 * width, dtype=np.int32).tobytes())
-    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(joined.hex().encode("ascii")))
+    if len(joined) != width * n or not (np.fromiter(map(len, ids), dtype=np.int64, count=n) == width).all():
+        return pa.array([x.hex() for x in ids], pa.string()), None
+    offsets = pa.py_buffer(np.arange(0, 2 * width * (n + 1), 2 * width, dtype=np.int32))
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(joined.hex().encode("ascii"))), joined
 
 
 def _nullable_str(values: list[str]) -> pa.Array:
@@ -241,10 +237,15 @@ def _resource_maps(resources: list[list[tuple[str, str]]]) -> pa.Array:
     return pa.array(resources, _MAP)
 
 
-def _sparse(items: dict[int, list[dict[str, Any]]], n: int, typ: pa.DataType) -> pa.Array:
-    if not items:
-        return pa.array([[]] * n, typ)
-    return pa.array([items.get(i, []) for i in range(n)], typ)
+def _sparse(items: dict[int, list[Any]], n: int, typ: pa.DataType) -> pa.Array:
+    """A list column that is empty except at the rows in ``items`` (built from offsets, no per-row lists)."""
+    counts = np.zeros(n, dtype=np.int32)
+    rows = sorted(items)
+    counts[rows] = [len(items[r]) for r in rows]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    values = pa.array([v for r in rows for v in items[r]], typ.value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=typ)
 
 
 def _events(events: Any) -> list[dict[str, Any]]:

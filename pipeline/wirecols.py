@@ -90,19 +90,17 @@ def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, start
     layout inlines (short strings) or uses as the 4-byte prefix. One cast builds the result.
     """
     n = len(starts)
-    head = np.zeros((n, 12), dtype=np.uint8)
-    for b, (_data, heads) in enumerate(buffers):
-        sel = which == b
-        head[sel] = heads[starts[sel]]
-    views = np.zeros((n, 16), dtype=np.uint8)
-    views[:, 0:4] = lengths.astype(np.int32).view(np.uint8).reshape(n, 4)
+    views = np.empty((n, 16), dtype=np.uint8)
+    views[:, 4:16] = buffers[0][1][np.where(which == 0, starts, 0)]
+    for b, (_data, heads) in enumerate(buffers[1:], start=1):
+        sel = np.nonzero(which == b)[0]
+        views[sel, 4:16] = heads[starts[sel]]
     inline = lengths <= 12
-    short = head[inline]
-    short[np.arange(12)[None, :] >= lengths[inline][:, None]] = 0
-    views[inline, 4:16] = short
-    views[~inline, 4:8] = head[~inline, :4]
-    views[~inline, 8:12] = which[~inline].astype(np.int32).view(np.uint8).reshape(-1, 4)
-    views[~inline, 12:16] = starts[~inline].astype(np.int32).view(np.uint8).reshape(-1, 4)
+    views[:, 4:16][inline[:, None] & (np.arange(12)[None, :] >= lengths[:, None])] = 0
+    words = views.view(np.int32)  # (n, 4): length, prefix or inline bytes, buffer index, offset
+    words[:, 0] = lengths
+    words[:, 2] = np.where(inline, words[:, 2], which)
+    words[:, 3] = np.where(inline, words[:, 3], starts)
     arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), *(d for d, _ in buffers)])
     return arr.cast(pa.string())
 
