@@ -49,9 +49,9 @@ _LATEST = {
                  rows between unbounded preceding and unbounded following)) as conversation_id)
         from spans_all
     """,
+    # arg_max over a group-by is several times cheaper than a row_number() window here.
     "traces": """
-        select * from traces_all
-        qualify row_number() over (partition by trace_id order by built_unix_nano desc, build_id desc) = 1
+        select unnest(arg_max(t, (t.built_unix_nano, t.build_id))) from traces_all t group by t.trace_id
     """,
     "dag_nodes": "select n.* from dag_nodes_all n semi join traces t on n.trace_id = t.trace_id and n.build_id = t.build_id",
     "dag_edges": "select e.* from dag_edges_all e semi join traces t on e.trace_id = t.trace_id and e.build_id = t.build_id",
