@@ -188,19 +188,35 @@ async def _chunked(reader: asyncio.StreamReader, timed: _Timed) -> AsyncIterator
 
 
 class BodySink:
-    """Collects the body, gunzipping on the fly; the limit applies to the decompressed size."""
+    """Collects the body, gunzipping it with the limit applied to the decompressed size.
 
-    def __init__(self, limit: int, gzip: bool, reserve: Callable[[int], None]) -> None:
+    With ``defer`` the compressed bytes are kept (bounded by the wire limit and admitted) and
+    inflated by ``finish``, which then runs off the event loop (zlib releases the GIL); the
+    decompressed size is still checked while inflating, ``max_length`` bytes at a time.
+    """
+
+    def __init__(self, limit: int, gzip: bool, reserve: Callable[[int], None], defer: bool = False) -> None:
         self.limit = limit
         self.parts: list[bytes] = []
         self.size = 0
         self.wire_bytes = 0
         self._reserve = reserve
         self._inflater = zlib.decompressobj(wbits=31) if gzip else None
+        self._deferred: list[bytes] | None = [] if gzip and defer else None
+        self._wire_limit = limit + limit // 100 + 65536
 
     def feed(self, raw: bytes) -> None:
         """Add received bytes; raise ``HttpError`` 413 over the limit, 400 for bad gzip."""
         self.wire_bytes += len(raw)
+        if self._deferred is not None:
+            if self.wire_bytes > self._wire_limit:
+                raise HttpError(413, f"compressed request body exceeds {self._wire_limit} bytes")
+            self._reserve(len(raw))
+            self._deferred.append(raw)
+            return
+        self._inflate_or_keep(raw)
+
+    def _inflate_or_keep(self, raw: bytes) -> None:
         if self._inflater is None:
             self._grow(raw)
             return
@@ -226,6 +242,10 @@ class BodySink:
 
     def finish(self) -> bytes:
         """Return the whole (decompressed) body; raise 400 for a truncated gzip stream."""
+        if self._deferred is not None:
+            pending, self._deferred = self._deferred, None
+            for raw in pending:
+                self._inflate_or_keep(raw)
         if self._inflater is not None and self.wire_bytes and not self._inflater.eof:
             raise HttpError(400, "truncated gzip body")
         return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)

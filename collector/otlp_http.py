@@ -298,7 +298,7 @@ class OtlpHttpServer:
             self.admission.acquire(n)
             reserved[0] += n
 
-        sink = BodySink(self.settings.max_body_bytes, gzip, _no_reserve if whole else reserve)
+        sink = BodySink(self.settings.max_body_bytes, gzip, _no_reserve if whole else reserve, defer=True)
         try:
             if whole:
                 reserve(fr.length)
@@ -346,11 +346,8 @@ class OtlpHttpServer:
     async def _receive_and_store(self, enc: Encoding, chunks: AsyncIterator[bytes], sink: BodySink) -> Reply:
         async for chunk in chunks:
             sink.feed(chunk)
-        body = sink.finish()
-        BYTES_RECEIVED.inc(sink.wire_bytes, stage="wire")
-        BYTES_RECEIVED.inc(len(body), stage="decompressed")
         try:
-            decoded = await self._loop.run_in_executor(self._pool, self.ingestor.export, body, enc)
+            decoded = await self._loop.run_in_executor(self._pool, _finish_and_export, sink, self.ingestor, enc)
         except DecodeError as exc:
             return status_reply(400, exc.message, enc)
         except SpoolUnavailable as exc:
@@ -369,6 +366,14 @@ async def _abandon(reply: Reply, chunks: AsyncIterator[bytes], rest: int) -> Rep
     except HttpError:
         reply.close = True
     return reply
+
+
+def _finish_and_export(sink: BodySink, ingestor: Ingestor, enc: Encoding) -> Decoded:
+    """Off the event loop: inflate (if gzip), then decode and store durably."""
+    body = sink.finish()
+    BYTES_RECEIVED.inc(sink.wire_bytes, stage="wire")
+    BYTES_RECEIVED.inc(len(body), stage="decompressed")
+    return ingestor.export(body, enc)
 
 
 def _no_reserve(n: int) -> None:
