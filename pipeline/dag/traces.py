@@ -44,6 +44,7 @@ def traces_table(prep: pa.Table, g: Graph, meta: pa.Table, build_id: str, built_
     n_traces = starts.size
 
     def seg_sum(x: np.ndarray) -> IntArray:
+        """Sum of ``x`` over the rows of each trace."""
         return np.add.reduceat(x.astype(np.int64), starts)
 
     received = np.asarray(prep.column("received_unix_nano").to_numpy(zero_copy_only=False), dtype=np.int64)
