@@ -125,13 +125,34 @@ def run_sql(data: Path, sql: str, threads: int | None = None) -> pa.Table:
     return _execute(data, "--sql", sql, {}, threads)
 
 
+# Compaction swaps a partition's files atomically; a query that listed the old files just before
+# the swap finds one missing. Listing again sees the new files, so such a query is simply re-run.
+_ATTEMPTS = 3
+
+
 def _execute(data: Path, label: str, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return _execute_once(data, sql, values, threads)
+        except duckdb.IOException as e:
+            if attempt == _ATTEMPTS or not _file_vanished(e):
+                raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+            logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
+        except duckdb.Error as e:
+            raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+    raise AssertionError("unreachable")
+
+
+def _file_vanished(error: duckdb.Error) -> bool:
+    text = str(error).lower()
+    return "no such file" in text or "no files found" in text or "cannot open file" in text
+
+
+def _execute_once(data: Path, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
     con = connect(data, threads=threads)
     try:
         relation = con.sql(sql, params=values or None)
         return pa.table({}) if relation is None else _to_arrow(relation)
-    except duckdb.Error as e:
-        raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
     finally:
         con.close()
 
