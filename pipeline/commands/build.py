@@ -23,7 +23,12 @@ data_option: Callable[[_F], _F] = _shared_data_option
               help="Workflow spec (YAML/JSON): steps and allowed dependencies; deviant traces are flagged.")
 @click.option("--tolerance-ms", "tolerance_ms", default=1.0, show_default=True, type=float,
               help="Clock-skew tolerance: B follows A when B started no earlier than this before A ended.")
-def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolerance_ms: float) -> None:
+@click.option("--compact", is_flag=True,
+              help="Merge the small files of traces, dag_nodes, dag_edges and step_scores now (also after a skipped build).")
+@click.option("--max-small-files", "max_small_files", default=16, show_default=True, type=int,
+              help="After a build, merge a derived table's small files once it has more than this many.")
+def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolerance_ms: float, compact: bool,
+                  max_small_files: int) -> None:
     """Turn complete traces into the traces, dag_nodes and dag_edges tables (incremental).
 
     Args:
@@ -32,16 +37,21 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
         full: rebuild all complete traces.
         spec: optional workflow spec file.
         tolerance_ms: skew tolerance of the happened-before order among siblings.
+        compact: merge small derived files now.
+        max_small_files: small files per table that trigger a merge after a build.
     """
     from rich.console import Console
     from rich.table import Table
 
     from tracedag.pipeline.dag import build_store
+    from tracedag.pipeline.dag.gc import GcSettings
 
     stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
-                        tolerance_ns=int(tolerance_ms * 1e6))
+                        tolerance_ns=int(tolerance_ms * 1e6), compact=compact,
+                        gc=GcSettings(max_small_files=max_small_files))
     if stats.skipped:
         click.echo("nothing changed since the last build (no new spans, no trace became complete)")
+        _echo_gc(stats)
         return
     table = Table(title="tracedag build", show_header=False)
     rows = [("build id", stats.build_id), ("traces built", stats.traces_built), ("spans", stats.spans), ("edges", stats.edges),
@@ -52,8 +62,21 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
     for label, value in rows:
         table.add_row(label, str(value))
     Console().print(table)
+    _echo_gc(stats)
     if stats.traces_pending:
         click.echo(f"{stats.traces_pending} traces got spans in the last {idle:g}s; use --idle 0 to build them now.")
+
+
+def _echo_gc(stats: Any) -> None:
+    """One line per derived table that the collection after the build changed."""
+    gc = stats.gc
+    if gc is None:
+        return
+    for t in sorted({*gc.deleted, *gc.rewritten, *gc.merged}):
+        click.echo(f"gc {t}: {gc.deleted.get(t, 0)} superseded files deleted, {gc.rewritten.get(t, 0)} rewritten, "
+                   f"{gc.merged.get(t, 0)} small files merged, {gc.rows_dropped.get(t, 0)} superseded rows dropped")
+    for t in gc.skipped:
+        click.echo(f"gc {t}: skipped (a scorer is running)")
 
 
 @click.command("show")

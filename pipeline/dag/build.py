@@ -26,10 +26,13 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from tracedag.collector import faults
 from tracedag.pipeline.dag.chunks import chunk_tables
+from tracedag.pipeline.dag.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
+from tracedag.pipeline.dag.swap import collect
 from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
 from tracedag.pipeline.views import connect
@@ -73,6 +76,7 @@ class BuildStats:
     seconds: float = 0.0
     files: list[str] = field(default_factory=list)
     skipped: bool = False  # nothing changed since the last run: the spans were not even scanned
+    gc: GcStats | None = None  # superseded rows removed and small files merged after the build
 
 
 @dataclass(frozen=True)
@@ -165,20 +169,28 @@ def build_store(
     progress: bool = False,
     tolerance_ns: int = DEFAULT_TOLERANCE_NS,
     chunk_spans: int = CHUNK_SPANS,
+    compact: bool = False,
+    gc: GcSettings | None = None,
 ) -> BuildStats:
-    """Rebuild the DAGs of the complete traces that are new or changed since the last build."""
+    """Rebuild the DAGs of the complete traces that are new or changed since the last build.
+
+    Then (same lock) remove the rows of superseded builds and merge small files when due (``compact``:
+    merge the small files of every derived table now); see ``tracedag.pipeline.dag.gc``.
+    """
     t0 = time.perf_counter()
     workflow = load_spec(spec) if spec is not None else None
     spec_hash = hashlib.sha256(spec.read_bytes()).hexdigest() if spec is not None else None
     with _lock(data):
         now = time.time_ns()
         stats = BuildStats(build_id=new_build_id(now), built_unix_nano=now)
+        remove_crashed_build(data)
         state = _load_state(data)
         # settings that change the result of every trace: a change rebuilds everything once
         marks: dict[str, Any] = {"files": _files_hash(data), "idle_seconds": idle_seconds,
                                  "settings": f"tolerance={tolerance_ns};spec={spec_hash}"}
         if not full and _nothing_to_do(state, marks, now):
             stats.skipped = True
+            stats.gc = collect(data, gc, compact=True) if compact else None
             stats.seconds = round(time.perf_counter() - t0, 3)
             return stats
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
@@ -191,6 +203,9 @@ def build_store(
             con.close()  # before the build: DuckDB keeps its buffers while open
         stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
         _run(data, plan, stats, workflow, tolerance_ns, progress)
+        if (stats.traces_built and (gc is None or gc.enabled)) or compact:
+            with stage("gc"):
+                stats.gc = collect(data, gc, compact=compact)
         stats.seconds = round(time.perf_counter() - t0, 3)
         _save_state(data, stats, {**marks, "next_due_unix_nano": plan.next_due_unix_nano})
     logger.info("build %s: %d traces, %d spans in %.2fs", stats.build_id, stats.traces_built, stats.spans, stats.seconds)
@@ -208,6 +223,7 @@ def _run(
     if not plan.chunks:
         return
     tmp = data / "state" / "build-tmp" / stats.build_id
+    mark_inflight(data, stats.build_id)
     with _progress(progress, plan.spans) as advance, closing(chunk_tables(data, plan.chunks, tmp)) as tables:
         for i in range(len(plan.chunks)):
             # no local name for the input: reconstruct frees it as soon as it has prepared its own copy
@@ -215,6 +231,7 @@ def _run(
                                                tolerance_ns, spec)
             _write(data, stats, i, traces, nodes, edges)
             advance(nodes.num_rows)
+    mark_inflight(data, None)
 
 
 def _timed_next(tables: Iterator[pa.Table]) -> pa.Table:
@@ -228,6 +245,7 @@ def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: p
     for name, table in (("dag_nodes", nodes), ("dag_edges", edges), ("traces", traces)):
         with stage("write"):
             stats.files.append(str(write_parquet_atomic(table, table_dir(data, name), stem)))
+        faults.hit(f"dag_build.after_{name}")
     stats.traces_built += traces.num_rows
     stats.spans += nodes.num_rows
     stats.nodes += nodes.num_rows

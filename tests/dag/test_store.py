@@ -44,7 +44,9 @@ def test_trace_split_across_batches_arriving_root_last(tmp_path):
     assert [(s, p, d) for s, p, d, _ in nodes] == [("r", None, 0), ("a", "r", 1), ("b", "a", 2)]
     assert {b for *_, b in nodes} == {second.build_id}
     assert q(tmp_path, "select count(*) from dag_edges where trace_id = 't1'") == [(2,)]
-    assert q(tmp_path, "select count(*) from dag_edges_all where trace_id = 't1'") == [(3,)]
+    # the first build's edges file held only t1's superseded edge: collected (deleted) after the build
+    assert q(tmp_path, "select count(*) from dag_edges_all where trace_id = 't1'") == [(2,)]
+    assert second.gc is not None and second.gc.deleted.get("dag_edges") == 1
 
     third = build_store(tmp_path, idle_seconds=0)
     assert third.traces_built == 0 and third.skipped  # no spans file changed: not even scanned
