@@ -36,3 +36,9 @@ def test_cli_imports_and_shows_help():
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0
     assert "tracedag" in result.output
+
+
+def test_test_module_basenames_are_unique():
+    # tests/ has no __init__.py files, so pytest imports test modules by basename
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
