@@ -297,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sustain", type=float, default=60.0, help="length of the queryable-throughput run")
     ap.add_argument("--rate", type=float, default=20_000, help="paced rate for the lag measurement")
     ap.add_argument("--quick", action="store_true", help="1 run of 5 s per configuration, 20 s sustained")
+    ap.add_argument("--queryable-only", action="store_true", help="skip the acknowledged-throughput table")
     args = ap.parse_args(argv)
     if args.quick:
         args.runs, args.seconds, args.sustain = 1, 5.0, 20.0
@@ -307,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{len(bodies)} batches, {spans} spans, {sum(map(len, bodies)) / spans:.0f} B/span; "
                   f"{os.cpu_count()} CPUs")
     ceil = statistics.median(ceiling(bodies, spans) for _ in range(max(3, args.runs)))
+    console.print(f"ceiling: protobuf parse-only {ceil:,.0f} spans/s on one core (same batches, same run)")
+    if not args.queryable_only:
+        ack_table(bodies, counts, tids, args, ceil)
+    queryable_report(bodies, counts, tids, args)
+    return 0
+
+
+def ack_table(bodies, counts, tids, args, ceil: float) -> None:
+    """The acknowledged-throughput table (medians of ``args.runs`` runs per configuration)."""
     table = Table(title=f"acknowledged (fsync before 200), medians of {args.runs} runs of {args.seconds:.0f} s")
     for col in ("encoding", "clients", "spans/s", "x ceiling", "p50 ms", "p99 ms", "peak RSS MB"):
         table.add_column(col, justify="right")
@@ -317,15 +327,28 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row("protobuf+gzip" if gz else "protobuf", str(conc), f"{rate:,.0f}", f"{rate / ceil:.2f}",
                           f"{statistics.median(r[1] for r in runs):.1f}", f"{statistics.median(r[2] for r in runs):.1f}",
                           f"{max(r[3] for r in runs) / 2**20:.0f}")
-    console.print(f"ceiling: protobuf parse-only {ceil:,.0f} spans/s on one core (same batches, same run)")
     console.print(table)
-    full = queryable_run(bodies, counts, tids, 4, args.sustain, 0)
-    paced = queryable_run(bodies, counts, tids, 2, max(10.0, args.sustain / 3), args.rate)
-    console.print(f"queryable, unpaced {args.sustain:.0f} s (4 clients): acked {full['acked_per_s']:,.0f} spans/s, "
-                  f"queryable {full['queryable_per_s']:,.0f} spans/s, peak RSS {full['rss'] / 2**20:.0f} MB")
-    console.print(f"lag at {args.rate:,.0f} spans/s: acked {paced['acked_per_s']:,.0f} spans/s, ack->queryable "
-                  f"p50 {paced['lag_p50']:.2f} s, p99 {paced['lag_p99']:.2f} s, peak RSS {paced['rss'] / 2**20:.0f} MB")
-    return 0
+
+
+def queryable_report(bodies, counts, tids, args) -> None:
+    """Queryable throughput (unpaced) and ack -> queryable lag (paced), medians of ``args.runs`` runs."""
+    fulls, paceds = [], []
+    for i in range(args.runs):
+        full = queryable_run(bodies, counts, tids, 4, args.sustain, 0)
+        paced = queryable_run(bodies, counts, tids, 2, max(10.0, args.sustain / 3), args.rate)
+        fulls.append(full)
+        paceds.append(paced)
+        console.print(f"run {i + 1}: queryable {full['queryable_per_s']:,.0f} spans/s (acked "
+                      f"{full['acked_per_s']:,.0f}), peak RSS {full['rss'] / 2**20:.0f} MB; at {args.rate:,.0f}/s: "
+                      f"lag p50 {paced['lag_p50']:.2f} s p99 {paced['lag_p99']:.2f} s, peak RSS "
+                      f"{paced['rss'] / 2**20:.0f} MB; load {os.getloadavg()[0]:.1f}")
+    med = statistics.median
+    console.print(f"queryable, unpaced {args.sustain:.0f} s (4 clients), median of {args.runs}: "
+                  f"{med(f['queryable_per_s'] for f in fulls):,.0f} spans/s (acked "
+                  f"{med(f['acked_per_s'] for f in fulls):,.0f}), peak RSS {max(f['rss'] for f in fulls) / 2**20:.0f} MB")
+    console.print(f"lag at {args.rate:,.0f} spans/s, median of {args.runs}: ack->queryable p50 "
+                  f"{med(p['lag_p50'] for p in paceds):.2f} s, p99 {med(p['lag_p99'] for p in paceds):.2f} s, "
+                  f"peak RSS {max(p['rss'] for p in paceds) / 2**20:.0f} MB")
 
 
 if __name__ == "__main__":

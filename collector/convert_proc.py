@@ -25,34 +25,52 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "converter.metrics"
 
+ENV_CONVERTERS = "TRACEDAG_CONVERTERS"
+"""Number of converter processes (default 2); each converts the segments whose sequence is ``w`` mod N."""
+
+
+def default_processes() -> int:
+    """Converter processes to run: ``$TRACEDAG_CONVERTERS`` or 2 (capped by the CPU count)."""
+    try:
+        return max(1, int(os.environ.get(ENV_CONVERTERS, "")))
+    except ValueError:
+        return max(1, min(2, os.cpu_count() or 1))
+
 
 class ConverterProcess:
-    """A supervised child process converting sealed spool segments."""
+    """Supervised child processes converting sealed spool segments (split by segment sequence)."""
 
-    def __init__(self, data: Path, interval: float = 0.25) -> None:
+    def __init__(self, data: Path, interval: float = 0.25, processes: int | None = None) -> None:
         self.data = Path(data)
         self.interval = interval
+        self.processes = processes or default_processes()
         self._ctx = mp.get_context("spawn")
         self._stop: MpEvent = self._ctx.Event()
-        self._proc: Any = None
+        self._procs: list[Any] = [None] * self.processes
         self._lock = threading.Lock()
         self._closed = False
 
     def start(self) -> None:
-        """Start (or restart) the child."""
+        """Start (or restart) the children."""
+        for w in range(self.processes):
+            self._start(w)
+
+    def _start(self, w: int) -> None:
         with self._lock:
-            self._proc = self._ctx.Process(
-                target=_child_main, args=(str(self.data), self.interval, self._stop, os.getpid()),
-                name="tracedag-converter", daemon=True,
+            self._procs[w] = self._ctx.Process(
+                target=_child_main,
+                args=(str(self.data), self.interval, self._stop, os.getpid(), (w, self.processes)),
+                name=f"tracedag-converter-{w}", daemon=True,
             )
-            self._proc.start()
+            self._procs[w].start()
 
     def ensure_alive(self) -> None:
-        """Restart the child if it died unexpectedly."""
-        if self._closed or self._proc is None or self._proc.is_alive():
-            return
-        logger.error("converter process exited with %s; restarting it", self._proc.exitcode)
-        self.start()
+        """Restart a child that died unexpectedly."""
+        for w, proc in enumerate(self._procs):
+            if self._closed or proc is None or proc.is_alive():
+                continue
+            logger.error("converter process %d exited with %s; restarting it", w, proc.exitcode)
+            self._start(w)
 
     def pending(self) -> int:
         """Return how many sealed segments wait for conversion."""
@@ -73,20 +91,56 @@ class ConverterProcess:
         """Let the child convert what is left, then end it."""
         self._closed = True
         self._stop.set()
-        if self._proc is None:
-            return
-        self._proc.join(timeout)
-        if self._proc.is_alive():
-            logger.warning("converter process did not finish in %.0f s; terminating it", timeout)
-            self._proc.terminate()
-            self._proc.join(5)
+        deadline = time.monotonic() + timeout
+        for proc in self._procs:
+            if proc is None:
+                continue
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                logger.warning("converter process did not finish in %.0f s; terminating it", timeout)
+                proc.terminate()
+                proc.join(5)
 
     def metrics_text(self) -> str:
-        """Return the child's last metrics snapshot (Prometheus text), or ''."""
-        try:
-            return (self.data / "state" / METRICS_FILE).read_text()
-        except OSError:
-            return ""
+        """Return the children's last metrics snapshots (Prometheus text, samples summed), or ''."""
+        texts = []
+        for w in range(self.processes):
+            try:
+                texts.append((self.data / "state" / _metrics_name(w)).read_text())
+            except OSError:
+                continue
+        return merge_metrics(texts)
+
+
+def _metrics_name(w: int) -> str:
+    return METRICS_FILE if w == 0 else f"{METRICS_FILE}.{w}"
+
+
+def merge_metrics(texts: list[str]) -> str:
+    """Merge Prometheus texts of the same metrics: comments once, equal samples summed."""
+    if len(texts) <= 1:
+        return texts[0] if texts else ""
+    order: list[str] = []
+    values: dict[str, float] = {}
+    for text in texts:
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if line.startswith("#") or not name:
+                if line not in values and line not in order:
+                    order.append(line)
+                continue
+            if name not in values:
+                order.append(name)
+                values[name] = 0.0
+            try:
+                values[name] += float(value)
+            except ValueError:
+                continue
+    return "".join(f"{k} {_num(values[k])}\n" if k in values else f"{k}\n" for k in order)
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if v.is_integer() else repr(v)
 
 
 def _die_with_parent() -> None:
@@ -97,24 +151,26 @@ def _die_with_parent() -> None:
         logger.debug("prctl unavailable; relying on the parent-pid check")
 
 
-def _child_main(data: str, interval: float, stop: MpEvent, parent: int) -> None:
-    """Entry point of the converter process."""
+def _child_main(data: str, interval: float, stop: MpEvent, parent: int, shard: tuple[int, int] = (0, 1)) -> None:
+    """Entry point of a converter process (converts the segments of ``shard``)."""
     _die_with_parent()
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # freed memory returns to the OS (malloc_trim)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the parent drives shutdown through ``stop``
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from tracedag.collector.metrics import REGISTRY
     from tracedag.pipeline.ingest import SpoolConverter
 
-    converter = SpoolConverter(Path(data))
+    converter = SpoolConverter(Path(data), shard=shard)
+    name = _metrics_name(shard[0])
     while not stop.is_set() and os.getppid() == parent:
-        _round(converter, REGISTRY, Path(data))
+        _round(converter, REGISTRY, Path(data), name)
         stop.wait(interval)
     if os.getppid() == parent:
-        _round(converter, REGISTRY, Path(data))
+        _round(converter, REGISTRY, Path(data), name)
 
 
-def _round(converter: Any, registry: Any, data: Path) -> None:
+def _round(converter: Any, registry: Any, data: Path, name: str = METRICS_FILE) -> None:
     try:
         converter.run_once()
     except Exception:
@@ -122,8 +178,8 @@ def _round(converter: Any, registry: Any, data: Path) -> None:
     try:
         state = data / "state"
         state.mkdir(parents=True, exist_ok=True)
-        tmp = state / f"{METRICS_FILE}.tmp"
+        tmp = state / f"{name}.tmp"
         tmp.write_text(registry.render())
-        os.replace(tmp, state / METRICS_FILE)
+        os.replace(tmp, state / name)
     except OSError as exc:
         logger.debug("cannot write converter metrics: %s", exc)

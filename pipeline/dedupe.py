@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 SIDECAR_SUFFIX = ".keys.npy"
 
+DEFAULT_MAX_KEYS = 4_000_000
+"""Most keys an index holds (64 MB); the oldest runs are forgotten beyond it (compaction still de-duplicates)."""
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -84,18 +87,21 @@ class DedupeResult:
 class DedupeIndex:
     """Keys and content hashes of the spans stored in the recent receive-hour window."""
 
-    def __init__(self, window_hours: int = 48) -> None:
+    def __init__(self, window_hours: int = 48, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         self.window_hours = window_hours
+        self.max_keys = max_keys
         self._runs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._size = 0
 
     def __len__(self) -> int:
-        return sum(len(k) for runs in self._runs.values() for k, _ in runs)
+        return self._size
 
     def add(self, hour: str, keys: np.ndarray, content: np.ndarray) -> None:
         """Index the keys of rows just stored in partition ``hour``; drop hours out of the window."""
         order = np.argsort(keys, kind="stable")
         runs = self._runs.setdefault(hour, [])
         runs.append((keys[order], content[order]))
+        self._size += len(keys)
         if len(runs) > 8:
             k = np.concatenate([r[0] for r in runs])
             c = np.concatenate([r[1] for r in runs])
@@ -106,7 +112,15 @@ class DedupeIndex:
     def _evict(self) -> None:
         hours = sorted(self._runs)
         for h in hours[: max(0, len(hours) - self.window_hours)]:
-            del self._runs[h]
+            self._size -= sum(len(k) for k, _ in self._runs.pop(h))
+        while self._size > self.max_keys and len(self._runs) > 0:
+            oldest = min(self._runs)
+            runs = self._runs[oldest]
+            if len(runs) == 1 and len(self._runs) == 1:
+                return  # never forget the newest run
+            self._size -= len(runs.pop(0)[0])
+            if not runs:
+                del self._runs[oldest]
 
     def check(self, keys: np.ndarray, content: np.ndarray) -> DedupeResult:
         """Return which rows to keep: first in the batch and not already indexed."""
@@ -122,14 +136,26 @@ class DedupeIndex:
                 keep &= ~hit
         return DedupeResult(keep, int(len(keys) - keep.sum()), conflicts)
 
-    def load_dir(self, table_root: Path) -> int:
-        """Rebuild from the spans files of the newest ``window_hours`` partitions; return the key count."""
+    def load_dir(self, table_root: Path) -> list[Path]:
+        """Rebuild from the spans files of the newest ``window_hours`` partitions; return the files read."""
+        return self.load_new(table_root, set())
+
+    def load_new(self, table_root: Path, known: set[Path]) -> list[Path]:
+        """Index the spans files of the window not in ``known`` (oldest first); return them."""
         parts = sorted(p for p in table_root.glob("recv_hour=*") if p.is_dir())
-        for part in parts[-self.window_hours :]:
-            for f in sorted(part.glob("*.parquet")):
-                keys, content = read_sidecar(f)
-                self.add(part.name.split("=", 1)[1], keys, content)
-        return len(self)
+        files = [f for part in parts[-self.window_hours :] for f in sorted(part.glob("*.parquet")) if f not in known]
+        files.sort(key=lambda f: (f.parent.name, _mtime(f)))
+        for f in files:
+            keys, content = read_sidecar(f)
+            self.add(f.parent.name.split("=", 1)[1], keys, content)
+        return files
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _batch_conflicts(keys: np.ndarray, content: np.ndarray, keep: np.ndarray) -> int:

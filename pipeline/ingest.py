@@ -22,6 +22,7 @@ Parquet writes fail with ENOSPC.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
@@ -43,7 +44,7 @@ from tracedag.collector import faults
 from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
 from tracedag.pipeline.compact import Compactor, CompactStats, parquet_options
 from tracedag.pipeline.convert import Converted, convert_records
-from tracedag.pipeline.dedupe import DedupeIndex, write_sidecar
+from tracedag.pipeline.dedupe import DEFAULT_MAX_KEYS, DedupeIndex, write_sidecar
 from tracedag.pipeline.evaluations import extract_evaluations
 from tracedag.pipeline.store import fsync_dir, table_dir
 
@@ -57,6 +58,9 @@ DONE_RETENTION_SECONDS = 24 * 3600.0
 
 MAX_ATTEMPTS = 3
 """Conversion attempts of a segment (other than for a full disk) before it moves to ``spool/failed/``."""
+
+CHUNK_SPANS = 4096
+"""Spans converted together (more costs memory for little speed: normalization's fixed costs are small)."""
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
 
@@ -143,13 +147,16 @@ def write_atomic(table: pa.Table, final: Path) -> Path:
 class StoreWriter:
     """Writes converted batches into the spans/evaluations tables; one writer at a time per data dir."""
 
-    def __init__(self, data: Path, window_hours: int = 48) -> None:
+    def __init__(self, data: Path, window_hours: int = 48, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         self.data = data
-        self.index = DedupeIndex(window_hours)
+        self.index = DedupeIndex(window_hours, max_keys)
         self._generation = ""
+        self._epoch = ""
+        self._loaded: set[Path] = set()
         (data / "state").mkdir(parents=True, exist_ok=True)
         self._lock_path = data / "state" / "ingest.lock"
         self._gen_path = data / "state" / "spans.generation"
+        self._epoch_path = data / "state" / "spans.epoch"
 
     def store(self, conv: Converted, stem: str, stats: ConvertStats) -> None:
         """De-duplicate ``conv`` and commit its new rows, one file per receive hour, under the lock."""
@@ -180,6 +187,7 @@ class StoreWriter:
             stats.evaluations += evals.num_rows
         path = write_atomic(table, table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet")
         write_sidecar(path, keys[o], content[o])
+        self._loaded.add(path)
         self.index.add(hour, keys[o], content[o])
         stats.spans_stored += table.num_rows
         stats.files_written += 1
@@ -189,12 +197,28 @@ class StoreWriter:
         return _Lock(self)
 
     def refresh(self) -> None:
-        """Reload the dedupe index when another writer (or a compaction) changed the files."""
-        gen = self._gen_path.read_text() if self._gen_path.exists() else ""
-        if gen != self._generation or not self._generation:
-            self.index = DedupeIndex(self.index.window_hours)
-            self.index.load_dir(table_dir(self.data, "spans"))
+        """Bring the dedupe index up to date after another writer (or a compaction) changed the files.
+
+        Files added by other writers are indexed incrementally (their sidecars only); a compaction
+        (which renames files) bumps the epoch and makes the index reload from scratch.
+        """
+        gen = _read_text(self._gen_path)
+        epoch = _read_text(self._epoch_path)
+        if epoch != self._epoch or not self._generation:
+            self.index = DedupeIndex(self.index.window_hours, self.index.max_keys)
+            self._loaded = set(self.index.load_dir(table_dir(self.data, "spans")))
+            self._epoch = epoch
             self._generation = gen or self.bump()
+        elif gen != self._generation:
+            self._loaded.update(self.index.load_new(table_dir(self.data, "spans"), self._loaded))
+            self._generation = gen
+
+    def bump_epoch(self) -> None:
+        """Record that stored files were replaced (a compaction swap): writers rebuild their index."""
+        tmp = self._epoch_path.with_name(self._epoch_path.name + ".tmp")
+        tmp.write_text(f"{os.getpid()}-{time.time_ns()}")
+        os.replace(tmp, self._epoch_path)
+        self.bump()
 
     def bump(self) -> str:
         """Record that the stored files changed (other writers reload their dedupe index)."""
@@ -204,6 +228,13 @@ class StoreWriter:
         os.replace(tmp, self._gen_path)
         self._generation = gen
         return gen
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
 
 
 class _Lock:
@@ -267,9 +298,12 @@ class SpoolConverter:
 
     def __init__(
         self, data: Path | str, workers: int = 1, window_hours: int = 48, compact_interval: float = 60.0,
-        done_retention: float = DONE_RETENTION_SECONDS,
+        done_retention: float = DONE_RETENTION_SECONDS, shard: tuple[int, int] = (0, 1),
+        chunk_spans: int = CHUNK_SPANS,
     ) -> None:
         self.data = Path(data)
+        self.shard = shard
+        self.chunk_spans = chunk_spans
         self.done_retention = done_retention
         self.spool = self.data / "spool"
         self.writer = StoreWriter(self.data, window_hours)
@@ -286,12 +320,13 @@ class SpoolConverter:
         """Return the sealed segments waiting for conversion, oldest first."""
         if not self.spool.exists():
             return []
-        return sorted(self.spool.glob(f"*{SEALED_SUFFIX}"), key=segment_seq)
+        w, k = self.shard
+        return sorted((p for p in self.spool.glob(f"*{SEALED_SUFFIX}") if segment_seq(p) % k == w), key=segment_seq)
 
     def run_once(self) -> ConvertStats:
         """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
         stats = ConvertStats()
-        if self._rounds == 0:
+        if self._rounds == 0 and self.shard[0] == 0:
             with self.writer.locked():  # another writer's temp files are not leftovers
                 _remove_temp_files(self.data)
             self.compactor.cleanup()
@@ -307,8 +342,10 @@ class SpoolConverter:
                 break
             except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
                 self._failed(seg, exc, stats)
-        if time.monotonic() - self._last_compact >= self.compact_interval:
+        if self.shard[0] == 0 and time.monotonic() - self._last_compact >= self.compact_interval:
             self.compact()
+        if stats.segments:
+            release_memory()
         with self._stats_lock:
             self.totals.add(stats)
         publish(stats)
@@ -328,7 +365,7 @@ class SpoolConverter:
             try:
                 yield
             finally:
-                self.writer.bump()
+                self.writer.bump_epoch()
 
     def prune_done(self, now_unix: float | None = None) -> int:
         """Delete converted segments older than ``done_retention`` seconds from ``spool/done/``."""
@@ -364,7 +401,7 @@ class SpoolConverter:
         stem = f"seg-{segment_seq(seg):020d}"
         bad_records = 0
         if records:
-            conv = convert_records([(r.payload, r.received_unix_nano) for r in records], stem, self.workers)
+            conv = self._convert(records, stem)
             bad_records = conv.bad_records
             stats.corrupt_records += bad_records
             stats.spans_read += conv.table.num_rows
@@ -373,6 +410,19 @@ class SpoolConverter:
             fault("recovery")
         fault("convert.after_rename")
         self._retire(seg, state == "corrupt" or bad_records > 0, stats)
+
+    def _convert(self, records: list[Record], stem: str) -> Converted:
+        """Convert a segment's records in chunks of about ``chunk_spans`` spans (bounded peak memory)."""
+        pairs = [(r.payload, r.received_unix_nano) for r in records]
+        chunks = list(_chunks(pairs, self.chunk_spans))
+        if len(chunks) == 1 or self.workers > 1:
+            return convert_records(pairs, stem, self.workers)
+        parts = [convert_records(c, stem) for c in chunks]
+        return Converted(
+            pa.concat_tables([p.table for p in parts]).unify_dictionaries(),
+            np.concatenate([p.keys for p in parts]), np.concatenate([p.content for p in parts]),
+            sum(p.bad_records for p in parts),
+        )
 
     def _failed(self, seg: Path, exc: Exception, stats: ConvertStats) -> None:
         """Count a conversion failure; after ``MAX_ATTEMPTS`` move the segment to ``spool/failed/``."""
@@ -396,6 +446,30 @@ class SpoolConverter:
         os.replace(seg, dest / seg.name)
         fsync_dir(dest)
         fsync_dir(seg.parent)
+
+
+def _chunks(pairs: list[tuple[bytes, int]], spans: int) -> Iterator[list[tuple[bytes, int]]]:
+    """Split records into runs of about ``spans`` spans (estimated from payload bytes, ~1 KB a span)."""
+    budget = spans * 1024
+    chunk: list[tuple[bytes, int]] = []
+    size = 0
+    for pair in pairs:
+        chunk.append(pair)
+        size += len(pair[0])
+        if size >= budget:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def release_memory() -> None:
+    """Give freed Arrow and malloc memory back to the OS (between conversion rounds)."""
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        logger.debug("malloc_trim unavailable")
 
 
 def _remove_temp_files(data: Path) -> None:

@@ -1,0 +1,80 @@
+"""Several converters splitting the spool by segment: each span stored once, memory bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from conftest import request_ids, span_count, stored, stored_ids, write_segment
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.gen import requests
+from tracedag.collector.convert_proc import merge_metrics
+from tracedag.pipeline.dedupe import DedupeIndex
+from tracedag.pipeline.ingest import SpoolConverter
+
+NOW = time.time_ns()
+
+
+def _reqs(n_spans: int, seed: int) -> list[ExportTraceServiceRequest]:
+    return list(requests(n_spans, seed))
+
+
+def test_two_shards_convert_disjoint_segments_and_retried_spans_are_stored_once(data: Path) -> None:
+    reqs = _reqs(3000, 11)
+    bodies = [(r.SerializeToString(), NOW) for r in reqs]
+    half = len(bodies) // 2
+    write_segment(data, 1, bodies[:half])
+    write_segment(data, 2, bodies[half:])
+    write_segment(data, 3, bodies[:half])  # retries of segment 1's exports, seen by the other shard
+    write_segment(data, 4, bodies)
+    shards = [SpoolConverter(data, shard=(w, 2), chunk_spans=512) for w in range(2)]
+    assert {p.name for p in shards[0].sealed()}.isdisjoint({p.name for p in shards[1].sealed()})
+    stats = []
+    threads = [threading.Thread(target=lambda c=c: stats.append(c.run_once())) for c in shards]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    n = sum(span_count(r) for r in reqs)
+    assert stored(data) == (n, n)
+    assert stored_ids(data) == request_ids(reqs)
+    assert sum(s.spans_stored for s in stats) == n
+    assert sum(s.duplicates for s in stats) == n + sum(span_count(r) for r in reqs[:half])
+    assert sum(s.conflicts for s in stats) == 0
+    assert not list((data / "spool").glob("*.sealed"))
+
+
+def test_a_shard_sees_files_the_other_wrote_after_its_index_was_built(data: Path) -> None:
+    reqs = _reqs(800, 12)
+    bodies = [(r.SerializeToString(), NOW) for r in reqs]
+    even, odd = SpoolConverter(data, shard=(0, 2)), SpoolConverter(data, shard=(1, 2))
+    write_segment(data, 2, bodies[:3])
+    even.run_once()  # the even shard's index now exists
+    write_segment(data, 1, bodies)
+    odd.run_once()
+    write_segment(data, 4, bodies)  # all already stored by the odd shard
+    st = even.run_once()
+    assert (st.spans_stored, st.duplicates) == (0, sum(span_count(r) for r in reqs))
+    n = sum(span_count(r) for r in reqs)
+    assert stored(data) == (n, n)
+
+
+def test_dedupe_index_keeps_at_most_max_keys_and_forgets_the_oldest() -> None:
+    index = DedupeIndex(window_hours=48, max_keys=1000)
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(1, 2**63, 400, dtype=np.uint64) for _ in range(6)]
+    for i, keys in enumerate(batches):
+        index.add(f"2026-01-01-{i // 2:02d}", keys, keys)
+    assert len(index) <= 1000
+    assert not index.check(batches[-1], batches[-1]).keep.any()  # the newest are remembered
+    assert index.check(batches[0], batches[0]).keep.all()  # the oldest were forgotten
+
+
+def test_converter_metrics_of_several_processes_are_summed() -> None:
+    a = "# HELP x_total X.\n# TYPE x_total counter\nx_total 3\ny{k=\"v\"} 1.5\n"
+    b = "# HELP x_total X.\n# TYPE x_total counter\nx_total 4\ny{k=\"v\"} 1\n"
+    assert merge_metrics([a, b]) == "# HELP x_total X.\n# TYPE x_total counter\nx_total 7\ny{k=\"v\"} 2.5\n"
+    assert merge_metrics([a]) == a and merge_metrics([]) == ""
