@@ -230,14 +230,35 @@ def _stream_graph(
     return result
 
 
+# Captures are made once per process and shared: OpenLLMetry leaves its callback handler behind
+# after uninstrument(), so an OpenInference capture made after it would get a foreign parent.
+# The first OpenLLMetry capture therefore makes the default OpenInference capture first.
+_CAPTURES: dict[tuple[str, str, str], LangGraphCapture] = {}
+_DEFAULT = ("conv-42", "What's the weather in Paris?")
+
+
 def langgraph_spans(
-    thread_id: str = "conv-42", question: str = "What's the weather in Paris?", dialect: str = "openinference"
+    thread_id: str = _DEFAULT[0], question: str = _DEFAULT[1], dialect: str = "openinference"
 ) -> LangGraphCapture:
-    """Run the report graph once; return its spans and LangGraph's step record.
+    """Return the spans and LangGraph's step record of one run of the report graph (cached per process).
 
     ``dialect`` picks the instrumentation: ``openinference`` (openinference-instrumentation-langchain)
     or ``openllmetry`` (OpenLLMetry's opentelemetry-instrumentation-langchain, what traceloop-sdk runs).
     """
+    key = (thread_id, question, dialect)
+    if key not in _CAPTURES:
+        if dialect == "openinference" and any(k[2] == "openllmetry" for k in _CAPTURES):
+            raise RuntimeError("capture OpenInference runs before any OpenLLMetry run in a process")
+        if dialect == "openllmetry":
+            langgraph_spans(*_DEFAULT, dialect="openinference")
+        _CAPTURES[key] = _capture_langgraph(thread_id, question, dialect)
+    cap = _CAPTURES[key]
+    return LangGraphCapture(spans=list(cap.spans), steps=[dict(s) for s in cap.steps],
+                            result=dict(cap.result), thread_id=cap.thread_id)
+
+
+def _capture_langgraph(thread_id: str, question: str, dialect: str) -> LangGraphCapture:
+    """Run the report graph once under the given instrumentation."""
 
     if dialect == "openinference":
         from openinference.instrumentation.langchain import LangChainInstrumentor as Instrumentor
