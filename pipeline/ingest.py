@@ -144,6 +144,28 @@ def write_atomic(table: pa.Table, final: Path) -> Path:
     return final
 
 
+def write_atomic_stream(tables: Iterator[pa.Table], schema: pa.Schema, final: Path) -> Path:
+    """Like ``write_atomic`` for tables produced one after another (one row group or more each)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(final.name + ".tmp")
+    try:
+        if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
+        with open(tmp, "wb") as fh:
+            with pq.ParquetWriter(fh, schema, **parquet_options(schema.empty_table())) as writer:
+                for table in tables:
+                    writer.write_table(table, row_group_size=64 * 1024)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fault("convert.before_rename")
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    return final
+
+
 class StoreWriter:
     """Writes converted batches into the spans/evaluations tables; one writer at a time per data dir."""
 
@@ -160,20 +182,73 @@ class StoreWriter:
 
     def store(self, conv: Converted, stem: str, stats: ConvertStats) -> None:
         """De-duplicate ``conv`` and commit its new rows, one file per receive hour, under the lock."""
+        self.store_parts([conv], stem, stats)
+
+    def store_parts(self, parts: list[Converted], stem: str, stats: ConvertStats) -> None:
+        """Like ``store`` for a batch converted in parts; one receive hour is written part by part.
+
+        ``parts`` is emptied as the parts are written, so each part's memory is freed early.
+        """
         with self.locked():
-            res = self.index.check(conv.keys, conv.content)
-            stats.duplicates += res.duplicates
-            stats.conflicts += res.conflicts
-            if res.duplicates:
-                logger.info("%s: dropped %d duplicate spans (%d conflicts)", stem, res.duplicates, res.conflicts)
-            table, keys, content = conv.table, conv.keys, conv.content
-            if not res.keep.all():
-                table, keys, content = table.filter(pa.array(res.keep)), keys[res.keep], content[res.keep]
-            groups = list(_hour_groups(table))
-            for hour, idx in groups:
-                part = table if len(groups) == 1 else table.take(idx)  # one hour: no copy
-                self._commit_hour(hour, part, keys[idx], content[idx], stem, stats)
+            kept = self._dedupe(parts, stem, stats)
+            parts.clear()
+            hours = {h for p in kept for h, _ in _hour_groups(p.table)}
+            if len(hours) == 1:
+                self._commit_stream(hours.pop(), kept, stem, stats)
+            elif kept:
+                table = pa.concat_tables([p.table for p in kept]).unify_dictionaries()
+                keys, content = np.concatenate([p.keys for p in kept]), np.concatenate([p.content for p in kept])
+                kept.clear()
+                for hour, idx in _hour_groups(table):
+                    self._commit_hour(hour, table.take(idx), keys[idx], content[idx], stem, stats)
             self.bump()
+
+    def _dedupe(self, parts: list[Converted], stem: str, stats: ConvertStats) -> list[Converted]:
+        """Return the parts without the rows already stored or repeated (empty parts dropped)."""
+        keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, dtype=np.uint64)
+        res = self.index.check(keys, np.concatenate([p.content for p in parts]) if parts else keys)
+        stats.duplicates += res.duplicates
+        stats.conflicts += res.conflicts
+        if res.duplicates:
+            logger.info("%s: dropped %d duplicate spans (%d conflicts)", stem, res.duplicates, res.conflicts)
+        out, start = [], 0
+        for p in parts:
+            keep = res.keep[start : start + len(p.keys)]
+            start += len(p.keys)
+            if keep.all():
+                out.append(p)
+            elif keep.any():
+                out.append(Converted(p.table.filter(pa.array(keep)), p.keys[keep], p.content[keep]))
+        return out
+
+    def _commit_stream(self, hour: str, parts: list[Converted], stem: str, stats: ConvertStats) -> None:
+        """Write one hour's parts as one file, each part sorted by trace and start (one row group each)."""
+        evals = [e for e in (extract_evaluations(p.table) for p in parts) if e.num_rows]
+        if evals:
+            table = pa.concat_tables(evals)
+            write_atomic(table, table_dir(self.data, "evaluations") / f"recv_hour={hour}" / f"{stem}.parquet")
+            stats.evaluations += table.num_rows
+        keys: list[np.ndarray] = []
+        contents: list[np.ndarray] = []
+
+        def sorted_parts() -> Iterator[pa.Table]:
+            while parts:
+                p = parts.pop(0)
+                order = pc.sort_indices(p.table, [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")])
+                o = order.to_numpy()
+                keys.append(p.keys[o])
+                contents.append(p.content[o])
+                stats.spans_stored += p.table.num_rows
+                yield p.table.take(order)
+
+        schema = parts[0].table.schema
+        path = write_atomic_stream(sorted_parts(), schema,
+                                   table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet")
+        k, c = np.concatenate(keys), np.concatenate(contents)
+        write_sidecar(path, k, c)
+        self._loaded.add(path)
+        self.index.add(hour, k, c)
+        stats.files_written += 1
 
     def _commit_hour(
         self, hour: str, table: pa.Table, keys: np.ndarray, content: np.ndarray, stem: str, stats: ConvertStats
@@ -401,28 +476,29 @@ class SpoolConverter:
         stem = f"seg-{segment_seq(seg):020d}"
         bad_records = 0
         if records:
-            conv = self._convert(records, stem)
-            bad_records = conv.bad_records
+            parts = self._convert(records, stem)
+            del records
+            bad_records = sum(p.bad_records for p in parts)
             stats.corrupt_records += bad_records
-            stats.spans_read += conv.table.num_rows
-            self.writer.store(conv, stem, stats)
+            stats.spans_read += sum(p.table.num_rows for p in parts)
+            self.writer.store_parts(parts, stem, stats)
         if self._rounds == 1:
             fault("recovery")
         fault("convert.after_rename")
         self._retire(seg, state == "corrupt" or bad_records > 0, stats)
 
-    def _convert(self, records: list[Record], stem: str) -> Converted:
+    def _convert(self, records: list[Record], stem: str) -> list[Converted]:
         """Convert a segment's records in chunks of about ``chunk_spans`` spans (bounded peak memory)."""
         pairs = [(r.payload, r.received_unix_nano) for r in records]
+        records.clear()  # the payloads stay referenced by ``pairs`` only
+        if self.workers > 1:
+            return [convert_records(pairs, stem, self.workers)]
         chunks = list(_chunks(pairs, self.chunk_spans))
-        if len(chunks) == 1 or self.workers > 1:
-            return convert_records(pairs, stem, self.workers)
-        parts = [convert_records(c, stem) for c in chunks]
-        return Converted(
-            pa.concat_tables([p.table for p in parts]).unify_dictionaries(),
-            np.concatenate([p.keys for p in parts]), np.concatenate([p.content for p in parts]),
-            sum(p.bad_records for p in parts),
-        )
+        pairs.clear()
+        parts = []
+        while chunks:  # each chunk's payloads are freed once converted
+            parts.append(convert_records(chunks.pop(0), stem))
+        return parts
 
     def _failed(self, seg: Path, exc: Exception, stats: ConvertStats) -> None:
         """Count a conversion failure; after ``MAX_ATTEMPTS`` move the segment to ``spool/failed/``."""
