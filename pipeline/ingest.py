@@ -3,9 +3,12 @@
 ``SpoolConverter(data).run_once()`` converts every sealed segment (``<data>/spool/*.sealed``):
 records are decoded (torn tail discarded, corrupt stretches skipped), converted to ``SPANS_V1``
 rows, de-duplicated on ``(trace_id, span_id)`` (first write wins, see ``dedupe``), split by
-receive hour and written as ``tables/spans/recv_hour=YYYY-MM-DD-HH/seg-<seq>.parquet`` (rows
-sorted by trace id and start time) plus the matching ``tables/evaluations/...`` file. Only then
-is the segment moved to ``spool/done/`` (``quarantine/`` when it held corruption).
+receive hour and written as ``tables/spans/recv_hour=YYYY-MM-DD-HH/seg-<seq>.parquet`` plus the
+matching ``tables/evaluations/...`` file. Only then is the segment moved to ``spool/done/``
+(``quarantine/`` when it held corruption). A segment is converted in chunks of about
+``CHUNK_SPANS`` spans (bounded memory); each chunk becomes one row group sorted by trace id and
+start time. Several converters (``shard=(w, k)``) may run at once, each on the segments whose
+sequence is ``w`` mod ``k``; the writer lock orders their de-duplication and commits.
 
 Crash safety: output names derive from the segment sequence, so re-converting a segment after a
 crash rewrites the same names, and the dedupe index (rebuilt from the stored files) drops what
