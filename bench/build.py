@@ -16,6 +16,13 @@ included, about 1 s) and peak RSS (``wait4`` rusage of the child) are medians ov
 CPU seconds are the figure that does not depend on the neighbours).
 
     python bench/build.py --sizes 100000 1000000 --runs 3 --dir /tmp/tracedag-bench
+
+``--gc-builds K`` also measures what garbage collection of superseded builds buys: on a copy of the
+spans of the largest size (hard links), K full builds with the collection turned off, then the view
+cost (``select count(*)`` of ``dag_nodes``, ``dag_edges``, ``traces``; median of ``--runs`` fresh
+connections) before and after one ``collect`` (its time is reported too).
+
+    python bench/build.py --sizes 1000000 --runs 3 --gc-builds 8
 """
 
 from __future__ import annotations
@@ -152,6 +159,60 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
     print(f"replicated {src} x{copies} into {dst}", flush=True)
 
 
+VIEW_SQL = {name: f"select count(*) from {name}" for name in ("dag_nodes", "dag_edges", "traces")}
+
+
+def view_costs(data: Path, runs: int) -> dict[str, tuple[float, int, int]]:
+    """Per view: (median seconds of ``count(*)``, live rows, rows of the raw ``*_all`` view)."""
+    from tracedag.pipeline.views import connect
+
+    out = {}
+    for name, sql in VIEW_SQL.items():
+        times, n = [], 0
+        for _ in range(runs):
+            con = connect(data)
+            t = time.perf_counter()
+            n = con.sql(sql).fetchall()[0][0]
+            times.append(time.perf_counter() - t)
+            con.close()
+        con = connect(data)
+        raw = con.sql(f"select count(*) from {name}_all").fetchall()[0][0]
+        con.close()
+        out[name] = (statistics.median(times), int(n), int(raw))
+    return out
+
+
+def gc_bench(root: Path, n_spans: int, builds: int, runs: int) -> None:
+    """K full builds without collection, then the view cost before and after one collection."""
+    from tracedag.pipeline.dag import build_store
+    from tracedag.pipeline.dag.gc import GcSettings
+    from tracedag.pipeline.dag.swap import collect
+    from tracedag.pipeline.store import parquet_files
+
+    src, data = ensure_store(root, n_spans), root / f"gc-{n_spans}"
+    if data.exists():
+        import shutil
+
+        shutil.rmtree(data)
+    for f in parquet_files(src, "spans"):
+        dst = data / f.relative_to(src)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.link(f, dst)
+    secs = [build_store(data, idle_seconds=0, full=True, gc=GcSettings(enabled=False)).seconds for _ in range(builds)]
+    print(f"{builds} full builds without collection: median {statistics.median(secs):.2f} s", flush=True)
+    before = view_costs(data, runs)
+    t = time.perf_counter()
+    stats = collect(data)
+    gc_s = time.perf_counter() - t
+    after = view_costs(data, runs)
+    print(f"collect: {gc_s:.2f} s, files deleted {stats.deleted}, rewritten {stats.rewritten}")
+    print(f"{'view':>10} {'rows':>9} {'raw before':>11} {'raw after':>10} {'before s':>9} {'after s':>8} {'ratio':>6}")
+    for name in VIEW_SQL:
+        (b, n, rb), (a, n2, ra) = before[name], after[name]
+        assert n == n2, f"{name}: {n} rows before, {n2} after"
+        print(f"{name:>10} {n:>9} {rb:>11} {ra:>10} {b:>9.3f} {a:>8.3f} {b / a:>6.1f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure scan, naive and build at each size; print medians, the naive/build CPU ratio and CPU us per span."""
     ap = argparse.ArgumentParser(description="tracedag build benchmark")
@@ -159,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench"))
     ap.add_argument("--naive-max", type=int, default=200_000, help="largest size at which to run the naive baseline")
+    ap.add_argument("--gc-builds", type=int, default=0, help="also measure view cost after this many builds, before/after GC")
     args = ap.parse_args(argv)
     print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'naive s':>8} {'build s':>8} {'naive cpu':>9} {'build cpu':>9} "
           f"{'cpu ratio':>9} {'cpu us/span':>11} {'RSS MB':>7} {'load':>5}")
@@ -169,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{int(b['spans']):>9} {int(b['traces']):>7} {med['scan']['seconds']:>7.2f} {nv['seconds']:>8.2f} "
               f"{b['seconds']:>8.2f} {nv['cpu']:>9.2f} {b['cpu']:>9.2f} {nv['cpu'] / b['cpu']:>9.1f} "
               f"{b['cpu'] / b['spans'] * 1e6:>11.2f} {b['rss_mb']:>7.0f} {os.getloadavg()[0]:>5.1f}", flush=True)
+    if args.gc_builds:
+        gc_bench(args.dir, max(args.sizes), args.gc_builds, args.runs)
     return 0
 
 

@@ -72,6 +72,19 @@ class GcStats:
             what[table] = what.get(table, 0) + n
 
 
+ROWS_PER_SPAN = {"dag_nodes": 1, "dag_edges": 3}
+"""Rows per span of a trace, at most (edges: parent + sequence + explicit, with room), to bound the
+dead rows of a file from per-build span counts without reading it."""
+
+_BUILDS_SQL = """
+with l as (select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as b from traces_all group by trace_id)
+select t.build_id, count(*) as total, count(l.trace_id) as live,
+       coalesce(sum(t.span_count) filter (where l.trace_id is null), 0) as dead_spans
+from traces_all t left join l on t.trace_id = l.trace_id and t.build_id = l.b
+group by t.build_id
+"""
+
+
 @dataclass(frozen=True)
 class Liveness:
     """Which (trace, build) pairs are live, and per build how many of its traces are."""
@@ -79,6 +92,14 @@ class Liveness:
     keys: pa.Array  # "trace_id\x1fbuild_id" of every live pair
     total: dict[str, int]  # build -> traces rows in traces_all
     live: dict[str, int]  # build -> live traces rows
+    dead_spans: dict[str, int] = field(default_factory=dict)  # build -> spans of its superseded traces
+
+    def dead_bound(self, table: str, build: str) -> int | None:
+        """At most this many rows of ``build`` in ``table`` are dead (None: no bound known)."""
+        if table == "traces":
+            return self.total.get(build, 0) - self.live.get(build, 0)
+        per_span = ROWS_PER_SPAN.get(table)
+        return None if per_span is None else per_span * self.dead_spans.get(build, 0)
 
     def status(self, build: str) -> str:
         """``dead`` (no live trace), ``live`` (every trace live) or ``mixed``."""
@@ -93,16 +114,18 @@ def liveness(data: Path) -> Liveness:
     con = connect(data)
     try:
         con.execute("set enable_progress_bar = false")
-        live = con.sql("select trace_id, build_id from traces").to_arrow_table()
-        total = con.sql("select build_id, count(*) from traces_all group by build_id").fetchall()
+        # the pairs the ``traces`` view keeps, without reading the other columns of traces_all
+        live = con.sql("select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id "
+                       "from traces_all group by trace_id").to_arrow_table()
+        builds = con.sql(_BUILDS_SQL).fetchall()
     finally:
         con.close()
     keys = pc.binary_join_element_wise(live.column("trace_id"), live.column("build_id"), "\x1f")
-    counts = live.group_by("build_id").aggregate([("trace_id", "count")])
     return Liveness(
         keys=keys.combine_chunks(),
-        total={b: int(n) for b, n in total},
-        live=dict(zip(counts.column("build_id").to_pylist(), counts.column("trace_id_count").to_pylist(), strict=True)),
+        total={b: int(n) for b, n, _, _ in builds},
+        live={b: int(n) for b, _, n, _ in builds},
+        dead_spans={b: int(n) for b, _, _, n in builds},
     )
 
 
@@ -127,14 +150,21 @@ def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:
     return pc.or_(pc.is_in(keys, value_set=lv.keys), pc.is_null(table.column("build_id"))).combine_chunks()
 
 
-def dead_share(path: Path, lv: Liveness) -> tuple[int, int]:
-    """(rows, dead rows) of ``path``, from the statistics when it holds one build, else read."""
+def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int]:
+    """(rows, dead rows) of ``path``, from the statistics when it holds one build, else read.
+
+    A file of one partly superseded build is not read when even all of the build's dead rows could
+    not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
+    """
     rows = pq.ParquetFile(path).metadata.num_rows
     build = single_build(path)
     if build is not None:
         state = lv.status(build)
         if state != "mixed":
             return rows, rows if state == "dead" else 0
+        bound = lv.dead_bound(table, build)
+        if bound is not None and bound <= rewrite_share * rows:
+            return rows, 0
     t = pq.read_table(path, columns=["trace_id", "build_id"])
     return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0)
 

@@ -109,7 +109,7 @@ def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool
         if f.name in PROTECTED:
             plan.link.append(f)
             continue
-        rows, dead = dead_share(f, lv)
+        rows, dead = dead_share(f, table, lv, cfg.rewrite_share)
         if dead == rows:
             f.unlink()
             deleted += 1
