@@ -135,7 +135,7 @@ def write_atomic(table: pa.Table, final: Path) -> Path:
         if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
         with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, row_group_size=64 * 1024, **parquet_options(table))
+            pq.write_table(table, fh, row_group_size=64 * 1024, **parquet_options(table, fast=True))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -155,7 +155,7 @@ def write_atomic_stream(tables: Iterator[pa.Table], schema: pa.Schema, final: Pa
         if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
         with open(tmp, "wb") as fh:
-            with pq.ParquetWriter(fh, schema, **parquet_options(schema.empty_table())) as writer:
+            with pq.ParquetWriter(fh, schema, **parquet_options(schema.empty_table(), fast=True)) as writer:
                 for table in tables:
                     writer.write_table(table, row_group_size=64 * 1024)
             fh.flush()
