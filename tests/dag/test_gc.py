@@ -168,15 +168,20 @@ def test_concurrent_reader_never_sees_a_wrong_count(tmp_path):
     th = threading.Thread(target=reader)
     th.start()
     try:
-        cfg = GcSettings(max_small_files=2)
+        cfg = GcSettings(max_small_files=2, small_rows=40)  # full builds' files (120 nodes) are large
+        done = {"deleted": 0, "rewritten": 0, "merged": 0}
         for step in range(2, 14):
             resend(tmp_path, range(step % 5, N_TRACES, 2 + step % 4), step)
-            build_store(tmp_path, idle_seconds=0, full=step % 4 == 0, compact=step % 3 == 0, gc=cfg)
+            gc = build_store(tmp_path, idle_seconds=0, full=step % 4 == 0, compact=step % 3 == 0, gc=cfg).gc
+            assert gc is not None
+            for k in done:
+                done[k] += sum(getattr(gc, k).values())
     finally:
         stop.set()
         th.join()
     assert len(seen) >= 10 and set(seen) == {want}
     assert errors == []
+    assert min(done.values()) > 0, done  # the reader ran across deletions, rewrites and merges
 
 
 CHILD = """
