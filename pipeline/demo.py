@@ -95,7 +95,7 @@ class DemoResult:
 class Progress(Protocol):
     """What the demo needs from a progress display (rich's, or a silent one)."""
 
-    def add_task(self, description: str, total: float | None = ...) -> Any:
+    def add_task(self, description: str, *, total: float | None = ...) -> Any:
         """Start a bar; return its id."""
 
     def update(self, task_id: Any, *, completed: float | None = ..., total: float | None = ...,

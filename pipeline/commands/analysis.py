@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import click
 
@@ -16,7 +16,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _with_data(f: _F) -> _F:
     """The shared ``--data`` option, typed for mypy --strict."""
-    return cast(_F, data_option(f))
+    return data_option(f)
 
 _GRAPH_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 

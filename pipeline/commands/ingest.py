@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from tracedag.pipeline.commands._options import data_option
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress, TaskID
 
     from tracedag.pipeline.dumps import FileResult
 
@@ -37,12 +39,16 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
     with Progress(*columns, console=console, transient=True) as progress:
         for path in files:
             task = progress.add_task(path.name, total=_size(path))
-            results.append(ingest_dump(writer, path, lambda done, t=task: progress.update(t, completed=done)))
+            results.append(ingest_dump(writer, path, functools.partial(_advance, progress, task)))
     _summary(Console(), results)
     if any(r.summary.bad_items for r in results):
         for r in results:
             for err in r.summary.errors[:20]:
                 console.print(f"[yellow]{r.path}[/] {err}")
+
+
+def _advance(progress: Progress, task: TaskID, done: int) -> None:
+    progress.update(task, completed=done)
 
 
 def _size(path: Path) -> int | None:

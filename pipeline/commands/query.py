@@ -7,7 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import click
 
@@ -18,7 +18,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _with_data(f: _F) -> _F:
     """The shared ``--data`` option, typed for mypy --strict."""
-    return cast(_F, data_option(f))
+    return data_option(f)
 
 TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everything
 

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-Attrs = dict[str, AttrValue | Sequence[str] | None]
+Attrs = Mapping[str, AttrValue | Sequence[str] | None]
 Message = Mapping[str, Any] | tuple[str, str] | str
 
 _CHAIN_KEY = otel_context.create_key("tracedag.node_chain")

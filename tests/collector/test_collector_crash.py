@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PB, make_request, make_span, post, start_process, stop_process
+from collector_support import PB, make_request, make_span, post, start_process, stop_process
 
 from tracedag.collector.server import CollectorConfig, start_collector
 from tracedag.pipeline.views import connect

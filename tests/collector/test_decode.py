@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from conftest import EXAMPLE_JSON, make_request, make_span
+from collector_support import EXAMPLE_JSON, make_request, make_span
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest

@@ -5,7 +5,7 @@ import time
 
 import grpc
 import pytest
-from conftest import make_request, make_span, spool_files, stored
+from collector_support import make_request, make_span, spool_files, stored
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http import Compression

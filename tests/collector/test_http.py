@@ -4,7 +4,17 @@ import gzip
 import http.client
 import json
 
-from conftest import EXAMPLE_JSON, JSON, PB, json_doc, make_request, make_span, post, spool_files, stored
+from collector_support import (
+    EXAMPLE_JSON,
+    JSON,
+    PB,
+    json_doc,
+    make_request,
+    make_span,
+    post,
+    spool_files,
+    stored,
+)
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue

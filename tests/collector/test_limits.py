@@ -8,7 +8,7 @@ import time
 import zlib
 
 import pytest
-from conftest import JSON, make_request, make_span, post, spool_files, stored
+from collector_support import JSON, make_request, make_span, post, spool_files, stored
 from google.rpc import status_pb2
 
 from tracedag.collector import service

@@ -3,7 +3,7 @@
 import time
 
 from click.testing import CliRunner
-from conftest import make_request, make_span, post, stored
+from collector_support import make_request, make_span, post, stored
 
 from tracedag.collector.server import CollectorConfig, start_collector
 from tracedag.pipeline.cli import cli

@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from conftest import JSON, PB, make_request, make_span, post, stored
+from collector_support import JSON, PB, make_request, make_span, post, stored
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter

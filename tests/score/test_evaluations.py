@@ -5,7 +5,7 @@ through the real normalization, evaluation extraction and DAG build."""
 from __future__ import annotations
 
 import pytest
-from conftest import span
+from score_support import span
 
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.evaluations_map import MapStats, detect_scale, map_evaluations, map_one

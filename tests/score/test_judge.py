@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import span
+from score_support import span
 
 from tracedag.pipeline.score import JudgeConfig, score_store
 from tracedag.pipeline.score.judge import model_family, parse_verdict

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from conftest import span
+from score_support import span
 
 from tracedag.pipeline import store
 from tracedag.pipeline.cli import cli

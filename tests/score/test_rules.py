@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import span
+from score_support import span
 
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.rules import RULES, StepFacts, score_step

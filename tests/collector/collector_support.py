@@ -1,0 +1,139 @@
+"""Fixtures for the collector tests: a real collector on loopback (port 0) and raw HTTP helpers."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tracedag.collector.server import CollectorConfig, RunningCollector, start_collector
+from tracedag.pipeline.views import connect
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE_JSON = (HERE / "trace_example.json").read_bytes()
+PB = "application/x-protobuf"
+JSON = "application/json"
+
+
+@dataclass
+class Resp:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def post(port: int, body: bytes, content_type: str | None = PB, path: str = "/v1/traces",
+         method: str = "POST", headers: dict[str, str] | None = None, timeout: float = 30) -> Resp:
+    """One request on a fresh connection; returns status, lower-cased headers and body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    hdrs = dict(headers or {})
+    if content_type is not None:
+        hdrs["Content-Type"] = content_type
+    conn.request(method, path, body=body, headers=hdrs)
+    r = conn.getresponse()
+    out = Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    conn.close()
+    return out
+
+
+def make_span(i: int, trace: bytes | None = None, **fields) -> Span:
+    span = Span(
+        trace_id=trace or (i + 1).to_bytes(16, "big"),
+        span_id=(i + 1).to_bytes(8, "big"),
+        name=f"span-{i}",
+        start_time_unix_nano=1_700_000_000_000_000_000 + i,
+        end_time_unix_nano=1_700_000_000_000_000_000 + i + 1000,
+    )
+    for key, value in fields.items():
+        setattr(span, key, value)
+    return span
+
+
+def make_request(spans: list[Span], service: str = "svc") -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", service
+    rs.scope_spans.add().spans.extend(spans)
+    return req
+
+
+def stored(data: Path, where: str = "true") -> list[tuple]:
+    """(trace_id, span_id, name) rows visible through the spans view."""
+    con = connect(data)
+    return con.sql(f"select trace_id, span_id, name from spans where {where} order by trace_id, span_id").fetchall()
+
+
+def spool_files(data: Path) -> list[Path]:
+    spool = data / "spool"
+    return sorted(p for p in spool.rglob("seg-*")) if spool.exists() else []
+
+
+@pytest.fixture
+def collector(tmp_path) -> Iterator[RunningCollector]:
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0))
+    yield c
+    c.stop(2)
+
+
+@pytest.fixture
+def small_collector(tmp_path) -> Iterator[RunningCollector]:
+    """A collector with a 1 MiB body limit and a 4 MiB in-flight budget (limits tests)."""
+    c = start_collector(CollectorConfig(
+        data=tmp_path / "data", http_port=0, grpc_port=0, max_body_bytes=1024 * 1024,
+        max_inflight_bytes=4 * 1024 * 1024,
+    ))
+    yield c
+    c.stop(2)
+
+
+def start_process(data: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
+    """Run ``tracedag collect`` as a separate process; return it with its HTTP and gRPC ports."""
+    cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0", "--grpc-port", "0",
+           "--data", str(data), *args]
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+    assert proc.stdout is not None
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        m = re.search(r"http_port=(\d+) grpc_port=(\d+)", line)
+        if m:
+            return proc, int(m.group(1)), int(m.group(2))
+    proc.kill()
+    raise AssertionError(f"collector did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    proc.send_signal(sig)
+    return proc.wait(timeout)
+
+
+def json_doc(spans: list[dict]) -> bytes:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow soak/crash-loop tests of this folder run only when asked for with ``-m slow``."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("slow") and HERE in Path(str(item.fspath)).parents else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
