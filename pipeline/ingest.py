@@ -49,6 +49,7 @@ from tracedag.pipeline.compact import Compactor, CompactStats, parquet_options
 from tracedag.pipeline.convert import Converted, convert_records
 from tracedag.pipeline.dedupe import DEFAULT_MAX_KEYS, DedupeIndex, write_sidecar
 from tracedag.pipeline.evaluations import extract_evaluations
+from tracedag.pipeline.ingest_stage import Staged, clean_stage_dir, stage_chunks, stage_dir
 from tracedag.pipeline.store import fsync_dir, table_dir
 
 logger = logging.getLogger(__name__)
@@ -253,6 +254,37 @@ class StoreWriter:
         self.index.add(hour, k, c)
         stats.files_written += 1
 
+    def commit_staged(self, staged: Staged, hour: str, stem: str, stats: ConvertStats) -> None:
+        """De-duplicate a staged segment and move its file into ``hour`` (rewritten if rows were dropped)."""
+        with self.locked():
+            res = self.index.check(staged.keys, staged.content)
+            stats.duplicates += res.duplicates
+            stats.conflicts += res.conflicts
+            if res.keep.all() and staged.rows:
+                self._rename_staged(staged, hour, stem, stats)
+            elif res.keep.any():
+                logger.info("%s: dropped %d duplicate spans (%d conflicts)", stem, res.duplicates, res.conflicts)
+                table = pq.read_table(staged.path).filter(pa.array(res.keep))
+                self._commit_hour(hour, table, staged.keys[res.keep], staged.content[res.keep], stem, stats)
+            staged.discard()
+            self.bump()
+
+    def _rename_staged(self, staged: Staged, hour: str, stem: str, stats: ConvertStats) -> None:
+        if staged.evaluations is not None:
+            write_atomic(staged.evaluations,
+                         table_dir(self.data, "evaluations") / f"recv_hour={hour}" / f"{stem}.parquet")
+            stats.evaluations += staged.evaluations.num_rows
+        final = table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet"
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fault("convert.before_rename")
+        os.replace(staged.path, final)
+        fsync_dir(final.parent)
+        write_sidecar(final, staged.keys, staged.content)
+        self._loaded.add(final)
+        self.index.add(hour, staged.keys, staged.content)
+        stats.spans_stored += staged.rows
+        stats.files_written += 1
+
     def _commit_hour(
         self, hour: str, table: pa.Table, keys: np.ndarray, content: np.ndarray, stem: str, stats: ConvertStats
     ) -> None:
@@ -404,6 +436,8 @@ class SpoolConverter:
     def run_once(self) -> ConvertStats:
         """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
         stats = ConvertStats()
+        if self._rounds == 0:
+            clean_stage_dir(self.data, self.shard[0])
         if self._rounds == 0 and self.shard[0] == 0:
             with self.writer.locked():  # another writer's temp files are not leftovers
                 _remove_temp_files(self.data)
@@ -478,7 +512,10 @@ class SpoolConverter:
         stats.corrupt_records += corrupt
         stem = f"seg-{segment_seq(seg):020d}"
         bad_records = 0
-        if records:
+        hours = {r.received_unix_nano // 3_600_000_000_000 for r in records}
+        if len(hours) == 1 and self.workers == 1:
+            bad_records = self._stage(records, stem, hours.pop() * 3_600_000_000_000, stats)
+        elif records:
             parts = self._convert(records, stem)
             del records
             bad_records = sum(p.bad_records for p in parts)
@@ -489,6 +526,20 @@ class SpoolConverter:
             fault("recovery")
         fault("convert.after_rename")
         self._retire(seg, state == "corrupt" or bad_records > 0, stats)
+
+    def _stage(self, records: list[Record], stem: str, received: int, stats: ConvertStats) -> int:
+        """Convert a one-hour segment into a staged file outside the lock, then commit it; return bad records."""
+        chunks = list(_chunks([(r.payload, r.received_unix_nano) for r in records], self.chunk_spans))
+        records.clear()
+        staged = stage_chunks(chunks, stem, stage_dir(self.data, self.shard[0]) / f"{stem}.parquet.tmp")
+        stats.corrupt_records += staged.bad_records
+        stats.spans_read += len(staged.keys)
+        try:
+            self.writer.commit_staged(staged, hour_of(received), stem, stats)
+        finally:
+            staged.discard()
+        bad: int = staged.bad_records
+        return bad
 
     def _convert(self, records: list[Record], stem: str) -> list[Converted]:
         """Convert a segment's records in chunks of about ``chunk_spans`` spans (bounded peak memory)."""

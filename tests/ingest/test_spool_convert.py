@@ -192,6 +192,7 @@ def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tracedag.pipeline.ingest as ingest
+    import tracedag.pipeline.ingest_stage as ingest_stage
 
     reqs = _reqs(1024, 13)
     bad = write_segment(data, 1, [(reqs[0].SerializeToString(), NOW)])
@@ -204,6 +205,7 @@ def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
         return real(records, stem, workers)
 
     monkeypatch.setattr(ingest, "convert_records", flaky)
+    monkeypatch.setattr(ingest_stage, "convert_records", flaky)  # the staged (one-hour) path
     conv = SpoolConverter(data)
     for _ in range(ingest.MAX_ATTEMPTS):
         conv.run_once()

@@ -1,0 +1,106 @@
+"""Staged conversion: a segment's chunks are converted, sorted and written to a private temp file
+outside the writer lock, so one converter's Parquet writing overlaps another's and at most one
+chunk's Arrow data is in memory at a time.
+
+Only de-duplication and the rename into ``tables/`` happen under the lock (``StoreWriter.commit_staged``).
+The temp file lives in ``<data>/state/convert-<shard>/`` (cleaned by that shard at start); if the
+lock-time check finds rows already stored, the file is read back, filtered and written normally.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracedag.pipeline.compact import parquet_options
+from tracedag.pipeline.convert import convert_records
+from tracedag.pipeline.evaluations import extract_evaluations
+
+logger = logging.getLogger(__name__)
+
+SORT_KEYS = [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")]
+
+
+@dataclass
+class Staged:
+    """A converted segment in a temp Parquet file: row keys, content hashes and evaluations."""
+
+    path: Path
+    keys: np.ndarray
+    content: np.ndarray
+    evaluations: pa.Table | None
+    rows: int
+    bad_records: int
+
+    def discard(self) -> None:
+        """Delete the temp file."""
+        self.path.unlink(missing_ok=True)
+
+
+def stage_dir(data: Path, shard: int) -> Path:
+    """Return (and create) the private staging directory of converter ``shard``."""
+    d = data / "state" / f"convert-{shard}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def clean_stage_dir(data: Path, shard: int) -> None:
+    """Remove a shard's leftover temp files (a crash left them; they were never visible)."""
+    for f in stage_dir(data, shard).iterdir():
+        f.unlink(missing_ok=True)
+
+
+def stage_chunks(chunks: list[list[tuple[bytes, int]]], batch_id: str, path: Path) -> Staged:
+    """Convert ``chunks`` one by one, each sorted into its own row group of the file ``path``.
+
+    ``chunks`` is emptied as it is converted (each chunk's payloads are freed once converted).
+    """
+    keys: list[np.ndarray] = []
+    contents: list[np.ndarray] = []
+    evals: list[pa.Table] = []
+    rows = bad = 0
+    writer: pq.ParquetWriter | None = None
+    try:
+        if "enospc" in os.environ.get("TRACEDAG_FAULT", "").split(","):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
+        with open(path, "wb") as fh:
+            while chunks:
+                conv = convert_records(chunks.pop(0), batch_id)
+                bad += conv.bad_records
+                if not conv.table.num_rows:
+                    continue
+                order = pc.sort_indices(conv.table, SORT_KEYS)
+                table = conv.table.take(order)
+                o = order.to_numpy()
+                keys.append(conv.keys[o])
+                contents.append(conv.content[o])
+                del conv
+                e = extract_evaluations(table)
+                if e.num_rows:
+                    evals.append(e)
+                if writer is None:
+                    writer = pq.ParquetWriter(fh, table.schema, **parquet_options(table, fast=True))
+                writer.write_table(table, row_group_size=64 * 1024)
+                rows += table.num_rows
+            if writer is not None:
+                writer.close()
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return Staged(path, _cat(keys), _cat(contents), pa.concat_tables(evals) if evals else None, rows, bad)
+
+
+def _cat(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    parts = list(arrays)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
