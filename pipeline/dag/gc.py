@@ -9,14 +9,15 @@ lock, ``swap.collect`` (step_scores also inside the scorer's lock, skipped while
 1. deletes every file whose rows are all dead (after a full rebuild: every older file; known from
    the Parquet statistics of ``build_id`` and per-build counts of ``traces_all``, no file read);
 2. builds the new state of a table directory in ``<data>/state/dag-gc/<table>/`` when some file is
-   mostly dead (rewritten without its dead rows, same name) or when the table has too many small
+   mostly dead (rewritten without its dead rows, new name) or when the table has too many small
    files (merged, dead rows dropped, fresh names); the other files are hard-linked; then swaps the
    staging and table directories with one ``renameat2(RENAME_EXCHANGE)`` (``compact.exchange``, the
    spans compaction's mechanism), so a reader listing the table sees all old or all new files.
 
-Live rows are never removed and never duplicated: a rewritten file keeps its name (old or new
-content, same live rows) and merged files have new names that appear in the same swap that removes
-their inputs. A crash leaves each table either old or new; staging left-overs are removed on the next
+Live rows are never removed and never duplicated: rewritten and merged files get new names that
+appear in the same swap that removes their inputs, and no path ever gets other content (a reader
+that listed the old files may find one gone: the query layer re-runs it). A crash leaves each table
+either old or new; staging left-overs are removed on the next
 run, and ``state/build-inflight`` names a build that crashed midway, whose chunk files without a
 ``traces`` file are deleted before the next build.
 """
@@ -151,7 +152,8 @@ def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:
 
 
 def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int]:
-    """(rows, dead rows) of ``path``, from the statistics when it holds one build, else read.
+    """(rows, dead rows) of ``path``: from the statistics when it holds one build, from its build ids
+    when every one of them is wholly live or wholly dead; else the file's keys are read.
 
     A file of one partly superseded build is not read when even all of the build's dead rows could
     not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
@@ -165,8 +167,29 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
         bound = lv.dead_bound(table, build)
         if bound is not None and bound <= rewrite_share * rows:
             return rows, 0
+    else:
+        states = {lv.status(b) if b is not None else "live" for b in builds_of(path)}
+        if len(states) == 1 and "mixed" not in states:  # several builds (scores, merged files)
+            return rows, rows if states == {"dead"} else 0
     t = pq.read_table(path, columns=["trace_id", "build_id"])
     return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0)
+
+
+_BUILDS_SEEN: dict[tuple[str, int, int], list[str | None]] = {}
+"""(path, size, mtime) -> the distinct build ids of a file: files never change in place, so a
+long-running builder (``collect --build``) reads each file's build ids once."""
+
+
+def builds_of(path: Path) -> list[str | None]:
+    """The distinct ``build_id`` values of ``path`` (None for rows without one)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _BUILDS_SEEN:
+        if len(_BUILDS_SEEN) > 10_000:
+            _BUILDS_SEEN.clear()  # stale versions of deleted or rewritten files
+        col = pq.read_table(path, columns=["build_id"]).column("build_id")
+        _BUILDS_SEEN[key] = pc.unique(col.combine_chunks()).to_pylist()
+    return _BUILDS_SEEN[key]
 
 
 def staging_root(data: Path) -> Path:

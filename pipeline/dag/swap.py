@@ -133,8 +133,10 @@ def swap_in(data: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg:
     """Build the new state of ``d`` in staging and exchange the two directories."""
     stage = staging_root(data) / table
     stage.mkdir(parents=True)
-    for f in plan.rewrite:
-        stats.add(stats.rows_dropped, table, _rewrite(f, stage / f.name, lv))
+    for i, f in enumerate(plan.rewrite):
+        # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
+        # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
+        stats.add(stats.rows_dropped, table, _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv))
         stats.add(stats.rewritten, table, 1)
     merger = Merger(stage, cfg.target_rows)
     for f in plan.merge:
