@@ -63,7 +63,7 @@ DONE_RETENTION_SECONDS = 24 * 3600.0
 MAX_ATTEMPTS = 3
 """Conversion attempts of a segment (other than for a full disk) before it moves to ``spool/failed/``."""
 
-CHUNK_SPANS = 4096
+CHUNK_SPANS = 2048
 """Spans converted together (more costs memory for little speed: normalization's fixed costs are small)."""
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
