@@ -437,7 +437,7 @@ class SpoolConverter:
         """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
         stats = ConvertStats()
         if self._rounds == 0:
-            clean_stage_dir(self.data, self.shard[0])
+            clean_stage_dir(self.data, *self.shard)
         if self._rounds == 0 and self.shard[0] == 0:
             with self.writer.locked():  # another writer's temp files are not leftovers
                 _remove_temp_files(self.data)

@@ -53,10 +53,17 @@ def stage_dir(data: Path, shard: int) -> Path:
     return d
 
 
-def clean_stage_dir(data: Path, shard: int) -> None:
-    """Remove a shard's leftover temp files (a crash left them; they were never visible)."""
-    for f in stage_dir(data, shard).iterdir():
-        f.unlink(missing_ok=True)
+def clean_stage_dir(data: Path, shard: int, shards: int = 1) -> None:
+    """Remove a shard's leftover temp files (a crash left them; they were never visible).
+
+    Shard 0 also removes the directories of shards that no longer exist (fewer converters now).
+    """
+    dirs = [stage_dir(data, shard)]
+    if shard == 0:
+        dirs += [d for d in (data / "state").glob("convert-*") if not d.name[8:].isdigit() or int(d.name[8:]) >= shards]
+    for d in dirs:
+        for f in d.iterdir():
+            f.unlink(missing_ok=True)
 
 
 def stage_chunks(chunks: list[list[tuple[bytes, int]]], batch_id: str, path: Path) -> Staged:

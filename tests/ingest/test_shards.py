@@ -78,3 +78,15 @@ def test_converter_metrics_of_several_processes_are_summed() -> None:
     b = "# HELP x_total X.\n# TYPE x_total counter\nx_total 4\ny{k=\"v\"} 1\n"
     assert merge_metrics([a, b]) == "# HELP x_total X.\n# TYPE x_total counter\nx_total 7\ny{k=\"v\"} 2.5\n"
     assert merge_metrics([a]) == a and merge_metrics([]) == ""
+
+
+def test_staged_leftovers_of_a_crash_are_removed_at_start(data: Path) -> None:
+    for d in ("convert-0", "convert-1", "convert-3"):
+        (data / "state" / d).mkdir(parents=True, exist_ok=True)
+        (data / "state" / d / "seg-00000000000000000009.parquet.tmp").write_bytes(b"partial")
+    write_segment(data, 2, [(r.SerializeToString(), NOW) for r in _reqs(200, 14)])
+    SpoolConverter(data, shard=(0, 2)).run_once()
+    assert not list((data / "state" / "convert-0").iterdir())
+    assert not list((data / "state" / "convert-3").iterdir())  # no shard 3 any more
+    assert list((data / "state" / "convert-1").iterdir())  # shard 1 may be staging right now
+    assert stored(data)[0] == sum(span_count(r) for r in _reqs(200, 14))
