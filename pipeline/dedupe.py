@@ -98,6 +98,8 @@ class DedupeIndex:
 
     def add(self, hour: str, keys: np.ndarray, content: np.ndarray) -> None:
         """Index the keys of rows just stored in partition ``hour``; drop hours out of the window."""
+        if not len(keys):
+            return
         order = np.argsort(keys, kind="stable")
         runs = self._runs.setdefault(hour, [])
         runs.append((keys[order], content[order]))

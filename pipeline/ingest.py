@@ -302,6 +302,10 @@ class StoreWriter:
         stats.spans_stored += table.num_rows
         stats.files_written += 1
 
+    def has_index(self) -> bool:
+        """Whether the dedupe index has been loaded (by a first commit)."""
+        return bool(self._generation)
+
     def locked(self) -> _Lock:
         """Return a context manager holding the data dir's writer lock (index refreshed on entry)."""
         return _Lock(self)
@@ -531,9 +535,15 @@ class SpoolConverter:
         """Convert a one-hour segment into a staged file outside the lock, then commit it; return bad records."""
         chunks = list(_chunks([(r.payload, r.received_unix_nano) for r in records], self.chunk_spans))
         records.clear()
-        staged = stage_chunks(chunks, stem, stage_dir(self.data, self.shard[0]) / f"{stem}.parquet.tmp")
+        if not self.writer.has_index():
+            with self.writer.locked():  # loads the index, so known rows are dropped before staging
+                pass
+        staged = stage_chunks(chunks, stem, stage_dir(self.data, self.shard[0]) / f"{stem}.parquet.tmp",
+                              self.writer.index)
         stats.corrupt_records += staged.bad_records
-        stats.spans_read += len(staged.keys)
+        stats.spans_read += len(staged.keys) + staged.duplicates
+        stats.duplicates += staged.duplicates
+        stats.conflicts += staged.conflicts
         try:
             self.writer.commit_staged(staged, hour_of(received), stem, stats)
         finally:

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.compact import parquet_options
-from tracedag.pipeline.convert import convert_records
+from tracedag.pipeline.convert import Converted, convert_records
+from tracedag.pipeline.dedupe import DedupeIndex
 from tracedag.pipeline.evaluations import extract_evaluations
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class Staged:
     evaluations: pa.Table | None
     rows: int
     bad_records: int
+    duplicates: int = 0  # dropped before staging (already indexed, or repeated in the segment)
+    conflicts: int = 0
 
     def discard(self) -> None:
         """Delete the temp file."""
@@ -66,46 +69,70 @@ def clean_stage_dir(data: Path, shard: int, shards: int = 1) -> None:
             f.unlink(missing_ok=True)
 
 
-def stage_chunks(chunks: list[list[tuple[bytes, int]]], batch_id: str, path: Path) -> Staged:
+def stage_chunks(
+    chunks: list[list[tuple[bytes, int]]], batch_id: str, path: Path, index: DedupeIndex | None = None,
+) -> Staged:
     """Convert ``chunks`` one by one, each sorted into its own row group of the file ``path``.
 
     ``chunks`` is emptied as it is converted (each chunk's payloads are freed once converted).
+    Rows already in ``index`` (a possibly stale copy; the commit checks again under the lock) or
+    repeated within the segment are dropped here, so the commit rarely has to rewrite the file.
     """
     keys: list[np.ndarray] = []
     contents: list[np.ndarray] = []
     evals: list[pa.Table] = []
     rows = bad = 0
+    seen = DedupeIndex(max_keys=1 << 40)
+    dup = [0, 0]
     writer: pq.ParquetWriter | None = None
     try:
         if "enospc" in os.environ.get("TRACEDAG_FAULT", "").split(","):
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
         with open(path, "wb") as fh:
-            while chunks:
-                conv = convert_records(chunks.pop(0), batch_id)
-                bad += conv.bad_records
-                if not conv.table.num_rows:
-                    continue
-                order = pc.sort_indices(conv.table, SORT_KEYS)
-                table = conv.table.take(order)
-                o = order.to_numpy()
-                keys.append(conv.keys[o])
-                contents.append(conv.content[o])
-                del conv
-                e = extract_evaluations(table)
-                if e.num_rows:
-                    evals.append(e)
-                if writer is None:
-                    writer = pq.ParquetWriter(fh, table.schema, **parquet_options(table, fast=True))
-                writer.write_table(table, row_group_size=64 * 1024)
-                rows += table.num_rows
-            if writer is not None:
-                writer.close()
+            try:
+                while chunks:
+                    conv = _drop_known(convert_records(chunks.pop(0), batch_id), index, seen, dup)
+                    bad += conv.bad_records
+                    if not conv.table.num_rows:
+                        continue
+                    order = pc.sort_indices(conv.table, SORT_KEYS)
+                    table = conv.table.take(order)
+                    o = order.to_numpy()
+                    keys.append(conv.keys[o])
+                    contents.append(conv.content[o])
+                    del conv
+                    e = extract_evaluations(table)
+                    if e.num_rows:
+                        evals.append(e)
+                    if writer is None:
+                        writer = pq.ParquetWriter(fh, table.schema, **parquet_options(table, fast=True))
+                    writer.write_table(table, row_group_size=64 * 1024)
+                    rows += table.num_rows
+            finally:
+                if writer is not None:
+                    writer.close()
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return Staged(path, _cat(keys), _cat(contents), pa.concat_tables(evals) if evals else None, rows, bad)
+    return Staged(path, _cat(keys), _cat(contents), pa.concat_tables(evals) if evals else None, rows, bad,
+                  dup[0], dup[1])
+
+
+def _drop_known(conv: Converted, index: DedupeIndex | None, seen: DedupeIndex, dup: list[int]) -> Converted:
+    """Drop rows of ``conv`` found in ``index`` or earlier in the segment (``seen``); count them in ``dup``."""
+    if index is None:
+        return conv
+    res = index.check(conv.keys, conv.content)
+    keep = res.keep & seen.check(conv.keys, conv.content).keep
+    dropped = int(len(keep) - keep.sum())
+    if dropped:
+        dup[0] += dropped
+        dup[1] += res.conflicts
+        conv = Converted(conv.table.filter(pa.array(keep)), conv.keys[keep], conv.content[keep], conv.bad_records)
+    seen.add("segment", conv.keys, conv.content)
+    return conv
 
 
 def _cat(arrays: Iterable[np.ndarray]) -> np.ndarray:
