@@ -20,7 +20,9 @@ CPU seconds are the figure that does not depend on the neighbours).
 ``--gc-builds K`` also measures what garbage collection of superseded builds buys: on a copy of the
 spans of the largest size (hard links), K full builds with the collection turned off, then the view
 cost (``select count(*)`` of ``dag_nodes``, ``dag_edges``, ``traces``; median of ``--runs`` fresh
-connections) before and after one ``collect`` (its time is reported too).
+connections) before and after one ``collect`` (its time is reported too). ``--gc-incremental M``
+then runs M incremental builds (50 traces re-sent each) with compaction off and measures the views
+before and after one forced compaction.
 
     python bench/build.py --sizes 1000000 --runs 3 --gc-builds 8
 """
@@ -213,6 +215,54 @@ def gc_bench(root: Path, n_spans: int, builds: int, runs: int) -> None:
         print(f"{name:>10} {n:>9} {rb:>11} {ra:>10} {b:>9.3f} {a:>8.3f} {b / a:>6.1f}", flush=True)
 
 
+def late_spans(data: Path, k: int, per_build: int) -> None:
+    """Re-send the spans of ``per_build`` traces (slice ``k``) later: they are rebuilt incrementally."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
+
+    files = [f for f in parquet_files(data, "spans") if "late" not in f.parts]
+    t = pq.read_table(max(files, key=lambda p: p.stat().st_size))
+    ids = pc.unique(t.column("trace_id").cast(pa.string())).to_pylist()[k * per_build:(k + 1) * per_build]
+    sub = t.filter(pc.is_in(t.column("trace_id").cast(pa.string()), value_set=pa.array(ids, pa.string())))
+    received = pa.array([time.time_ns() - 10**9] * sub.num_rows, pa.int64())
+    sub = sub.set_column(sub.schema.get_field_index("received_unix_nano"), "received_unix_nano", received)
+    write_parquet_atomic(sub.cast(t.schema), table_dir(data, "spans") / "late")
+
+
+def incremental_bench(root: Path, n_spans: int, builds: int, runs: int) -> None:
+    """``builds`` incremental builds of 50 traces each without compaction, then one forced compaction."""
+    from tracedag.pipeline.dag import build_store
+    from tracedag.pipeline.dag.gc import GcSettings
+    from tracedag.pipeline.dag.swap import collect
+    from tracedag.pipeline.store import parquet_files
+
+    data = root / f"gc-{n_spans}"
+    build_store(data, idle_seconds=0, full=True)
+    cfg = GcSettings(max_small_files=10**9)
+    stats = []
+    for k in range(builds):
+        late_spans(data, k, 50)
+        stats.append(build_store(data, idle_seconds=0, gc=cfg))
+    gcs = [s.gc.seconds for s in stats if s.gc is not None]
+    print(f"{builds} incremental builds of {stats[0].traces_built} traces: median {statistics.median(s.seconds for s in stats):.2f} s,"
+          f" of which collection {statistics.median(gcs):.2f} s", flush=True)
+    files = {t: len(parquet_files(data, t)) for t in VIEW_SQL}
+    before = view_costs(data, runs)
+    t = time.perf_counter()
+    done = collect(data, compact=True)
+    took = time.perf_counter() - t
+    after = view_costs(data, runs)
+    print(f"compaction: {took:.2f} s, files {files} -> "
+          f"{ {t: len(parquet_files(data, t)) for t in VIEW_SQL} }, merged {done.merged}")
+    for name in VIEW_SQL:
+        (b, n, rb), (a, n2, ra) = before[name], after[name]
+        assert n == n2, f"{name}: {n} rows before, {n2} after"
+        print(f"{name:>10} {n:>9} {rb:>11} {ra:>10} {b:>9.3f} {a:>8.3f} {b / a:>6.1f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure scan, naive and build at each size; print medians, the naive/build CPU ratio and CPU us per span."""
     ap = argparse.ArgumentParser(description="tracedag build benchmark")
@@ -221,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench"))
     ap.add_argument("--naive-max", type=int, default=200_000, help="largest size at which to run the naive baseline")
     ap.add_argument("--gc-builds", type=int, default=0, help="also measure view cost after this many builds, before/after GC")
+    ap.add_argument("--gc-incremental", type=int, default=0,
+                    help="then this many incremental builds, and the view cost before/after one compaction")
     args = ap.parse_args(argv)
     print(f"{'spans':>9} {'traces':>7} {'scan s':>7} {'naive s':>8} {'build s':>8} {'naive cpu':>9} {'build cpu':>9} "
           f"{'cpu ratio':>9} {'cpu us/span':>11} {'RSS MB':>7} {'load':>5}")
@@ -233,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['cpu'] / b['spans'] * 1e6:>11.2f} {b['rss_mb']:>7.0f} {os.getloadavg()[0]:>5.1f}", flush=True)
     if args.gc_builds:
         gc_bench(args.dir, max(args.sizes), args.gc_builds, args.runs)
+    if args.gc_builds and args.gc_incremental:
+        incremental_bench(args.dir, max(args.sizes), args.gc_incremental, args.runs)
     return 0
 
 
