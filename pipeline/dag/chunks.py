@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,7 @@ def _route(data: Path, chunks: list[pa.Array], tmp: Path) -> None:
             w.close()
 
 
-def chunk_tables(data: Path, chunks: list[pa.Array], tmp: Path) -> Iterator[pa.Table]:
+def chunk_tables(data: Path, chunks: list[pa.Array], tmp: Path) -> Generator[pa.Table, None, None]:
     """Yield the input spans of each chunk of trace ids, in order."""
     if len(chunks) == 1:
         yield load_spans(data, chunks[0])
