@@ -7,6 +7,7 @@ such as ``determinism``, ``node_utility``, ``run_paths``) is a view named ``<nam
 A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
 Each view reads a ``<table>_all`` view of the raw files where it refines them.
+The table macros of ``queries/_*.sql`` (shared by the named queries) are created after the views.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from tracedag import queries
 from tracedag.pipeline.store import parquet_files, table_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import (
@@ -118,7 +120,7 @@ def _derived_tables(data: Path) -> list[str]:
 
 
 def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
-    """(Re)create every view on ``con`` over the files now in ``data``."""
+    """(Re)create every view on ``con`` over the files now in ``data``, then the shared query macros."""
     for table in SCHEMAS:
         raw = f"{table}_all" if table in _LATEST else table
         con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
@@ -130,6 +132,8 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
             f"create or replace view {table} as select * from read_parquet('{pattern}', "
             "union_by_name = true, hive_partitioning = false)"
         )
+    for name in queries.macro_files():
+        con.execute(queries.load(name))
 
 
 def connect(data: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:

@@ -4,6 +4,8 @@ Each file starts with a comment header. Its first line is ``-- <name>: <one-line
 parameter lines read ``--   $name  type  = default  help text`` (type: double, bigint, integer,
 varchar or boolean; ``''`` is the empty string; ``one of a|b|c`` in the help text restricts the
 values). The body refers to parameters as ``$name`` and they are always bound, never formatted in.
+Files whose name starts with ``_`` are not named queries: they define DuckDB table macros shared
+by the named queries (created on every connection by ``tracedag.pipeline.views``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,18 @@ def load(name: str) -> str:
     return files(__name__).joinpath(f"{name}.sql").read_text(encoding="utf-8")
 
 
-def names() -> list[str]:
-    """Return the names of every bundled query, sorted."""
+def _sql_names() -> list[str]:
     return sorted(p.name[:-4] for p in files(__name__).iterdir() if p.name.endswith(".sql"))
+
+
+def names() -> list[str]:
+    """Return the names of every bundled named query, sorted (``_*.sql`` files hold shared macros)."""
+    return [n for n in _sql_names() if not n.startswith("_")]
+
+
+def macro_files() -> list[str]:
+    """Return the names of the ``_*.sql`` files: ``create macro`` statements the named queries call."""
+    return [n for n in _sql_names() if n.startswith("_")]
 
 
 def header_lines(text: str) -> list[str]:
