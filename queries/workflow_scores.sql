@@ -1,6 +1,7 @@
 -- workflow_scores: per trace, the weighted harmonic mean of its step scores (weights grow with descendants) and pass/fail.
 --
--- Inputs:  traces, dag_nodes (nested_left/right: call-tree descendants), step_scores
+-- Inputs:  traces, dag_nodes (nested_left/right: call-tree descendants), step_scores, read
+--          through the macros trace_window and workflow_weights of _failure_graph.sql
 -- Output:  trace_id, conversation_id, method, steps, scored_steps, failed_steps, min_score,
 --          workflow_score, passed, start_time, start_time_unix_nano
 -- Params:
@@ -21,29 +22,10 @@
 -- (the retry cost something); failed_steps counts them too.
 with
 win as (
-    select trace_id, conversation_id, method, start_time_unix_nano
-    from traces
-    where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
-      and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
-),
-step_score as (
-    -- one row per step: the lowest human score if there is one, else the lowest score
-    select trace_id, span_id,
-           coalesce(min(cast(score as double)) filter (where source = 'human'), min(cast(score as double)))
-               as score
-    from step_scores
-    where score is not null and trace_id in (select trace_id from win)
-    group by trace_id, span_id
+    select trace_id, conversation_id, method, start_time_unix_nano from trace_window($since_ns, $trace_id)
 ),
 counted as (
-    select n.trace_id, n.span_id, s.score,
-           1 + coalesce(greatest((n.nested_right - n.nested_left - 1) // 2, 0), 0) as weight,
-           case when s.score is not null then greatest(s.score, 1.0)
-                when cast($unscored_score as double) >= 0 then greatest(cast($unscored_score as double), 1.0)
-           end as used_score
-    from dag_nodes n
-    left join step_score s on s.trace_id = n.trace_id and s.span_id = n.span_id
-    where n.trace_id in (select trace_id from win)
+    from workflow_weights((select list(trace_id) from win), $unscored_score)
 ),
 per_trace as (
     select trace_id, count(*) as steps, count(score) as scored_steps,
