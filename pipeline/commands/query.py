@@ -58,7 +58,7 @@ def _emit(table: Any, fmt: str, output: Path | None) -> None:
         _print_table(table, output)
         return
     if output is None:
-        querying.write_result(table, fmt, click.get_binary_stream("stdout"))
+        querying.write_result(table, fmt, sys.stdout.buffer)
         return
     with open(output, "wb") as fh:
         querying.write_result(table, fmt, fh)
