@@ -212,6 +212,8 @@ def init_sql(data: Path) -> str:
         con.close()
     lines = [f"-- tracedag views over {data.resolve()} (regenerate with `tracedag sql` when tables appear)"]
     lines += [str(sql).replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1) for (sql,) in rows]
+    # the table macros the named queries call (queries/_*.sql), so they run in the shell too
+    lines += [queries.load(name) for name in queries.macro_files()]
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.querying import since_to_ns
-from tracedag.queries import describe, names
+from tracedag.queries import describe, load, names
 
 MINE = ("failures", "propagation", "root_causes", "amplification", "workflow_scores", "step_stats",
         "trace_summary")
@@ -130,6 +130,9 @@ def test_sql_prints_how_to_attach_and_the_init_file_defines_the_views(
     con = duckdb.connect()
     con.execute(init.read_text())
     assert con.execute("select count(*) from dag_nodes").fetchone() == (25,)
+    # the named queries run in that shell too: their shared table macros are defined there
+    params = {p.name: p.default for p in describe("root_causes").params}
+    assert con.execute(load("root_causes"), {k: v for k, v in params.items() if f"${k}" in load("root_causes")}).fetchall()
 
 
 def test_my_query_headers_declare_every_parameter_they_use() -> None:
