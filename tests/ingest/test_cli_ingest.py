@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from conftest import otlp_json, otlp_json_line, request_ids, span_count, stored, stored_ids
+from ingest_support import otlp_json, otlp_json_line, request_ids, span_count, stored, stored_ids
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-from conftest import request_ids, stored, stored_ids, write_segment
+from ingest_support import request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
 from tracedag.pipeline.compact import Compactor, hour_closed

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import write_segment
+from ingest_support import write_segment
 
 from bench.gen import requests
 from tracedag.pipeline.ingest import SpoolConverter

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, request_ids, stored, stored_ids, write_segment
+from ingest_support import ROOT, request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
 

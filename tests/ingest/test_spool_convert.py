@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import request_ids, span_count, stored, stored_ids, write_segment
+from ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests
