@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,7 +95,9 @@ def show_command(trace_id: str, data: Path) -> None:
     from tracedag.pipeline.dag.show import load_trace, render_trace
 
     trace, nodes = load_trace(data, trace_id)
-    Console().print(render_trace(trace, nodes))
+    # a pipe or file gets a wide timeline rather than rich's 80-column default
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console.print(render_trace(trace, nodes))
 
 
 COMMANDS: list[click.Command] = [build_command, show_command]
