@@ -19,13 +19,12 @@ from __future__ import annotations
 import calendar
 import ctypes
 import errno
-import fcntl
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import pyarrow.parquet as pq
 
 from tracedag.collector import faults
 from tracedag.pipeline.dedupe import first_occurrence, read_sidecar, sidecar_path, write_sidecar
-from tracedag.pipeline.store import fsync_dir, table_dir
+from tracedag.pipeline.store import file_lock, fsync_dir, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class Compactor:
 
     def cleanup(self) -> None:
         """Remove staging directories left by a crash (the partitions themselves are complete)."""
-        with _flock(self.data / "state" / "compact.lock"):
+        with file_lock(self.data / "state" / "compact.lock"):
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -139,7 +138,7 @@ class Compactor:
         """Compact every partition that is due, spans and evaluations; return what was done."""
         now = time.time() if now_unix is None else now_unix
         stats = CompactStats()
-        with _flock(self.data / "state" / "compact.lock"):
+        with file_lock(self.data / "state" / "compact.lock"):
             self._cleanup()
             for table in ("spans", "evaluations"):
                 for part in self.due(table, now):
@@ -189,17 +188,6 @@ def _link(f: Path, stage: Path, dedupe: bool) -> None:
     os.link(f, stage / f.name)
     if dedupe and sidecar_path(f).exists():
         os.link(sidecar_path(f), sidecar_path(stage / f.name))
-
-
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 class _Merger:

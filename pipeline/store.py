@@ -12,9 +12,12 @@ rename it to ``<name>.parquet`` and fsync the directory, so a reader never sees 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,3 +79,15 @@ def check_schema(path: Path, expected: pa.Schema) -> None:
     found = meta.get(SCHEMA_KEY)
     if found is None or found.decode() != want:
         raise SchemaMismatch(str(path), want, found.decode() if found else None)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

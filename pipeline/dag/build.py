@@ -9,7 +9,6 @@ keeps the summary of the last build and ``<data>/state/build.lock`` serializes c
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -17,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
 from tracedag.pipeline.dag.swap import collect
 from tracedag.pipeline.dag.timing import stage
-from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
+from tracedag.pipeline.store import file_lock, parquet_files, table_dir, write_parquet_atomic
 from tracedag.pipeline.views import connect
 
 logger = logging.getLogger(__name__)
@@ -113,16 +112,8 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
     )
 
 
-@contextmanager
-def _lock(data: Path) -> Iterator[None]:
-    state = data / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    with open(state / "build.lock", "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+def _lock(data: Path) -> AbstractContextManager[None]:
+    return file_lock(data / "state" / "build.lock")
 
 
 def _files_hash(data: Path) -> str:

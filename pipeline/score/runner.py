@@ -10,11 +10,10 @@ graded. Each pass writes its own Parquet files; ``build_id`` is the build scored
 
 from __future__ import annotations
 
-import fcntl
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -186,17 +185,9 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
     return stats
 
 
-@contextmanager
-def score_lock(data: Path) -> Iterator[None]:
+def score_lock(data: Path) -> AbstractContextManager[None]:
     """One scorer at a time per data directory (two would score the same builds twice)."""
-    state = data / "state"
-    state.mkdir(parents=True, exist_ok=True)
-    with open(state / "score.lock", "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return store.file_lock(data / "state" / "score.lock")
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,
