@@ -130,22 +130,7 @@ def publish(stats: ConvertStats) -> None:
 
 def write_atomic(table: pa.Table, final: Path) -> Path:
     """Write ``table`` to ``final`` via ``final.tmp``, fsync, rename, directory fsync."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(final.name + ".tmp")
-    try:
-        if "enospc" in os.environ.get(ENV_FAULT, "").split(","):
-            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(tmp))
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, row_group_size=64 * 1024, **parquet_options(table, fast=True))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fault("convert.before_rename")
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    return final
+    return write_atomic_stream(iter([table]), table.schema, final)
 
 
 def write_atomic_stream(tables: Iterator[pa.Table], schema: pa.Schema, final: Path) -> Path:
