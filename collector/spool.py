@@ -32,7 +32,7 @@ from tracedag.collector.spoolfmt import (
     segment_seq,
 )
 from tracedag.pipeline.errors import Retryable, TracedagError
-from tracedag.pipeline.store import fsync_dir
+from tracedag.pipeline.fsutil import fsync_dir
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.errors import SchemaMismatch
+from tracedag.pipeline.fsutil import fsync_dir as fsync_dir
 from tracedag.schemas.spans import SCHEMA_KEY
 
 TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels")
@@ -32,15 +33,6 @@ TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scor
 def table_dir(data: Path, table: str) -> Path:
     """Return ``<data>/tables/<table>``."""
     return data / "tables" / table
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so that a new or renamed entry in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def new_file_name(prefix: str = "part") -> str:
