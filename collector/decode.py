@@ -3,20 +3,24 @@
 ``decode_request`` keeps only the valid spans (trace id 16 bytes, span id 8 bytes, neither all
 zero, parent empty or 8 bytes, link ids of the right length) and says why the others were
 rejected. Undecodable input, or a request whose spans are all invalid, raises ``DecodeError``
-(HTTP 400 / gRPC INVALID_ARGUMENT). ``Decoded.payload`` is what the spool stores: the original
-protobuf bytes when nothing was dropped, else the re-serialized request.
+(HTTP 400 / gRPC INVALID_ARGUMENT). With ``max_attribute_bytes``, longer string/bytes attribute
+values (also inside arrays and kvlists, of resources, scopes, spans, events and links) are cut
+to that many bytes at a UTF-8 character boundary and the span is kept, with a warning.
+``Decoded.payload`` is what the spool stores: the original protobuf bytes when nothing was
+dropped or cut, else the re-serialized request.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Literal
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tracedag.collector.otlp_json import JsonContext, JsonDecodeError, parse_json_request
@@ -48,9 +52,10 @@ class Decoded:
     message: str  # English reason for rejections or warnings, "" if none
     payload: bytes = field(default=b"", repr=False)  # serialized ``request``
     reasons: tuple[tuple[str, int], ...] = ()  # (reason, spans) of the rejections
+    truncated: int = 0  # attribute values cut to max_attribute_bytes
 
 
-def decode_request(body: bytes, encoding: Encoding) -> Decoded:
+def decode_request(body: bytes, encoding: Encoding, max_attribute_bytes: int | None = None) -> Decoded:
     """Decode ``body`` and keep its valid spans; raise ``DecodeError`` when nothing usable is in it."""
     if encoding == "protobuf":
         request = _parse_protobuf(body)
@@ -65,9 +70,14 @@ def decode_request(body: bytes, encoding: Encoding) -> Decoded:
     message = _message(reasons, ctx, accepted + rejected)
     if rejected and not accepted:
         raise DecodeError(message, rejected)
-    unchanged = encoding == "protobuf" and not rejected
+    cut: Counter[str] = Counter()
+    if max_attribute_bytes is not None and len(body) > max_attribute_bytes:  # else no value can be longer
+        cut = truncate_attributes(request, max_attribute_bytes)
+        message = ". ".join(p for p in (message, _truncation_message(cut, max_attribute_bytes)) if p)
+    unchanged = encoding == "protobuf" and not rejected and not cut
     payload = body if unchanged else request.SerializeToString()
-    return Decoded(request, accepted, rejected, message, payload, tuple(sorted(reasons.items())))
+    reasons_sorted = tuple(sorted(reasons.items()))
+    return Decoded(request, accepted, rejected, message, payload, reasons_sorted, sum(cut.values()))
 
 
 def _parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
@@ -140,6 +150,65 @@ def _drop_invalid(request: ExportTraceServiceRequest, bad_ids: dict[int, str]) -
             for i in reversed(drop):
                 del spans[i]
     return accepted, reasons
+
+
+def truncate_attributes(request: ExportTraceServiceRequest, limit: int) -> Counter[str]:
+    """Cut string/bytes attribute values longer than ``limit`` bytes; return the cuts per attribute key."""
+    cut: Counter[str] = Counter()
+    for rs in request.resource_spans:
+        _cut_all(rs.resource.attributes, limit, cut)
+        for ss in rs.scope_spans:
+            _cut_all(ss.scope.attributes, limit, cut)
+            for span in ss.spans:
+                _cut_all(span.attributes, limit, cut)
+                for event in span.events:
+                    _cut_all(event.attributes, limit, cut)
+                for link in span.links:
+                    _cut_all(link.attributes, limit, cut)
+    return cut
+
+
+def _cut_all(attributes: Iterable[KeyValue], limit: int, cut: Counter[str]) -> None:
+    for kv in attributes:
+        n = _cut_value(kv.value, limit)
+        if n:
+            cut[kv.key] += n
+
+
+def _cut_value(value: AnyValue, limit: int) -> int:
+    """Cut the over-long strings/bytes in ``value`` (recursing into arrays and kvlists); return how many."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        text = value.string_value
+        if len(text) * 4 <= limit:  # a character is at most 4 UTF-8 bytes
+            return 0
+        raw = text.encode("utf-8")
+        if len(raw) <= limit:
+            return 0
+        value.string_value = raw[:limit].decode("utf-8", "ignore")  # drops a split last character only
+        return 1
+    if kind == "bytes_value":
+        if len(value.bytes_value) <= limit:
+            return 0
+        value.bytes_value = value.bytes_value[:limit]
+        return 1
+    if kind == "array_value":
+        return sum(_cut_value(v, limit) for v in value.array_value.values)
+    if kind == "kvlist_value":
+        return sum(_cut_value(kv.value, limit) for kv in value.kvlist_value.values)
+    return 0
+
+
+def _truncation_message(cut: Counter[str], limit: int) -> str:
+    if not cut:
+        return ""
+    keys = sorted(cut)
+    shown = ", ".join(repr(k[:200]) for k in keys[:3])
+    more = f" (and {len(keys) - 3} more keys)" if len(keys) > 3 else ""
+    return (
+        f"warning: {sum(cut.values())} attribute values longer than max_attribute_bytes={limit} "
+        f"were truncated to {limit} bytes: {shown}{more}"
+    )
 
 
 def _message(reasons: Counter[str], ctx: JsonContext, total: int) -> str:

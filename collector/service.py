@@ -34,6 +34,9 @@ BYTES_RECEIVED = REGISTRY.counter(
     "tracedag_received_bytes_total", "Request body bytes received, on the wire and decompressed.", ("stage",)
 )
 LATENCY = REGISTRY.histogram("tracedag_request_seconds", "Export request latency (decode + durable spool).")
+TRUNCATED = REGISTRY.counter(
+    "tracedag_attributes_truncated_total", "Attribute values cut to max_attribute_bytes (spans kept)."
+)
 REFUSED = REGISTRY.counter("tracedag_overload_refusals_total", "Requests refused with 503/UNAVAILABLE.", ("reason",))
 
 
@@ -165,15 +168,16 @@ def _bearer(header: str) -> bytes:
 class Ingestor:
     """Decode -> validate -> durable spool, with metrics; shared by both transports."""
 
-    def __init__(self, spool: SpoolWriter, admission: Admission) -> None:
+    def __init__(self, spool: SpoolWriter, admission: Admission, max_attribute_bytes: int | None = None) -> None:
         self.spool = spool
         self.admission = admission
+        self.max_attribute_bytes = max_attribute_bytes  # None: keep values whole (up to the body limit)
 
     def export(self, body: bytes, encoding: Encoding) -> Decoded:
         """Store the valid spans of ``body`` durably; raise ``DecodeError``/``SpoolUnavailable``."""
         started = time.monotonic()
         try:
-            decoded = decode_request(body, encoding)
+            decoded = decode_request(body, encoding, self.max_attribute_bytes)
         except DecodeError as exc:
             SPANS_REJECTED.inc(exc.rejected, reason="request rejected as a whole")
             raise
@@ -194,3 +198,5 @@ class Ingestor:
 def _count_rejections(decoded: Decoded) -> None:
     for reason, n in decoded.reasons:
         SPANS_REJECTED.inc(n, reason=reason)
+    if decoded.truncated:
+        TRUNCATED.inc(decoded.truncated)
