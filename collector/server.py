@@ -39,6 +39,7 @@ class CollectorConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     max_body_bytes: int = 64 * MiB
+    max_attribute_bytes: int | None = None  # cut longer string/bytes attribute values (None: keep whole)
     max_inflight_bytes: int = 128 * MiB
     max_backlog_bytes: int = 1024 * MiB
     segment_bytes: int = SEGMENT_BYTES
@@ -64,7 +65,7 @@ class RunningCollector:
         self.spool = SpoolWriter(self.data, config.segment_bytes, config.seal_age)
         self.admission = Admission(self.spool, config.max_inflight_bytes, config.max_backlog_bytes)
         self.tokens = Tokens(config.tokens, config.token_file)
-        self.ingestor = Ingestor(self.spool, self.admission)
+        self.ingestor = Ingestor(self.spool, self.admission, config.max_attribute_bytes)
         self.http: OtlpHttpServer | None = None
         self.grpc: OtlpGrpcServer | None = None
         self.http_port = 0
