@@ -49,16 +49,30 @@ columns (attribute values, input/output text) costs about half of the write time
 
 
 def parquet_options(table: pa.Table, fast: bool = False) -> dict[str, object]:
-    """Writer options: zstd (lz4 when ``fast``), dictionary encoding only where it pays (spans).
+    """Writer options: zstd (snappy when ``fast``), dictionary encoding only where it pays (spans).
 
-    The converters write ``fast`` files (lz4 costs half of zstd's write time, files ~1.7x larger);
-    compaction rewrites them with zstd.
+    The converters write ``fast`` files: snappy, and min/max statistics only on the columns
+    queries filter on (``STATISTICS_COLUMNS``); on agent spans that writes in 0.45x zstd's time
+    and 0.78x lz4's, and its files are 0.8x lz4's size. Compaction rewrites them with zstd and
+    full statistics.
     """
     names = set(table.schema.names)
     use_dict: bool | list[str] = True
-    if "span_id" in names and "attributes" in names:
+    spans = "span_id" in names and "attributes" in names
+    if spans:
         use_dict = [c for c in DICTIONARY_COLUMNS if c.split(".")[0] in names]
-    return {"compression": "lz4" if fast else "zstd", "use_dictionary": use_dict}
+    opts: dict[str, object] = {"compression": "snappy" if fast else "zstd", "use_dictionary": use_dict}
+    if fast and spans:
+        opts["write_statistics"] = [c for c in STATISTICS_COLUMNS if c in names]
+    return opts
+
+
+STATISTICS_COLUMNS = [
+    "trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "end_time_unix_nano", "received_unix_nano",
+    "name", "service_name", "status_code", "step_type", "step_name", "conversation_id", "run_id", "scenario_id",
+    "variant_id", "service_version", "batch_id",
+]
+"""Columns whose row-group min/max fresh (``fast``) files keep: the ones queries prune on."""
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

@@ -68,13 +68,25 @@ _SPECIAL_KEY = r'"(?:content|tool_calls|input_str|inputs|outputs|output|input|ar
 _SINGLE_LIST = f"^\\{{{_FLAT_STR}{_C}\\[(?:{_SCALAR}(?:{_S}{_SCALAR})*)?\\]\\}}$"
 
 
-def _matches(values: pa.Array, pattern: str) -> np.ndarray:
-    ok = pc.and_(pc.match_substring_regex(values, pattern), pc.less_equal(pc.binary_length(values), PARSE_LIMIT))
-    return np.asarray(pc.fill_null(ok, False), dtype=bool)
+def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.ndarray | None = None) -> np.ndarray:
+    """Rows of ``values`` that match ``pattern``; the regex runs only on the rows (of ``among``) that
+    start with ``first`` and end with ``last`` and are within ``PARSE_LIMIT`` (cheap kernels first)."""
+    cand = pc.and_(pc.and_(pc.starts_with(values, first), pc.ends_with(values, last)),
+                   pc.less_equal(pc.binary_length(values), PARSE_LIMIT))
+    ok = np.asarray(pc.fill_null(cand, False), dtype=bool)
+    if among is not None:
+        ok &= among
+    rows = np.flatnonzero(ok)
+    if len(rows):
+        hit = pc.match_substring_regex(values.take(pa.array(rows)), pattern)
+        ok[rows] = np.asarray(pc.fill_null(hit, False), dtype=bool)
+    return ok
 
 
-def _piece(pieces: pa.Array, i: int) -> pa.Array:
-    return pc.list_element(pieces, i)
+def _piece(pieces: pa.ListArray, i: int) -> pa.Array:
+    """Element ``i`` of every list (each has more than ``i`` elements), by one ``take`` on the values."""
+    offsets = np.asarray(pieces.offsets, dtype=np.int64)[:-1]
+    return pieces.values.take(pa.array(offsets + i))
 
 
 def genai_input(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -83,7 +95,7 @@ def genai_input(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     The last message is the user message with one text part: the last 6 ``"``-separated pieces
     are ``type, text, content, CONTENT`` or ``content, CONTENT, type, text`` (strings hold no quotes).
     """
-    ok = _matches(values, GENAI_INPUT)
+    ok = _matches(values, GENAI_INPUT, "[", "]")
     if not ok.any():
         return values, ok
     pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=6, reverse=True)
@@ -97,7 +109,7 @@ def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     Pieces between ``"`` from the start: 7 is ``type`` or ``content``; then 9 is ``text`` (13 the
     content), ``tool_call`` (13 the tool name) or, content first, the content itself.
     """
-    ok = _matches(values, GENAI_OUTPUT)
+    ok = _matches(values, GENAI_OUTPUT, "[", "]")
     if not ok.any():
         return values, ok
     pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=14)
@@ -109,8 +121,8 @@ def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """``normalize_text.readable`` for flat objects (``FLAT_COMPACT``/``FLAT_SPACED``, conditions above)."""
-    compact = _matches(values, FLAT_COMPACT)
-    ok = compact | _matches(values, FLAT_SPACED)
+    compact = _matches(values, FLAT_COMPACT, "{", "}")
+    ok = compact | _matches(values, FLAT_SPACED, "{", "}", ~compact)
     if not ok.any():
         return values, ok
     sub = values.filter(pa.array(ok))

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
@@ -229,7 +228,7 @@ def collapse_duplicates(
     span_of = np.repeat(np.arange(n, dtype=np.int64), counts)
     codes = keys.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
     combined = span_of * (int(codes.max(initial=0)) + 1) + codes
-    if len(pc.unique(pa.array(combined))) == len(combined):
+    if not _has_repeats(combined):
         return keys, vals, counts, []
     _, first = np.unique(combined, return_index=True)
     _, last = np.unique(combined[::-1], return_index=True)
@@ -239,3 +238,13 @@ def collapse_duplicates(
     new_counts = np.bincount(span_of[keep], minlength=n)
     dup_rows = np.nonzero(new_counts != counts)[0].tolist()
     return keys.take(pa.array(keep)), vals.take(pa.array(source)), new_counts, dup_rows
+
+
+def _has_repeats(combined: np.ndarray) -> bool:
+    """Whether any value occurs twice (a counting pass when the range is small, else a sort)."""
+    if len(combined) == 0:
+        return False
+    top = int(combined.max())
+    if top < 64 * len(combined) + 1024:
+        return bool(np.bincount(combined, minlength=top + 1).max() > 1)
+    return len(np.unique(combined)) != len(combined)
