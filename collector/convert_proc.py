@@ -1,32 +1,39 @@
-"""Spool -> Parquet conversion in a child process, off the receivers' interpreter (and GIL).
+"""Spool -> Parquet conversion in child processes, off the receivers' interpreter (and GIL).
 
-The child runs ``tracedag.pipeline.ingest.SpoolConverter(data).run_once()`` in a loop, writes
-its metrics to ``<data>/state/converter.metrics`` (merged into the parent's ``/metrics``) and
-dies with its parent (``PR_SET_PDEATHSIG`` plus a parent-pid check). ``flush`` waits until no
-sealed segment is left, i.e. everything sealed so far is in Parquet (or quarantined).
+Each child is a plain ``python -P -m tracedag.collector.convert_child`` process (see that module)
+started with ``subprocess.Popen``: no multiprocessing, hence no resource-tracker process, no
+semaphore and no spawn bootstrap. Child ``w`` of N converts the segments whose sequence is ``w``
+mod N and writes its metrics to ``<data>/state/converter.metrics[.w]`` (merged into the parent's
+``/metrics``). Its stdin is a pipe from the parent: closing it is the stop signal (the child
+converts what is left, then exits). The child dies with its parent (``PR_SET_PDEATHSIG`` plus a
+parent-pid check); its stderr is the parent's. ``flush`` waits until no sealed segment is left,
+i.e. everything sealed so far is in Parquet (or quarantined).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import multiprocessing as mp
 import os
-import signal
+import queue
+import subprocess
+import sys
 import threading
 import time
-from multiprocessing.synchronize import Event as MpEvent
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
+from tracedag.collector.convert_child import METRICS_FILE, metrics_name
 from tracedag.collector.spoolfmt import SEALED_SUFFIX
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "converter.metrics"
+__all__ = ["ENV_CONVERTERS", "METRICS_FILE", "ConverterProcess", "default_processes", "merge_metrics"]
 
 ENV_CONVERTERS = "TRACEDAG_CONVERTERS"
 """Number of converter processes (default 2); each converts the segments whose sequence is ``w`` mod N."""
+
+CHILD_MODULE = "tracedag.collector.convert_child"
+KILL_WAIT_SECONDS = 5.0
 
 
 def default_processes() -> int:
@@ -37,6 +44,43 @@ def default_processes() -> int:
         return max(1, min(2, os.cpu_count() or 1))
 
 
+Child = subprocess.Popen[bytes]
+_Request = tuple[list[str], Future[Child]]
+
+
+class _Launcher:
+    """One long-lived thread that starts every child.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that started a child ends, not the process: a child
+    restarted from a short-lived thread (the server's supervisor ends before the final conversion)
+    would be killed with that thread. Starting all children here ties them to this thread, which
+    lives until ``close``.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="converter-launcher", daemon=True)
+        self._thread.start()
+
+    def popen(self, args: list[str]) -> Child:
+        """Start ``args`` from the launcher thread (stdin a pipe, stdout discarded, stderr shared)."""
+        future: Future[Child] = Future()
+        self._requests.put((args, future))
+        return future.result()
+
+    def close(self) -> None:
+        """End the thread (only once its children have ended: their death signal is tied to it)."""
+        self._requests.put(None)
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            args, future = request
+            try:
+                future.set_result(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL))
+            except OSError as exc:
+                future.set_exception(exc)
+
+
 class ConverterProcess:
     """Supervised child processes converting sealed spool segments (split by segment sequence)."""
 
@@ -44,33 +88,43 @@ class ConverterProcess:
         self.data = Path(data)
         self.interval = interval
         self.processes = processes or default_processes()
-        self._ctx = mp.get_context("spawn")
-        self._stop: MpEvent = self._ctx.Event()
-        self._procs: list[Any] = [None] * self.processes
+        self._procs: list[Child | None] = [None] * self.processes
         self._lock = threading.Lock()
+        self._launcher: _Launcher | None = None
         self._closed = False
 
     def start(self) -> None:
-        """Start (or restart) the children."""
-        for w in range(self.processes):
-            self._start(w)
-
-    def _start(self, w: int) -> None:
+        """Start the children that are not running (all of them on the first call)."""
         with self._lock:
-            self._procs[w] = self._ctx.Process(
-                target=_child_main,
-                args=(str(self.data), self.interval, self._stop, os.getpid(), (w, self.processes)),
-                name=f"tracedag-converter-{w}", daemon=True,
-            )
-            self._procs[w].start()
+            for w, proc in enumerate(self._procs):
+                if proc is None or proc.poll() is not None:
+                    self._procs[w] = self._spawn(w)
+
+    def _spawn(self, w: int) -> Child:
+        """Start child ``w`` (the caller holds the lock)."""
+        if self._launcher is None:
+            self._launcher = _Launcher()
+        args = [str(self.data), repr(self.interval), str(os.getpid()), str(w), str(self.processes)]
+        proc = self._launcher.popen([sys.executable, "-P", "-m", CHILD_MODULE, *args])
+        logger.debug("converter process %d started (pid %d)", w, proc.pid)
+        return proc
 
     def ensure_alive(self) -> None:
         """Restart a child that died unexpectedly."""
-        for w, proc in enumerate(self._procs):
-            if self._closed or proc is None or proc.is_alive():
-                continue
-            logger.error("converter process %d exited with %s; restarting it", w, proc.exitcode)
-            self._start(w)
+        with self._lock:
+            for w, proc in enumerate(self._procs):
+                if self._closed or proc is None or proc.poll() is None:
+                    continue
+                logger.error("converter process %d exited with %s; restarting it", w, proc.returncode)
+                try:
+                    self._procs[w] = self._spawn(w)
+                except OSError as exc:
+                    logger.error("cannot restart converter process %d (%s); retrying later", w, exc)
+
+    def pids(self) -> list[int | None]:
+        """Return the children's process ids (None where none was started)."""
+        with self._lock:
+            return [None if proc is None else proc.pid for proc in self._procs]
 
     def pending(self) -> int:
         """Return how many sealed segments wait for conversion."""
@@ -88,32 +142,51 @@ class ConverterProcess:
         return True
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Let the child convert what is left, then end it."""
-        self._closed = True
-        self._stop.set()
+        """Let the children convert what is left (their pipe closes), then end them."""
+        with self._lock:
+            self._closed = True
+            procs = [proc for proc in self._procs if proc is not None]
+        for proc in procs:
+            _close_pipe(proc)
         deadline = time.monotonic() + timeout
-        for proc in self._procs:
-            if proc is None:
-                continue
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                logger.warning("converter process did not finish in %.0f s; terminating it", timeout)
-                proc.terminate()
-                proc.join(5)
+        for proc in procs:
+            _wait_or_kill(proc, max(0.0, deadline - time.monotonic()))
+        if self._launcher is not None:
+            self._launcher.close()
+            self._launcher = None
 
     def metrics_text(self) -> str:
         """Return the children's last metrics snapshots (Prometheus text, samples summed), or ''."""
         texts = []
         for w in range(self.processes):
             try:
-                texts.append((self.data / "state" / _metrics_name(w)).read_text())
+                texts.append((self.data / "state" / metrics_name(w)).read_text())
             except OSError:
                 continue
         return merge_metrics(texts)
 
 
-def _metrics_name(w: int) -> str:
-    return METRICS_FILE if w == 0 else f"{METRICS_FILE}.{w}"
+def _close_pipe(proc: Child) -> None:
+    """Close the child's stdin: its stop signal."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError as exc:
+        logger.debug("closing converter pipe: %s", exc)
+
+
+def _wait_or_kill(proc: Child, timeout: float) -> None:
+    """Wait for the child to end; SIGKILL it after ``timeout`` seconds (it ignores SIGTERM)."""
+    try:
+        proc.wait(timeout)
+        return
+    except subprocess.TimeoutExpired:
+        logger.warning("converter process %d did not finish in %.0f s; killing it", proc.pid, timeout)
+    proc.kill()
+    try:
+        proc.wait(KILL_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        logger.error("converter process %d survived SIGKILL for %.0f s", proc.pid, KILL_WAIT_SECONDS)
 
 
 def merge_metrics(texts: list[str]) -> str:
@@ -141,45 +214,3 @@ def merge_metrics(texts: list[str]) -> str:
 
 def _num(v: float) -> str:
     return str(int(v)) if v.is_integer() else repr(v)
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        logger.debug("prctl unavailable; relying on the parent-pid check")
-
-
-def _child_main(data: str, interval: float, stop: MpEvent, parent: int, shard: tuple[int, int] = (0, 1)) -> None:
-    """Entry point of a converter process (converts the segments of ``shard``)."""
-    _die_with_parent()
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # freed memory returns to the OS (malloc_trim)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the parent drives shutdown through ``stop``
-        signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from tracedag.collector.metrics import REGISTRY
-    from tracedag.pipeline.ingest import SpoolConverter
-
-    converter = SpoolConverter(Path(data), shard=shard)
-    name = _metrics_name(shard[0])
-    while not stop.is_set() and os.getppid() == parent:
-        _round(converter, REGISTRY, Path(data), name)
-        stop.wait(interval)
-    if os.getppid() == parent:
-        _round(converter, REGISTRY, Path(data), name)
-
-
-def _round(converter: Any, registry: Any, data: Path, name: str = METRICS_FILE) -> None:
-    try:
-        converter.run_once()
-    except Exception:
-        logger.exception("spool conversion round failed; retrying")
-    try:
-        state = data / "state"
-        state.mkdir(parents=True, exist_ok=True)
-        tmp = state / f"{name}.tmp"
-        tmp.write_text(registry.render())
-        os.replace(tmp, state / name)
-    except OSError as exc:
-        logger.debug("cannot write converter metrics: %s", exc)
