@@ -7,7 +7,9 @@ concurrency 1-8) and reports, as medians of ``--runs`` runs:
 - acknowledged spans/s (200 only after fsync) and p50/p99 request latency, per configuration;
 - queryable spans/s sustained over ``--sustain`` seconds (spans counted by DuckDB through the
   ``spans`` view) and the ack -> queryable lag at a paced ``--rate`` (spans/s);
-- the collector's peak RSS;
+- the collector's peak memory: RSS summed over its process tree (shared library pages counted once
+  per process) and PSS (shared pages split between the processes sharing them: the memory the
+  collector really occupies, roughly what a cgroup/container limit counts);
 - the ceiling: ``ExportTraceServiceRequest.FromString`` over the same batches, spans/s on one core.
 
     python bench/ingest.py                 # full run (several minutes)
@@ -84,7 +86,7 @@ def ceiling(bodies: list[bytes], spans: int) -> float:
 # -- collector process -----------------------------------------------------------------------
 
 class Collector:
-    """A ``tracedag collect`` process with an RSS sampler."""
+    """A ``tracedag collect`` process with an RSS/PSS sampler."""
 
     def __init__(self, data: Path) -> None:
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect",
@@ -99,6 +101,7 @@ class Collector:
         else:
             raise RuntimeError("collector did not start")
         self.peak_rss = 0
+        self.peak_pss = 0
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
@@ -106,6 +109,7 @@ class Collector:
         while not self._stop.wait(0.2):
             try:
                 self.peak_rss = max(self.peak_rss, tree_rss(self.proc.pid))
+                self.peak_pss = max(self.peak_pss, tree_pss(self.proc.pid))
             except OSError:
                 return
 
@@ -121,15 +125,25 @@ class Collector:
 
 def tree_rss(pid: int) -> int:
     """RSS of a process and its children (the collector and its converter process)."""
+    return _tree_sum(pid, "status", "VmRSS:")
+
+
+def tree_pss(pid: int) -> int:
+    """PSS of a process and its children: shared pages split between the processes mapping them."""
+    return _tree_sum(pid, "smaps_rollup", "Pss:")
+
+
+def _tree_sum(pid: int, name: str, key: str) -> int:
+    """Sum of the ``key`` kB line of ``/proc/<pid>/<name>`` over a process and its descendants."""
     total = 0
-    with open(f"/proc/{pid}/status") as fh:
+    with open(f"/proc/{pid}/{name}") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 total += int(line.split()[1]) * 1024
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             try:
-                total += tree_rss(int(child))
+                total += _tree_sum(int(child), name, key)
             except OSError:
                 continue
     return total
@@ -220,8 +234,8 @@ def drive(port: int, bodies, counts, tids, conc: int, gz: bool, seconds: float, 
 
 # -- measurements ----------------------------------------------------------------------------
 
-def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, float, int]:
-    """One run on a fresh collector: (spans/s, p50 ms, p99 ms, peak RSS)."""
+def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, float, int, int]:
+    """One run on a fresh collector: (spans/s, p50 ms, p99 ms, peak RSS, peak PSS)."""
     data = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     col = Collector(data)
     try:
@@ -234,7 +248,7 @@ def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, floa
     lat = sorted(x for r in results for x in r.latencies)
     spans = sum(r.spans for r in results)
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
-    return spans / wall, statistics.median(lat) * 1e3 if lat else float("nan"), p99 * 1e3, col.peak_rss
+    return spans / wall, statistics.median(lat) * 1e3 if lat else float("nan"), p99 * 1e3, col.peak_rss, col.peak_pss
 
 
 def _count(data: Path) -> int:
@@ -275,7 +289,8 @@ def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, float]
         shutil.rmtree(data, ignore_errors=True)
     acks = sorted(a for r in results for a in r.acks)
     return {"acked_per_s": acked / (acked_end - t0), "queryable_per_s": _steady_rate(samples, t0, acked_end),
-            "lag_p50": _lag(acks, samples, 0.5), "lag_p99": _lag(acks, samples, 0.99), "rss": col.peak_rss}
+            "lag_p50": _lag(acks, samples, 0.5), "lag_p99": _lag(acks, samples, 0.99), "rss": col.peak_rss,
+            "pss": col.peak_pss}
 
 
 def _steady_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
@@ -333,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 def ack_table(bodies, counts, tids, args, ceil: float) -> None:
     """The acknowledged-throughput table (medians of ``args.runs`` runs per configuration)."""
     table = Table(title=f"acknowledged (fsync before 200), medians of {args.runs} runs of {args.seconds:.0f} s")
-    for col in ("encoding", "clients", "spans/s", "x ceiling", "p50 ms", "p99 ms", "peak RSS MB"):
+    for col in ("encoding", "clients", "spans/s", "x ceiling", "p50 ms", "p99 ms", "peak RSS MB", "peak PSS MB"):
         table.add_column(col, justify="right")
     for gz in (False, True):
         for conc in (int(c) for c in args.concurrency.split(",")):
@@ -341,7 +356,7 @@ def ack_table(bodies, counts, tids, args, ceil: float) -> None:
             rate = statistics.median(r[0] for r in runs)
             table.add_row("protobuf+gzip" if gz else "protobuf", str(conc), f"{rate:,.0f}", f"{rate / ceil:.2f}",
                           f"{statistics.median(r[1] for r in runs):.1f}", f"{statistics.median(r[2] for r in runs):.1f}",
-                          f"{max(r[3] for r in runs) / 2**20:.0f}")
+                          f"{max(r[3] for r in runs) / 2**20:.0f}", f"{max(r[4] for r in runs) / 2**20:.0f}")
     console.print(table)
 
 
@@ -354,16 +369,17 @@ def queryable_report(bodies, counts, tids, args) -> None:
         fulls.append(full)
         paceds.append(paced)
         console.print(f"run {i + 1}: queryable {full['queryable_per_s']:,.0f} spans/s (acked "
-                      f"{full['acked_per_s']:,.0f}), peak RSS {full['rss'] / 2**20:.0f} MB; at {args.rate:,.0f}/s: "
+                      f"{full['acked_per_s']:,.0f}), peak RSS {full['rss'] / 2**20:.0f} MB PSS {full['pss'] / 2**20:.0f} MB; at {args.rate:,.0f}/s: "
                       f"lag p50 {paced['lag_p50']:.2f} s p99 {paced['lag_p99']:.2f} s, peak RSS "
-                      f"{paced['rss'] / 2**20:.0f} MB; load {os.getloadavg()[0]:.1f}")
+                      f"{paced['rss'] / 2**20:.0f} MB PSS {paced['pss'] / 2**20:.0f} MB; load {os.getloadavg()[0]:.1f}")
     med = statistics.median
     console.print(f"queryable, unpaced {args.sustain:.0f} s (4 clients), median of {args.runs}: "
                   f"{med(f['queryable_per_s'] for f in fulls):,.0f} spans/s (acked "
-                  f"{med(f['acked_per_s'] for f in fulls):,.0f}), peak RSS {max(f['rss'] for f in fulls) / 2**20:.0f} MB")
+                  f"{med(f['acked_per_s'] for f in fulls):,.0f}), peak RSS {max(f['rss'] for f in fulls) / 2**20:.0f} MB, "
+                  f"PSS {max(f['pss'] for f in fulls) / 2**20:.0f} MB")
     console.print(f"lag at {args.rate:,.0f} spans/s, median of {args.runs}: ack->queryable p50 "
                   f"{med(p['lag_p50'] for p in paceds):.2f} s, p99 {med(p['lag_p99'] for p in paceds):.2f} s, "
-                  f"peak RSS {max(p['rss'] for p in paceds) / 2**20:.0f} MB")
+                  f"peak RSS {max(p['rss'] for p in paceds) / 2**20:.0f} MB, PSS {max(p['pss'] for p in paceds) / 2**20:.0f} MB")
 
 
 if __name__ == "__main__":
