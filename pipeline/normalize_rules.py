@@ -116,6 +116,8 @@ COLUMN_SOURCES: dict[str, list[str]] = {
         "traceloop.association.properties.thread_id",
         "traceloop.association.properties.session_id",
         "traceloop.association.properties.conversation_id",
+        # the key traceloop's docs use in their association-properties example ({"user_id", "chat_id"})
+        "traceloop.association.properties.chat_id",
         "langsmith.trace.session_id",
         "langfuse.session.id",
         "thread_id",
