@@ -3,7 +3,8 @@
 ``decode_request`` keeps only the valid spans (trace id 16 bytes, span id 8 bytes, neither all
 zero, parent empty or 8 bytes, link ids of the right length) and says why the others were
 rejected. Undecodable input, or a request whose spans are all invalid, raises ``DecodeError``
-(HTTP 400 / gRPC INVALID_ARGUMENT). With ``max_attribute_bytes``, longer string/bytes attribute
+(HTTP 400 / gRPC INVALID_ARGUMENT). ``Limits`` may also reject spans with more attributes or
+events than configured (counted like invalid spans). With ``max_attribute_bytes``, longer string/bytes attribute
 values (also inside arrays and kvlists, of resources, scopes, spans, events and links) are cut
 to that many bytes at a UTF-8 character boundary and the span is kept, with a warning.
 ``Decoded.payload`` is what the spool stores: the original protobuf bytes when nothing was
@@ -55,7 +56,19 @@ class Decoded:
     truncated: int = 0  # attribute values cut to max_attribute_bytes
 
 
-def decode_request(body: bytes, encoding: Encoding, max_attribute_bytes: int | None = None) -> Decoded:
+@dataclass(frozen=True)
+class Limits:
+    """Optional limits on what one span may carry (None: unlimited, up to the body limit)."""
+
+    max_attribute_bytes: int | None = None  # longer string/bytes values are cut (span kept)
+    max_span_attributes: int | None = None  # spans with more attributes are rejected
+    max_span_events: int | None = None  # spans with more events are rejected
+
+
+NO_LIMITS = Limits()
+
+
+def decode_request(body: bytes, encoding: Encoding, limits: Limits = NO_LIMITS) -> Decoded:
     """Decode ``body`` and keep its valid spans; raise ``DecodeError`` when nothing usable is in it."""
     if encoding == "protobuf":
         request = _parse_protobuf(body)
@@ -66,14 +79,19 @@ def decode_request(body: bytes, encoding: Encoding, max_attribute_bytes: int | N
         except JsonDecodeError as exc:
             raise DecodeError(str(exc)) from exc
     accepted, reasons = _drop_invalid(request, ctx.bad_ids)
+    if limits.max_span_attributes is not None or limits.max_span_events is not None:
+        oversized = _drop_oversized(request, limits)
+        accepted -= sum(oversized.values())
+        reasons.update(oversized)
     rejected = sum(reasons.values())
     message = _message(reasons, ctx, accepted + rejected)
     if rejected and not accepted:
         raise DecodeError(message, rejected)
     cut: Counter[str] = Counter()
-    if max_attribute_bytes is not None and len(body) > max_attribute_bytes:  # else no value can be longer
-        cut = truncate_attributes(request, max_attribute_bytes)
-        message = ". ".join(p for p in (message, _truncation_message(cut, max_attribute_bytes)) if p)
+    max_bytes = limits.max_attribute_bytes
+    if max_bytes is not None and len(body) > max_bytes:  # else no value can be longer
+        cut = truncate_attributes(request, max_bytes)
+        message = ". ".join(p for p in (message, _truncation_message(cut, max_bytes)) if p)
     unchanged = encoding == "protobuf" and not rejected and not cut
     payload = body if unchanged else request.SerializeToString()
     reasons_sorted = tuple(sorted(reasons.items()))
@@ -150,6 +168,29 @@ def _drop_invalid(request: ExportTraceServiceRequest, bad_ids: dict[int, str]) -
             for i in reversed(drop):
                 del spans[i]
     return accepted, reasons
+
+
+def _size_problem(span: Span, limits: Limits) -> str | None:
+    """Return why ``span`` carries more than ``limits`` allow, or None."""
+    if limits.max_span_attributes is not None and len(span.attributes) > limits.max_span_attributes:
+        return f"more than max_span_attributes={limits.max_span_attributes} attributes"
+    if limits.max_span_events is not None and len(span.events) > limits.max_span_events:
+        return f"more than max_span_events={limits.max_span_events} events"
+    return None
+
+
+def _drop_oversized(request: ExportTraceServiceRequest, limits: Limits) -> Counter[str]:
+    """Remove spans over the per-span limits in place; return the rejected count per reason."""
+    reasons: Counter[str] = Counter()
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            problems = [(i, _size_problem(span, limits)) for i, span in enumerate(spans)]
+            for i, problem in reversed(problems):
+                if problem is not None:
+                    reasons[problem] += 1
+                    del spans[i]
+    return reasons
 
 
 def truncate_attributes(request: ExportTraceServiceRequest, limit: int) -> Counter[str]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from tracedag.collector.decode import Decoded, DecodeError, Encoding, decode_request
+from tracedag.collector.decode import NO_LIMITS, Decoded, DecodeError, Encoding, Limits, decode_request
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spool import SpoolUnavailable, SpoolWriter
 from tracedag.pipeline.errors import Retryable, TracedagError
@@ -168,16 +168,16 @@ def _bearer(header: str) -> bytes:
 class Ingestor:
     """Decode -> validate -> durable spool, with metrics; shared by both transports."""
 
-    def __init__(self, spool: SpoolWriter, admission: Admission, max_attribute_bytes: int | None = None) -> None:
+    def __init__(self, spool: SpoolWriter, admission: Admission, limits: Limits = NO_LIMITS) -> None:
         self.spool = spool
         self.admission = admission
-        self.max_attribute_bytes = max_attribute_bytes  # None: keep values whole (up to the body limit)
+        self.limits = limits
 
     def export(self, body: bytes, encoding: Encoding) -> Decoded:
         """Store the valid spans of ``body`` durably; raise ``DecodeError``/``SpoolUnavailable``."""
         started = time.monotonic()
         try:
-            decoded = decode_request(body, encoding, self.max_attribute_bytes)
+            decoded = decode_request(body, encoding, self.limits)
         except DecodeError as exc:
             SPANS_REJECTED.inc(exc.rejected, reason="request rejected as a whole")
             raise

@@ -1,0 +1,119 @@
+"""B21 wide payloads: one span with 1 000 000 attributes, 10 000 spans x 100 events (within the body limit).
+
+Pinned behaviour: by default both are accepted (acknowledged after the fsync, well under 5 s)
+and stored completely, while another client's small exports keep p99 < 1 s; with
+``max_span_attributes`` / ``max_span_events`` configured, the spans over the limit are rejected
+with partial success (rejected_spans counted, the reason named) and the rest stored.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from collector_support import PB, make_request, make_span, post
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.pipeline.views import connect
+
+ATTRIBUTES = 1_000_000
+SPANS, EVENTS = 10_000, 100
+
+
+@pytest.fixture(scope="module")
+def wide_bodies() -> tuple[bytes, bytes]:
+    """(one span with 1M attributes + one normal span, 10k spans x 100 events + one normal span)."""
+    wide = make_span(0, name="wide")
+    wide.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(ATTRIBUTES))
+    attrs_body = make_request([wide, make_span(1, name="normal-a")]).SerializeToString()
+    template = make_span(2, name="ev")
+    template.events.extend(Span.Event(time_unix_nano=1_700_000_000_000_000_000 + j, name=f"e{j}") for j in range(EVENTS))
+    req = make_request([make_span(3, name="normal-e")])
+    spans = req.resource_spans[0].scope_spans[0].spans
+    for i in range(SPANS):
+        span = spans.add()
+        span.CopyFrom(template)
+        span.span_id = (1000 + i).to_bytes(8, "big")
+    return attrs_body, req.SerializeToString()
+
+
+class SmallClient:
+    """Exports one small span at a time in a thread and records each latency."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.latencies: list[float] = []
+        self.statuses: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SmallClient:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            body = make_request([make_span(50_000 + i, name="small")]).SerializeToString()
+            started = time.monotonic()
+            self.statuses.add(post(self.port, body, PB, timeout=30).status)
+            self.latencies.append(time.monotonic() - started)
+            i += 1
+            self._stop.wait(0.02)
+
+    def p99(self) -> float:
+        """The 99th percentile latency so far."""
+        ordered = sorted(self.latencies)
+        return ordered[max(0, int(len(ordered) * 0.99) - 1)]
+
+
+def _export(port: int, body: bytes) -> tuple[ExportTraceServiceResponse, float]:
+    started = time.monotonic()
+    r = post(port, body, PB, timeout=60)
+    elapsed = time.monotonic() - started
+    assert r.status == 200, r.body[:300]
+    return ExportTraceServiceResponse.FromString(r.body), elapsed
+
+
+def test_b21_wide_payloads_accepted_and_stored_while_others_stay_fast(collector, wide_bodies):
+    attrs_body, events_body = wide_bodies
+    with SmallClient(collector.http_port) as small:
+        for body in (attrs_body, events_body):
+            resp, elapsed = _export(collector.http_port, body)
+            assert not resp.HasField("partial_success") and elapsed < 5
+        collector.flush()  # the conversion of both runs while the small client keeps exporting
+    collector.flush()  # and its last exports
+    con = connect(collector.data)
+    assert con.execute("select cardinality(attributes) from spans where name = 'wide'").fetchall() == [(ATTRIBUTES,)]
+    events = con.execute("select count(*), min(len(events)), max(len(events)) from spans where name = 'ev'").fetchall()
+    assert events == [(SPANS, EVENTS, EVENTS)]
+    assert small.statuses == {200} and len(small.latencies) >= 10
+    assert small.p99() < 1.0, f"small exports p99 {small.p99():.2f} s during the wide payloads"
+    stored_small = con.execute("select count(*) from spans where name = 'small'").fetchall()[0][0]
+    assert stored_small == len(small.latencies)
+
+
+def test_b21_per_span_limits_reject_with_partial_success(tmp_path, wide_bodies):
+    attrs_body, events_body = wide_bodies
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=None,
+                                        max_span_attributes=10_000, max_span_events=50))
+    try:
+        resp, _ = _export(c.http_port, attrs_body)
+        assert resp.partial_success.rejected_spans == 1
+        assert "max_span_attributes=10000" in resp.partial_success.error_message
+        resp, elapsed = _export(c.http_port, events_body)
+        assert resp.partial_success.rejected_spans == SPANS and elapsed < 5
+        assert "max_span_events=50" in resp.partial_success.error_message
+        c.flush()
+        names = connect(c.data).execute("select name from spans order by name").fetchall()
+    finally:
+        c.stop(2)
+    assert names == [("normal-a",), ("normal-e",)]
