@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedag.collector.convert_proc import ConverterProcess
+from tracedag.collector.decode import Limits
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
 from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
@@ -40,6 +41,8 @@ class CollectorConfig:
     tls_key: Path | None = None
     max_body_bytes: int = 64 * MiB
     max_attribute_bytes: int | None = None  # cut longer string/bytes attribute values (None: keep whole)
+    max_span_attributes: int | None = None  # reject spans with more attributes (None: no limit)
+    max_span_events: int | None = None  # reject spans with more events (None: no limit)
     max_inflight_bytes: int = 128 * MiB
     max_backlog_bytes: int = 1024 * MiB
     segment_bytes: int = SEGMENT_BYTES
@@ -65,7 +68,8 @@ class RunningCollector:
         self.spool = SpoolWriter(self.data, config.segment_bytes, config.seal_age)
         self.admission = Admission(self.spool, config.max_inflight_bytes, config.max_backlog_bytes)
         self.tokens = Tokens(config.tokens, config.token_file)
-        self.ingestor = Ingestor(self.spool, self.admission, config.max_attribute_bytes)
+        limits = Limits(config.max_attribute_bytes, config.max_span_attributes, config.max_span_events)
+        self.ingestor = Ingestor(self.spool, self.admission, limits)
         self.http: OtlpHttpServer | None = None
         self.grpc: OtlpGrpcServer | None = None
         self.http_port = 0

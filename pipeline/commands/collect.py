@@ -45,6 +45,10 @@ def parse_size(text: str) -> int:
 @click.option("--max-attribute-bytes", default=None,
               help="Cut longer string/bytes attribute values to this size (e.g. 64KiB), with a warning; "
                    "default: keep them whole.")
+@click.option("--max-span-attributes", type=int, default=None,
+              help="Reject spans with more attributes (partial success); default: no limit.")
+@click.option("--max-span-events", type=int, default=None,
+              help="Reject spans with more events (partial success); default: no limit.")
 @click.option("--max-inflight", default="128MiB", show_default=True,
               help="Decompressed bytes in flight before answering 503.")
 @click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
@@ -56,8 +60,8 @@ def parse_size(text: str) -> int:
               help="Seconds to drain in-flight requests on SIGTERM/SIGINT.")
 def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
-    tls_cert: Path | None, tls_key: Path | None, max_body: str, max_attribute_bytes: str | None, max_inflight: str,
-    build: bool,
+    tls_cert: Path | None, tls_key: Path | None, max_body: str, max_attribute_bytes: str | None,
+    max_span_attributes: int | None, max_span_events: int | None, max_inflight: str, build: bool,
     build_idle: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
@@ -69,6 +73,7 @@ def collect(
         data=data, host=host, http_port=http_port, grpc_port=grpc_port, tokens=tokens, token_file=token_file,
         tls_cert=tls_cert, tls_key=tls_key, max_body_bytes=parse_size(max_body),
         max_attribute_bytes=parse_size(max_attribute_bytes) if max_attribute_bytes else None,
+        max_span_attributes=max_span_attributes, max_span_events=max_span_events,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
         convert_process=convert_mode == "process",
     )
