@@ -139,7 +139,10 @@ def _kinds(a: Cols, name: pa.Array, got: Cols) -> Cols:
     step_type = pc.if_else(graph_run, "agent", step_type)
     agent_name = coalesce(got["agent_name"], pc.if_else(graph_run, name, _NULL))
     node_name = pc.if_else(got["_is_node"], got["langgraph_node"], _NULL)
-    step_name = coalesce(node_name, got["tool_name"], agent_name, got["graph_node_name"], got["entity_name"],
+    # agent_name names the step only on the agent's own span: traceloop writes gen_ai.agent.name on
+    # every span inside an @agent (its tasks, tools and LLM calls), which have names of their own.
+    own_agent = pc.if_else(pc.equal(step_type, "agent"), agent_name, _NULL)
+    step_name = coalesce(node_name, got["tool_name"], own_agent, got["graph_node_name"], got["entity_name"],
                          got["_clean_name"])
     return {"step_type": step_type, "step_name": step_name, "agent_name": agent_name}
 
