@@ -47,12 +47,23 @@ class Head:
         return "close" not in conn
 
 
-async def read_head(reader: asyncio.StreamReader, timeout: float, max_bytes: int) -> Head | None:
-    """Read one request head (at most ``max_bytes``); None on a clean end of connection before any byte."""
+async def read_head(
+    reader: asyncio.StreamReader, timeout: float, max_bytes: int, idle: float | None = None
+) -> Head | None:
+    """Read one request head (at most ``max_bytes``); None on a clean end of connection before any byte.
+
+    With ``idle`` (a kept-alive connection), the first byte may take up to ``idle`` seconds and the
+    rest of the head then ``timeout`` seconds; without it the whole head gets ``timeout`` seconds.
+    """
+    first = b""
+    if idle is not None:
+        first = await asyncio.wait_for(reader.read(1), idle)
+        if not first:
+            return None
     try:
-        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        raw = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
     except asyncio.IncompleteReadError as exc:
-        if not exc.partial.strip():
+        if not (first + exc.partial).strip():
             return None
         raise HttpError(400, "incomplete request head") from exc
     except asyncio.LimitOverrunError as exc:

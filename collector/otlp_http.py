@@ -29,6 +29,7 @@ from tracedag.collector.http_wire import BodySink, Head, HttpError, body_chunks,
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.service import (
     BYTES_RECEIVED,
+    REFUSED,
     REQUESTS,
     RETRY_AFTER_SECONDS,
     Admission,
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 TRACES_PATH = "/v1/traces"
 DRAIN_BEFORE_ANSWER = 8 * 1024 * 1024  # unread body small enough to discard and keep the connection
 LINGER_SECONDS = 5.0
+REFUSED_LINGER_SECONDS = 1.0
 UNAUTH_LINGER_BYTES = 256 * 1024
 STREAM_LIMIT = 1024 * 1024  # reader buffer (pauses the socket at 2x); heads are checked against max_head_bytes
 _MEDIA = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
@@ -64,6 +66,7 @@ class HttpSettings:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     idle_timeout: float = 60.0
+    max_connections: int = 0  # 0: no cap; over it, new connections get 503 and are closed
     max_head_bytes: int = 64 * 1024
     workers: int = 16
     tls: ssl.SSLContext | None = None
@@ -194,24 +197,41 @@ class OtlpHttpServer:
     # -- connections ---------------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.settings.max_connections and len(self._writers) >= self.settings.max_connections:
+            await self._refuse_connection(reader, writer)
+            return
         self._writers.add(writer)
         try:
-            timeout = self.settings.header_timeout
-            while True:
-                try:
-                    head = await read_head(reader, timeout, self.settings.max_head_bytes)
-                except HttpError as exc:
-                    await _write(writer, status_reply(exc.status, exc.message, None, close=True))
-                    return
-                if head is None:
-                    return
-                timeout = self.settings.idle_timeout
-                if not await self._request(head, reader, writer):
-                    return
+            await self._serve(reader, writer)
         except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
             return
         finally:
             self._writers.discard(writer)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve requests on one connection: the first head within the header timeout, later
+        ones after at most the idle timeout of silence (then the header timeout again)."""
+        idle: float | None = None
+        while True:
+            try:
+                head = await read_head(reader, self.settings.header_timeout, self.settings.max_head_bytes, idle)
+            except HttpError as exc:
+                await _write(writer, status_reply(exc.status, exc.message, None, close=True))
+                return
+            if head is None or not await self._request(head, reader, writer):
+                return
+            idle = self.settings.idle_timeout
+
+    async def _refuse_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Over ``max_connections``: 503 with Retry-After at once, read briefly so it arrives, close."""
+        REFUSED.inc(reason="connections")
+        try:
+            await _write(writer, status_reply(503, "too many connections; retry later", None, close=True))
+            await _linger(reader, UNAUTH_LINGER_BYTES, REFUSED_LINGER_SECONDS)
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
             writer.close()
 
     async def _request(self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -394,9 +414,9 @@ async def _write(writer: asyncio.StreamWriter, reply: Reply) -> None:
     await asyncio.wait_for(writer.drain(), 30)
 
 
-async def _linger(reader: asyncio.StreamReader, limit: int) -> None:
+async def _linger(reader: asyncio.StreamReader, limit: int, seconds: float = LINGER_SECONDS) -> None:
     """Before closing after an error, read and drop what the client is still sending (briefly)."""
-    deadline = asyncio.get_running_loop().time() + LINGER_SECONDS
+    deadline = asyncio.get_running_loop().time() + seconds
     seen = 0
     try:
         while seen <= limit:
