@@ -50,6 +50,8 @@ class CollectorConfig:
     workers: int = 16
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    idle_timeout: float = 60.0  # keep-alive connections silent this long are closed
+    max_connections: int = 0  # HTTP connections at once (0: no cap); over it: 503 and close
     convert: bool = True
     convert_process: bool = False  # convert in a child process (off this interpreter's GIL)
     convert_interval: float = 0.25
@@ -117,7 +119,7 @@ class RunningCollector:
         if cfg.http_port is not None:
             settings = HttpSettings(
                 cfg.host, cfg.http_port, cfg.max_body_bytes, cfg.header_timeout, cfg.body_timeout,
-                workers=cfg.workers, tls=_ssl(cfg),
+                idle_timeout=cfg.idle_timeout, max_connections=cfg.max_connections, workers=cfg.workers, tls=_ssl(cfg),
             )
             self.http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
             self.http_port = self.http.start()

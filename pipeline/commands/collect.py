@@ -51,6 +51,14 @@ def parse_size(text: str) -> int:
               help="Reject spans with more events (partial success); default: no limit.")
 @click.option("--max-inflight", default="128MiB", show_default=True,
               help="Decompressed bytes in flight before answering 503.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=float,
+              help="Seconds a client may take to send a request's headers (slow clients are closed).")
+@click.option("--body-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds a client may take to send a request body (then 408 and close).")
+@click.option("--idle-timeout", default=60.0, show_default=True, type=float,
+              help="Seconds an idle keep-alive HTTP connection stays open.")
+@click.option("--max-connections", default=0, show_default=True, type=int,
+              help="HTTP connections at once (0: no cap); over it, new connections get 503 and are closed.")
 @click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
 @click.option("--build-idle", default=30.0, show_default=True, type=float,
               help="Seconds without new spans before a trace is built.")
@@ -61,7 +69,8 @@ def parse_size(text: str) -> int:
 def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
     tls_cert: Path | None, tls_key: Path | None, max_body: str, max_attribute_bytes: str | None,
-    max_span_attributes: int | None, max_span_events: int | None, max_inflight: str, build: bool,
+    max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
+    header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, build: bool,
     build_idle: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
@@ -74,6 +83,8 @@ def collect(
         tls_cert=tls_cert, tls_key=tls_key, max_body_bytes=parse_size(max_body),
         max_attribute_bytes=parse_size(max_attribute_bytes) if max_attribute_bytes else None,
         max_span_attributes=max_span_attributes, max_span_events=max_span_events,
+        header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
+        max_connections=max_connections,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
         convert_process=convert_mode == "process",
     )
