@@ -22,7 +22,15 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from tracedag.collector.decode import DecodeError
-from tracedag.collector.service import REQUESTS, RETRY_AFTER_SECONDS, Admission, Ingestor, Overloaded, Tokens
+from tracedag.collector.service import (
+    REQUESTS,
+    RETRY_AFTER_SECONDS,
+    Admission,
+    Ingestor,
+    Overloaded,
+    TlsFiles,
+    Tokens,
+)
 from tracedag.collector.spool import SpoolUnavailable
 
 logger = logging.getLogger(__name__)
@@ -60,8 +68,7 @@ class GrpcSettings:
     port: int = 4317
     max_message_bytes: int = 64 * 1024 * 1024
     workers: int = 16
-    tls_cert: bytes | None = None
-    tls_key: bytes | None = None
+    tls: TlsFiles | None = None  # certificate (reloaded for new connections) and optional client CA
 
 
 class OtlpGrpcServer:
@@ -89,9 +96,8 @@ class OtlpGrpcServer:
         """Bind, start serving and return the bound port."""
         host = f"[{self.settings.host}]" if ":" in self.settings.host else self.settings.host
         address = f"{host}:{self.settings.port}"
-        if self.settings.tls_cert and self.settings.tls_key:
-            creds = grpc.ssl_server_credentials([(self.settings.tls_key, self.settings.tls_cert)])
-            self.port = self._server.add_secure_port(address, creds)
+        if self.settings.tls is not None:
+            self.port = self._server.add_secure_port(address, dynamic_credentials(self.settings.tls))
         else:
             self.port = self._server.add_insecure_port(address)
         self._server.start()
@@ -136,6 +142,27 @@ class OtlpGrpcServer:
             resp.partial_success.error_message = decoded.message
         data: bytes = resp.SerializeToString()
         return data
+
+
+def dynamic_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """TLS credentials whose certificate grpc re-fetches on new connections (mTLS with a client CA)."""
+    seen = [files.generation]
+
+    def configuration() -> Any:
+        cert, key, ca = files.pem
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def fetch() -> Any:
+        files.refresh()
+        if files.generation == seen[0]:
+            return None
+        seen[0] = files.generation
+        return configuration()
+
+    creds: grpc.ServerCredentials = grpc.dynamic_ssl_server_credentials(
+        configuration(), fetch, require_client_authentication=files.client_auth
+    )
+    return creds
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

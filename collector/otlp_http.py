@@ -69,7 +69,7 @@ class HttpSettings:
     max_connections: int = 0  # 0: no cap; over it, new connections get 503 and are closed
     max_head_bytes: int = 64 * 1024
     workers: int = 16
-    tls: ssl.SSLContext | None = None
+    tls: Callable[[], ssl.SSLContext] | None = None  # the current context for each new connection
 
 
 @dataclass
@@ -157,10 +157,7 @@ class OtlpHttpServer:
     def _run(self, sock: socket.socket, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(
-                self._connection, sock=sock, ssl=self.settings.tls, limit=STREAM_LIMIT,
-                ssl_handshake_timeout=self.settings.header_timeout if self.settings.tls else None,
-            )
+            asyncio.start_server(self._connection, sock=sock, limit=STREAM_LIMIT)
         )
         ready.set()
         self._loop.run_forever()
@@ -202,6 +199,8 @@ class OtlpHttpServer:
             return
         self._writers.add(writer)
         try:
+            if self.settings.tls is not None:  # TLS per connection: a reloaded certificate applies at once
+                await writer.start_tls(self.settings.tls(), ssl_handshake_timeout=self.settings.header_timeout)
             await self._serve(reader, writer)
         except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Iterable
@@ -163,6 +164,70 @@ def _bearer(header: str) -> bytes:
     if scheme.lower() != "bearer":
         return b""
     return value.strip().encode("utf-8", "replace")
+
+
+class TlsFiles:
+    """The server certificate, key and optional client CA (mTLS), re-read when a file changes.
+
+    Files are checked at most once a second, on new connections only; a change that cannot be
+    loaded (e.g. a half-written file) keeps the previous material and logs an error.
+    """
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self.paths = (cert, key, client_ca)
+        self.generation = 0
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self._stamp = self._stamps()
+        self.pem, self._context = self._load()
+
+    @property
+    def client_auth(self) -> bool:
+        """True when clients must present a certificate signed by the client CA."""
+        return self.paths[2] is not None
+
+    def _stamps(self) -> tuple[tuple[int, int], ...]:
+        out = []
+        for path in self.paths:
+            if path is not None:
+                st = os.stat(path)
+                out.append((st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def _load(self) -> tuple[tuple[bytes, bytes, bytes | None], ssl.SSLContext]:
+        cert, key, ca = self.paths
+        pem = (cert.read_bytes(), key.read_bytes(), ca.read_bytes() if ca is not None else None)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(cert), str(key))
+        if ca is not None:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(cafile=str(ca))
+        return pem, ctx
+
+    def refresh(self) -> None:
+        """Reload the files when they changed (rate-limited to once a second)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked < 1.0:
+                return
+            self._checked = now
+            try:
+                stamp = self._stamps()
+                if stamp == self._stamp:
+                    return
+                self.pem, self._context = self._load()
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                logger.error("TLS files changed but cannot be loaded (keeping the previous ones): %s", exc)
+                return
+            self._stamp = stamp
+            self.generation += 1
+            logger.info("TLS certificate reloaded (generation %d)", self.generation)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Return the current server context (reloaded when the files changed)."""
+        self.refresh()
+        return self._context
 
 
 class Ingestor:

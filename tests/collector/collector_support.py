@@ -137,3 +137,72 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@dataclass
+class Issued:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+    name: str
+
+
+def make_ca(folder: Path, name: str) -> tuple[Issued, object, object]:
+    """A self-signed CA (written to ``folder``); returns it with its cryptography cert and key objects."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, name)])
+    builder = _cert_builder(subject, subject, key.public_key()).add_extension(
+        x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    cert = _sign(builder, key)
+    return _write_pem(folder, name, cert, key), cert, key
+
+
+def issue_cert(folder: Path, name: str, ca: tuple[Issued, object, object], server: bool) -> Issued:
+    """A server (SAN 127.0.0.1/localhost) or client certificate signed by ``ca``."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    _, ca_cert, ca_key = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, name)])
+    usage = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH if server else x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = _cert_builder(subject, ca_cert.subject, key.public_key()).add_extension(
+        x509.ExtendedKeyUsage([usage]), critical=False)
+    if server:
+        san = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return _write_pem(folder, name, _sign(builder, ca_key), key)
+
+
+def _cert_builder(subject, issuer, public_key):
+    import datetime
+
+    from cryptography import x509
+
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1)))
+
+
+def _sign(builder, key):
+    from cryptography.hazmat.primitives import hashes
+
+    return builder.sign(key, hashes.SHA256())
+
+
+def _write_pem(folder: Path, name: str, cert, key) -> Issued:
+    from cryptography.hazmat.primitives import serialization
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = folder / f"{name}.crt", folder / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return Issued(cert_path, key_path, name)
