@@ -8,7 +8,6 @@ so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight requests, se
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from tracedag.collector.decode import Limits
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
 from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
-from tracedag.collector.service import Admission, Ingestor, Tokens
+from tracedag.collector.service import Admission, Ingestor, TlsFiles, Tokens
 from tracedag.collector.spool import SEAL_AGE_SECONDS, SEGMENT_BYTES, SpoolWriter
 
 logger = logging.getLogger(__name__)
@@ -39,6 +38,7 @@ class CollectorConfig:
     token_file: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # mTLS: clients must present a certificate signed by this CA
     max_body_bytes: int = 64 * MiB
     max_attribute_bytes: int | None = None  # cut longer string/bytes attribute values (None: keep whole)
     max_span_attributes: int | None = None  # reject spans with more attributes (None: no limit)
@@ -116,16 +116,17 @@ class RunningCollector:
         if self.config.build:
             self._spawn("dag-builder", self._build_loop)
         cfg = self.config
+        tls = TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) if cfg.tls_cert and cfg.tls_key else None
         if cfg.http_port is not None:
             settings = HttpSettings(
                 cfg.host, cfg.http_port, cfg.max_body_bytes, cfg.header_timeout, cfg.body_timeout,
-                idle_timeout=cfg.idle_timeout, max_connections=cfg.max_connections, workers=cfg.workers, tls=_ssl(cfg),
+                idle_timeout=cfg.idle_timeout, max_connections=cfg.max_connections, workers=cfg.workers,
+                tls=tls.ssl_context if tls else None,
             )
             self.http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
             self.http_port = self.http.start()
         if cfg.grpc_port is not None:
-            cert, key = (cfg.tls_cert.read_bytes(), cfg.tls_key.read_bytes()) if cfg.tls_cert and cfg.tls_key else (None, None)
-            gsettings = GrpcSettings(cfg.host, cfg.grpc_port, cfg.max_body_bytes, cfg.workers, cert, key)
+            gsettings = GrpcSettings(cfg.host, cfg.grpc_port, cfg.max_body_bytes, cfg.workers, tls)
             self.grpc = OtlpGrpcServer(gsettings, self.ingestor, self.admission, self.tokens)
             self.grpc_port = self.grpc.start()
         logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
@@ -208,15 +209,6 @@ class RunningCollector:
 def start_collector(config: CollectorConfig) -> RunningCollector:
     """Start a collector in this process (threads) and return it."""
     return RunningCollector(config).start()
-
-
-def _ssl(cfg: CollectorConfig) -> ssl.SSLContext | None:
-    if not (cfg.tls_cert and cfg.tls_key):
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
-    return ctx
 
 
 def _make_converter(data: Path) -> Any:

@@ -41,6 +41,8 @@ def parse_size(text: str) -> int:
               help="File of bearer tokens, one per line; re-read when it changes.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="TLS certificate (PEM).")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="TLS private key (PEM).")
+@click.option("--tls-client-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="CA (PEM) for mutual TLS: clients must present a certificate it signed.")
 @click.option("--max-body", default="64MiB", show_default=True, help="Largest request, after decompression.")
 @click.option("--max-attribute-bytes", default=None,
               help="Cut longer string/bytes attribute values to this size (e.g. 64KiB), with a warning; "
@@ -68,7 +70,7 @@ def parse_size(text: str) -> int:
               help="Seconds to drain in-flight requests on SIGTERM/SIGINT.")
 def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
-    tls_cert: Path | None, tls_key: Path | None, max_body: str, max_attribute_bytes: str | None,
+    tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
     header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, build: bool,
     build_idle: float, convert_mode: str, grace: float,
@@ -78,9 +80,11 @@ def collect(
 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
+    if tls_client_ca and not tls_cert:
+        raise click.UsageError("--tls-client-ca needs --tls-cert and --tls-key")
     config = CollectorConfig(
         data=data, host=host, http_port=http_port, grpc_port=grpc_port, tokens=tokens, token_file=token_file,
-        tls_cert=tls_cert, tls_key=tls_key, max_body_bytes=parse_size(max_body),
+        tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, max_body_bytes=parse_size(max_body),
         max_attribute_bytes=parse_size(max_attribute_bytes) if max_attribute_bytes else None,
         max_span_attributes=max_span_attributes, max_span_events=max_span_events,
         header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
