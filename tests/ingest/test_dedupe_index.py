@@ -1,0 +1,47 @@
+"""The in-memory dedupe index against a plain set: same answers, few runs, bounded size."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracedag.pipeline.dedupe import DedupeIndex
+
+
+def test_index_answers_like_a_set_and_keeps_logarithmic_runs():
+    rng = np.random.default_rng(7)
+    index, seen = DedupeIndex(max_keys=10**9), set()
+    for step in range(300):
+        fresh = rng.integers(1, 2**62, size=int(rng.integers(1, 400)), dtype=np.int64).astype(np.uint64)
+        old = np.array(sorted(seen)[: 5], dtype=np.uint64) if step % 7 == 0 and seen else np.zeros(0, np.uint64)
+        keys = np.concatenate([fresh, old])
+        res = index.check(keys, keys + np.uint64(1))
+        assert res.keep.tolist() == [k not in seen and k not in keys[:i].tolist()
+                                     for i, k in enumerate(keys.tolist())]
+        index.add("2026-11-30-06", keys[res.keep], keys[res.keep] + np.uint64(1))
+        seen.update(keys.tolist())
+        runs = index._runs["2026-11-30-06"]
+        assert all(np.all(k[:-1] <= k[1:]) for k, _ in runs)  # every run sorted
+        assert len(runs) <= 2 * int(np.log2(len(seen))) + 2
+    assert len(index) == len(seen)
+
+
+def test_conflicting_content_is_counted_once_per_row():
+    index = DedupeIndex()
+    keys = np.array([5, 9, 11], dtype=np.uint64)
+    index.add("2026-11-30-06", keys, np.array([50, 90, 110], dtype=np.uint64))
+    for _ in range(20):  # many more runs, merged as they come
+        index.add("2026-11-30-06", np.array([np.uint64(1000 + len(index))]), np.array([np.uint64(1)]))
+    res = index.check(np.array([9, 11, 12], dtype=np.uint64), np.array([90, 111, 7], dtype=np.uint64))
+    assert res.keep.tolist() == [False, False, True]
+    assert (res.duplicates, res.conflicts) == (2, 1)
+
+
+def test_size_bound_forgets_oldest_runs_first():
+    index = DedupeIndex(max_keys=1000)
+    for h in range(5):
+        index.add(f"2026-11-30-0{h}", np.arange(h * 400, h * 400 + 400, dtype=np.uint64) + np.uint64(1),
+                  np.ones(400, np.uint64))
+    assert len(index) <= 1000
+    newest = np.arange(1601, 2001, dtype=np.uint64)
+    assert not index.check(newest, np.ones(400, np.uint64)).keep.any()  # the newest hour is still known
+    assert index.check(np.array([1], dtype=np.uint64), np.ones(1, np.uint64)).keep.all()  # the oldest forgotten
