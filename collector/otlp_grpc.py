@@ -69,6 +69,22 @@ class GrpcSettings:
     max_message_bytes: int = 64 * 1024 * 1024
     workers: int = 16
     tls: TlsFiles | None = None  # certificate (reloaded for new connections) and optional client CA
+    max_concurrent_streams: int = 100  # HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+    min_ping_interval_ms: int = 10_000  # keepalive enforcement: pings without data more often are strikes
+    max_ping_strikes: int = 2  # then GOAWAY (ENHANCE_YOUR_CALM, "too_many_pings")
+
+
+def server_options(settings: GrpcSettings) -> list[tuple[str, int]]:
+    """grpc server channel options: message limits, stream cap and keepalive (ping) enforcement."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", MAX_SEND_BYTES),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", settings.max_ping_strikes),
+        ("grpc.keepalive_permit_without_calls", 0),
+    ]
 
 
 class OtlpGrpcServer:
@@ -83,13 +99,9 @@ class OtlpGrpcServer:
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {"Export": grpc.unary_unary_rpc_method_handler(self._export)}
         )
-        options = [
-            ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", MAX_SEND_BYTES),
-            ("grpc.so_reuseport", 0),
-        ]
         self._server = grpc.server(
-            ThreadPoolExecutor(settings.workers, thread_name_prefix="otlp-grpc"), handlers=[handler], options=options
+            ThreadPoolExecutor(settings.workers, thread_name_prefix="otlp-grpc"), handlers=[handler],
+            options=server_options(settings),
         )
 
     def start(self) -> int:
