@@ -223,9 +223,11 @@ class OtlpHttpServer:
             idle = self.settings.idle_timeout
 
     async def _refuse_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Over ``max_connections``: 503 with Retry-After at once, read briefly so it arrives, close."""
+        """Over ``max_connections``: 503 with Retry-After at once (plain HTTP), read briefly so it arrives, close."""
         REFUSED.inc(reason="connections")
         try:
+            if self.settings.tls is not None:  # no handshake for a refused connection: just close it
+                return
             await _write(writer, status_reply(503, "too many connections; retry later", None, close=True))
             await _linger(reader, UNAUTH_LINGER_BYTES, REFUSED_LINGER_SECONDS)
         except (TimeoutError, ConnectionError, OSError):

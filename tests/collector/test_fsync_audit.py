@@ -195,9 +195,10 @@ def test_e39_auditor_catches_an_ack_before_fsync():
 
 def _start_traced(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     """Start ``strace -f ... tracedag collect``; return strace's process, the HTTP port and the trace file."""
-    assert os.access(STRACE, os.X_OK) or shutil.which("strace"), f"E39 needs strace at {STRACE} (not installed)"
+    strace = STRACE if os.access(STRACE, os.X_OK) else shutil.which("strace")
+    assert strace, f"E39 needs strace ({STRACE} or on PATH); it is not installed"
     trace = tmp_path / "trace.txt"
-    cmd = [STRACE, "-f", "-tt", "-yy", "-s", "256", "--seccomp-bpf", "-o", str(trace), "-e", f"trace={SYSCALLS}",
+    cmd = [strace, "-f", "-tt", "-yy", "-s", "256", "--seccomp-bpf", "-o", str(trace), "-e", f"trace={SYSCALLS}",
            sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0",
            "--grpc-port", "0", "--data", str(tmp_path / "data")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
