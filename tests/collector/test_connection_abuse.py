@@ -16,16 +16,17 @@ import pytest
 from collector_support import PB, make_request, make_span, post, spool_files
 
 from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.collector.service import REFUSED
 
 HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
 
 
 @pytest.fixture
 def strict(tmp_path):
-    """A collector with 2 s header/body timeouts, a 2 s idle timeout and at most 40 connections."""
+    """A collector with 2 s header/body timeouts, a 2 s idle timeout and at most 300 connections."""
     c = start_collector(CollectorConfig(
         data=tmp_path / "data", http_port=0, grpc_port=None, header_timeout=2.0, body_timeout=2.0,
-        idle_timeout=2.0, max_connections=40,
+        idle_timeout=2.0, max_connections=300,
     ))
     yield c
     c.stop(1)
@@ -51,9 +52,12 @@ def _export_latencies(port: int, count: int) -> list[float]:
 
 def _slowloris(port: int, conns: int, seconds: float) -> dict[int, float]:
     """Open ``conns`` connections sending one header byte per second; return when each was closed."""
-    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+    socks, opened = [], []
+    for _ in range(conns):
+        socks.append(socket.create_connection(("127.0.0.1", port)))
+        opened.append(time.monotonic())
     started = time.monotonic()
-    closed: dict[int, float] = {}
+    closed: dict[int, float] = {}  # seconds from each connection's open to its close
     pos = 0
     while len(closed) < conns and time.monotonic() - started < seconds:
         for i, s in enumerate(socks):
@@ -61,19 +65,20 @@ def _slowloris(port: int, conns: int, seconds: float) -> dict[int, float]:
                 try:
                     s.send(HEAD[pos : pos + 1])  # the head, one byte per second
                 except OSError:
-                    closed[i] = time.monotonic() - started
+                    closed[i] = time.monotonic() - opened[i]
         pos += 1
         readable, _, _ = select.select([s for i, s in enumerate(socks) if i not in closed], [], [], 1.0)
         for s in readable:
             if _closed_by_peer(s):
-                closed[socks.index(s)] = time.monotonic() - started
+                i = socks.index(s)
+                closed[i] = time.monotonic() - opened[i]
     for s in socks:
         s.close()
     return closed
 
 
 def test_g55_slow_headers_closed_by_header_timeout_while_exports_stay_fast(strict):
-    conns = 30  # under the cap of 40, so only the header timeout can close them
+    conns = 200  # under the cap of 300, so only the header timeout can close them
     result: dict[int, float] = {}
     attack = threading.Thread(target=lambda: result.update(_slowloris(strict.http_port, conns, 10)))
     attack.start()
@@ -159,8 +164,10 @@ def test_g57_connection_cap_503_while_existing_clients_keep_working(tmp_path):
     try:
         held = [http.client.HTTPConnection("127.0.0.1", c.http_port, timeout=10) for _ in range(4)]
         assert [_keep_alive_export(h, i) for i, h in enumerate(held)] == [200] * 4
+        refused = REFUSED.value(reason="connections")
         over = post(c.http_port, make_request([make_span(10)]).SerializeToString(), PB, timeout=10)
         assert over.status == 503 and over.headers["retry-after"] == "1"
+        assert REFUSED.value(reason="connections") == refused + 1
         assert over.headers["connection"] == "close"
         assert [_keep_alive_export(h, 20 + i) for i, h in enumerate(held)] == [200] * 4
         held.pop().close()
