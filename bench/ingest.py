@@ -167,7 +167,7 @@ def client(port: int, bodies: list[bytes], counts: list[int], gz: bool, seconds:
     if gz:
         headers["Content-Encoding"] = "gzip"
         bodies = [gzip.compress(b, 1) for b in bodies]
-    offsets = [tid_offsets(b, t) for b, t in zip(bodies, tids)] if unique else []
+    offsets = [tid_offsets(b, t) for b, t in zip(bodies, tids, strict=True)] if unique else []
     res = ClientResult(0, [], [], 0)
     start = time.monotonic()
     deadline, i = start + seconds, 0
