@@ -68,13 +68,19 @@ def write_metrics(registry: Any, data: Path, name: str) -> None:
         logger.debug("cannot write converter metrics: %s", exc)
 
 
-def convert_round(converter: Any, registry: Any, data: Path, name: str) -> None:
-    """One conversion round (errors logged, retried next round), then the metrics snapshot."""
+def convert_round(converter: Any, registry: Any, data: Path, name: str) -> bool:
+    """One conversion round (errors logged, retried next round), then the metrics snapshot.
+
+    Returns whether it converted a segment (then the next round starts at once: more may have
+    been sealed meanwhile, and waiting would idle a converter that is behind).
+    """
+    busy = False
     try:
-        converter.run_once()
+        busy = converter.run_once().segments > 0
     except Exception:
         logger.exception("spool conversion round failed; retrying")
     write_metrics(registry, data, name)
+    return busy
 
 
 def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: int = 0) -> int:
@@ -85,8 +91,8 @@ def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: in
     converter = SpoolConverter(data, shard=shard)
     name = metrics_name(shard[0])
     while os.getppid() == parent:
-        convert_round(converter, REGISTRY, data, name)
-        if stop_requested(fd, interval):
+        busy = convert_round(converter, REGISTRY, data, name)
+        if stop_requested(fd, 0.0 if busy else interval):
             if os.getppid() == parent:
                 convert_round(converter, REGISTRY, data, name)  # convert what is left, then end
             return 0
