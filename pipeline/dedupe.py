@@ -164,13 +164,22 @@ def _merge_tail(runs: list[tuple[np.ndarray, np.ndarray]]) -> None:
 
     Like a binary counter: each key takes part in O(log n) merges (re-sorting the whole hour
     every few batches cost ~4 µs a span at 4M keys), and an hour keeps O(log n) runs to search.
-    A stable sort of two concatenated sorted runs is a linear merge (timsort finds the runs).
     """
     while len(runs) >= 2 and len(runs[-2][0]) <= 2 * len(runs[-1][0]):
-        (ka, ca), (kb, cb) = runs[-2], runs[-1]
-        k, c = np.concatenate([ka, kb]), np.concatenate([ca, cb])
-        o = np.argsort(k, kind="stable")
-        runs[-2:] = [(k[o], c[o])]
+        runs[-2:] = [_merge(runs[-2], runs[-1])]
+
+
+def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge two sorted runs in linear time and little extra memory (``a``'s equal keys first)."""
+    (ka, ca), (kb, cb) = a, b
+    at = np.searchsorted(ka, kb, side="right") + np.arange(len(kb))
+    from_b = np.zeros(len(ka) + len(kb), dtype=bool)
+    from_b[at] = True
+    keys = np.empty(len(from_b), dtype=ka.dtype)
+    content = np.empty(len(from_b), dtype=ca.dtype)
+    keys[from_b], content[from_b] = kb, cb
+    keys[~from_b], content[~from_b] = ka, ca
+    return keys, content
 
 
 def _mtime(path: Path) -> float:

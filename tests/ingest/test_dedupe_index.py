@@ -45,3 +45,17 @@ def test_size_bound_forgets_oldest_runs_first():
     newest = np.arange(1601, 2001, dtype=np.uint64)
     assert not index.check(newest, np.ones(400, np.uint64)).keep.any()  # the newest hour is still known
     assert index.check(np.array([1], dtype=np.uint64), np.ones(1, np.uint64)).keep.all()  # the oldest forgotten
+
+
+def test_merge_equals_a_stable_sort_of_both_runs():
+    from tracedag.pipeline.dedupe import _merge
+
+    rng = np.random.default_rng(3)
+    for na, nb in [(0, 5), (5, 0), (0, 0), (1000, 1000), (10, 3), (3, 400)]:
+        ka = np.sort(rng.integers(0, 50, na).astype(np.uint64))  # many equal keys across the runs
+        kb = np.sort(rng.integers(0, 50, nb).astype(np.uint64))
+        ca, cb = np.arange(na, dtype=np.uint32), np.arange(nb, dtype=np.uint32) + np.uint32(10**6)
+        keys, content = _merge((ka, ca), (kb, cb))
+        k, c = np.concatenate([ka, kb]), np.concatenate([ca, cb])
+        order = np.argsort(k, kind="stable")
+        assert keys.tolist() == k[order].tolist() and content.tolist() == c[order].tolist()
