@@ -130,3 +130,23 @@ def test_files_written_while_merging_survive_the_swap(data: Path) -> None:
     part = next((data / "tables" / "spans").iterdir())
     assert st.partitions == 1 and len(list(part.glob("*.parquet"))) == 2
     assert stored_ids(data) == request_ids(reqs)
+
+
+def test_compaction_yields_to_conversion_but_not_forever(data: Path) -> None:
+    reqs = list(requests(512 * 6, seed=33))
+    received = time.time_ns() - 3 * HOUR  # a closed hour: due as soon as it has small files
+    for i, r in enumerate(reqs[:4]):
+        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    conv = SpoolConverter(data, compact_interval=3600.0)
+    part_files = lambda: list(next((data / "tables" / "spans").iterdir()).glob("*.parquet"))  # noqa: E731
+    conv._last_compact = time.monotonic() - 3601.0  # due
+    assert conv.run_once().segments == 4
+    assert len(part_files()) == 4  # converting: compaction waited
+    assert conv.run_once().segments == 0
+    assert len(part_files()) == 1  # caught up: compacted
+    conv._last_compact = time.monotonic() - 10 * 3600.0  # deferred for the longest allowed
+    write_segment(data, 5, [(reqs[4].SerializeToString(), received)])
+    write_segment(data, 6, [(reqs[5].SerializeToString(), received)])
+    assert conv.run_once().segments == 2
+    assert len(part_files()) == 1  # compacted although this round converted (overload must not defer it forever)
+    assert stored(data) == (512 * 6, 512 * 6)
