@@ -215,10 +215,21 @@ def convert_records(
 
 
 def convert_wire(records: list[tuple[bytes, int]], batch_id: str, shard: tuple[int, int] = (0, 1)) -> Converted:
-    """Convert serialized requests with the wire builder (attributes decoded for the whole batch)."""
+    """Convert serialized requests from the wire: spans decoded in lockstep (``wirespans``), else
+    one by one with their attributes decoded for the whole batch (``columnar.WireBuilder``)."""
     from tracedag.pipeline.columnar import WireBuilder
 
-    builder = WireBuilder(shard)
+    if shard == (0, 1):
+        from tracedag.pipeline.wirespans import SpanBuilder, Unusual
+
+        try:
+            return _convert_with(SpanBuilder(), records, batch_id)
+        except Unusual as exc:
+            logger.info("batch %s: spans decoded one by one (%s)", batch_id, exc)
+    return _convert_with(WireBuilder(shard), records, batch_id)
+
+
+def _convert_with(builder: Any, records: list[tuple[bytes, int]], batch_id: str) -> Converted:
     for payload, received in records:
         builder.add_payload(payload, received)
     base, keys, content = builder.finish(batch_id)

@@ -117,17 +117,25 @@ def _blob(texts: list[str]) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, n
 class _Records:
     """The serialized ``KeyValue`` records of a batch as one buffer plus offsets."""
 
-    def __init__(self, raw: list[bytes]) -> None:
-        self.raw = raw
-        # one buffer, plus 16 zero bytes so that reads just past the end (varints, 12-byte heads) stay in range
-        joined = b"".join([*raw, bytes(16)])
+    def __init__(self, joined: bytes, start: np.ndarray, end: np.ndarray) -> None:
+        """Records at ``joined[start[i]:end[i]]``; ``joined`` ends with 16 zero bytes, so that
+        reads just past the end (varints, 12-byte heads) stay in range."""
         self.data = pa.py_buffer(joined)
-        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-        self.end = np.cumsum(lengths)
-        self.start = self.end - lengths
+        self.start, self.end = start, end
         self.size = len(joined) - 16
         self.buf = np.frombuffer(joined, dtype=np.uint8)
         self.heads = np.lib.stride_tricks.sliding_window_view(self.buf, 12)
+
+    @classmethod
+    def of(cls, raw: list[bytes]) -> _Records:
+        """The records of a list of serialized ``KeyValue``s, joined into one buffer."""
+        lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+        end = np.cumsum(lengths)
+        return cls(b"".join([*raw, bytes(16)]), end - lengths, end)
+
+    def record(self, i: int) -> bytes:
+        """The serialized bytes of record ``i``."""
+        return bytes(self.buf[int(self.start[i]) : int(self.end[i])])
 
     def at(self, pos: np.ndarray) -> np.ndarray:
         """Clip positions into the padded buffer (malformed lengths must not index out of range)."""
@@ -139,7 +147,18 @@ def decode_keyvalues(raw: list[bytes]) -> tuple[pa.Array, pa.Array]:
     """Return the key and value-text arrays of serialized ``KeyValue`` records (same order)."""
     if not raw:
         return pa.array([], pa.string()), pa.array([], pa.string())
-    r = _Records(raw)
+    return decode_records(_Records.of(raw))
+
+
+def decode_ranges(joined: bytes, start: np.ndarray, end: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """``decode_keyvalues`` of the records ``joined[start[i]:end[i]]`` (``joined`` padded with 16 zero bytes)."""
+    if not len(start):
+        return pa.array([], pa.string()), pa.array([], pa.string())
+    return decode_records(_Records(joined, start, end))
+
+
+def decode_records(r: _Records) -> tuple[pa.Array, pa.Array]:
+    """The keys and value texts of the records of ``r``."""
     s, e, buf = r.start, r.end, r.buf
     ok = (e - s >= 2) & (buf[r.at(s)] == 0x0A)
     klen, kn, kdone = _varint(buf, r.at(s + 1), 5)
@@ -169,7 +188,7 @@ def decode_keyvalues(raw: list[bytes]) -> tuple[pa.Array, pa.Array]:
     fix.add(is_double, doubles.tolist())
     key_fix = _Fixes()
     if slow.any():
-        key_fix.add(slow, _slow(raw, slow, fix))
+        key_fix.add(slow, _slow(r, slow, fix))
     keys = key_fix.views((r.data, r.heads), np.where(ok, ks, 0), np.where(ok, klen.astype(np.int64), 0))
     vals = fix.views((r.data, r.heads), np.where(is_str, vs + 1 + sn, 0), np.where(is_str, slen.astype(np.int64), 0))
     keys.validate(full=True)  # UTF-8 of the texts taken straight from the wire
@@ -202,7 +221,7 @@ class _Fixes:
         return _views([base, extra], which, starts, lengths)
 
 
-def _slow(raw: list[bytes], slow: np.ndarray, fix: _Fixes) -> list[str]:
+def _slow(r: _Records, slow: np.ndarray, fix: _Fixes) -> list[str]:
     """Decode the records the vectorized pass left (arrays, kvlists, bytes, odd encodings); return keys.
 
     Identical records (e.g. ``gen_ai.response.finish_reasons=["stop"]``) are decoded once.
@@ -210,10 +229,11 @@ def _slow(raw: list[bytes], slow: np.ndarray, fix: _Fixes) -> list[str]:
     cache: dict[bytes, tuple[str, str]] = {}
     keys, vals = [], []
     for i in np.nonzero(slow)[0].tolist():
-        hit = cache.get(raw[i])
+        raw = r.record(i)
+        hit = cache.get(raw)
         if hit is None:
-            kv = KeyValue.FromString(raw[i])
-            hit = cache[raw[i]] = (kv.key, any_value_text(kv.value))
+            kv = KeyValue.FromString(raw)
+            hit = cache[raw] = (kv.key, any_value_text(kv.value))
         keys.append(hit[0])
         vals.append(hit[1])
     fix.add(slow, vals)
