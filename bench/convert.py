@@ -5,9 +5,10 @@ All figures are measured in the same run on the same generated batches (``bench/
 
 - parse-only: ``ExportTraceServiceRequest.FromString`` of every batch (the ceiling);
 - naive: parse + ``convert.requests_to_table`` (the reference loop: rows, ``from_pydict``);
-- fast: ``convert.convert_records`` (parse with the shadow schema, wire-level attribute decoding,
-  keys and content hashes too), in 1 process and in 2 worker processes; the base columns alone
-  both for the wire builder and for the object-based columnar builder;
+- fast: ``convert.convert_records`` (spans decoded in lockstep from the wire, attributes decoded
+  for the whole batch, keys and content hashes too), in 1 process and in 2 worker processes; the
+  base columns alone for the lockstep decoder, the per-span wire builder and the object-based
+  columnar builder;
 - the whole spool -> Parquet round (``SpoolConverter.run_once``: read segments, convert,
   dedupe, sort, write zstd Parquet with fsync), 1 and 2 processes;
 - conversions with and without normalization (the agent columns, ``normalize``), since that step is
@@ -38,6 +39,7 @@ from bench.gen import payloads
 from tracedag.pipeline import convert
 from tracedag.pipeline.columnar import ColumnBuilder, WireBuilder
 from tracedag.pipeline.convert_pool import shutdown
+from tracedag.pipeline.wirespans import SpanBuilder
 from tracedag.schemas.spans import BASE_SCHEMA
 
 Bodies = list[bytes]
@@ -79,6 +81,14 @@ def fast_base(bodies: Bodies) -> None:
 def wire_base(bodies: Bodies) -> None:
     """The wire builder, base columns only."""
     builder = WireBuilder()
+    for b in bodies:
+        builder.add_payload(b, 1)
+    builder.finish("bench")
+
+
+def lockstep_base(bodies: Bodies) -> None:
+    """The lockstep span decoder (the production path), base columns only."""
+    builder = SpanBuilder()
     for b in bodies:
         builder.add_payload(b, 1)
     builder.finish("bench")
@@ -149,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         ("fast, 1 process + normalize", fast, 1),
         ("fast (objects), base columns", fast_base, 1),
         ("fast (wire), base columns", wire_base, 1),
+        ("fast (lockstep spans), base columns", lockstep_base, 1),
         ("fast, 2 processes + normalize", lambda b: fast(b, 2), 2),
     ]
     results: dict[str, tuple[float, float, int]] = {}
