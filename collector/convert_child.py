@@ -85,8 +85,12 @@ def convert_round(converter: Any, registry: Any, data: Path, name: str) -> bool:
 
 def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: int = 0) -> int:
     """Convert ``shard``'s segments until the pipe ``fd`` closes or the parent dies; return the exit code."""
+    import pyarrow as pa
+
     from tracedag.collector.metrics import REGISTRY
     from tracedag.pipeline.ingest import SpoolConverter
+
+    pa.set_cpu_count(1)  # N converter processes already use the cores; threads would only add arenas
 
     converter = SpoolConverter(data, shard=shard)
     name = metrics_name(shard[0])
