@@ -54,6 +54,10 @@ REPEATED = {9, 11, 13}
 STATUS_FIELDS = {2: _LEN, 3: _VARINT}
 
 
+MAX_STEPS = 1024
+"""Lockstep steps (fields of the widest span) before the batch goes to the per-span path."""
+
+
 class Unusual(ValueError):
     """The spans hold something the vectorized decoder leaves to the per-span path."""
 
@@ -115,7 +119,11 @@ def walk(buf: np.ndarray, start: np.ndarray, end: np.ndarray, wanted: dict[int, 
     table = np.array([wanted.get(k, -1) for k in range(17)])
     pos = start.copy()
     active = np.flatnonzero(pos < end)
+    steps = 0
     while len(active):
+        steps += 1
+        if steps > MAX_STEPS:  # a very wide span: a step per field would be slow, upb is not
+            raise Unusual(f"a span with more than {MAX_STEPS} fields")
         p, stop = pos[active], end[active]
         tag, tn, tok = _varint(buf, p, 5)
         number, wire = (tag >> np.uint64(3)).astype(np.int64), (tag & np.uint64(7)).astype(np.int64)

@@ -143,3 +143,16 @@ def test_walk_reads_every_wire_type_and_refuses_truncation():
     assert f.last(3, 1)[1].tolist() == [14] and f.last(3, 1)[2].tolist() == [3]
     with pytest.raises(Unusual):
         walk(buf, np.array([0]), np.array([len(msg) - 2]), {1: 0, 2: 1, 3: 2, 4: 5})
+
+
+def test_a_very_wide_span_goes_to_the_per_span_path_quickly():
+    from tracedag.pipeline.wirespans import MAX_STEPS
+
+    wide = _span(12)
+    for i in range(MAX_STEPS + 10):
+        kv = wide.attributes.add()
+        kv.key, kv.value.string_value = f"k{i}", "v"
+    req = _request([_span(13), wide])
+    with pytest.raises(Unusual, match="fields"):
+        _builder_of(req).finish("b")
+    _same_as_reference(req)
