@@ -90,6 +90,25 @@ class ColumnBuilder:
                 self.scope_index.extend([si] * k)
                 self.received.extend([received] * k)
 
+    def add_resource(self, raw: bytes) -> int:
+        """Record a serialized ``Resource``; return its index."""
+        res_attrs, _ = attributes_text(Resource.FromString(raw).attributes)
+        self.resources.append(res_attrs)
+        self.services.append(dict(res_attrs).get("service.name"))
+        return len(self.resources) - 1
+
+    def add_scope(self, raw: bytes) -> int:
+        """Record a serialized ``InstrumentationScope``; return its index."""
+        scope = InstrumentationScope.FromString(raw)
+        self.scopes.append((scope.name or None, scope.version or None))
+        return len(self.scopes) - 1
+
+    def add_rows(self, resource: int, scope: int, received: int, k: int) -> None:
+        """Record the resource, scope and receive time of ``k`` spans just added."""
+        self.res_index.extend([resource] * k)
+        self.scope_index.extend([scope] * k)
+        self.received.extend([received] * k)
+
     def _mine(self, spans: Any) -> list[Any]:
         w, k = self.shard
         start = self.seen
@@ -271,20 +290,12 @@ class WireBuilder(ColumnBuilder):
         """Append every span of a serialized ``ExportTraceServiceRequest``."""
         request = ShadowRequest.FromString(payload)
         for rs in request.resource_spans:
-            res_attrs, _ = attributes_text(Resource.FromString(rs.resource).attributes)
-            ri = len(self.resources)
-            self.resources.append(res_attrs)
-            self.services.append(dict(res_attrs).get("service.name"))
+            ri = self.add_resource(rs.resource)
             for ss in rs.scope_spans:
-                scope = InstrumentationScope.FromString(ss.scope)
-                si = len(self.scopes)
-                self.scopes.append((scope.name or None, scope.version or None))
+                si = self.add_scope(ss.scope)
                 before = self.n
                 self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
-                k = self.n - before
-                self.res_index.extend([ri] * k)
-                self.scope_index.extend([si] * k)
-                self.received.extend([received] * k)
+                self.add_rows(ri, si, received, self.n - before)
 
     def _spans(self, spans: Any) -> None:
         raw, counts = self.raw_attrs, self.attr_counts

@@ -24,8 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tracedag.pipeline.columnar import (
@@ -38,7 +36,6 @@ from tracedag.pipeline.columnar import (
     _resource_maps,
     _sparse,
 )
-from tracedag.pipeline.convert import attributes_text
 from tracedag.pipeline.dedupe import keys_from_hex, keys_from_ids
 from tracedag.pipeline.wirecols import _message, _varint, _views, collapse_duplicates, decode_ranges
 from tracedag.schemas.spans import BASE_SCHEMA, EVENT, LINK
@@ -168,19 +165,11 @@ class SpanBuilder(ColumnBuilder):
         """Append every span of a serialized ``ExportTraceServiceRequest``."""
         request = RawRequest.FromString(payload)
         for rs in request.resource_spans:
-            res_attrs, _ = attributes_text(Resource.FromString(rs.resource).attributes)
-            ri = len(self.resources)
-            self.resources.append(res_attrs)
-            self.services.append(dict(res_attrs).get("service.name"))
+            ri = self.add_resource(rs.resource)
             for ss in rs.scope_spans:
-                scope = InstrumentationScope.FromString(ss.scope)
-                si = len(self.scopes)
-                self.scopes.append((scope.name or None, scope.version or None))
-                k = len(ss.spans)
+                si = self.add_scope(ss.scope)
                 self.raw_spans.extend(ss.spans)
-                self.res_index.extend([ri] * k)
-                self.scope_index.extend([si] * k)
-                self.received.extend([received] * k)
+                self.add_rows(ri, si, received, len(ss.spans))
         self.n = len(self.raw_spans)
 
     def finish(self, batch_id: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:
