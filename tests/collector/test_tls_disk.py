@@ -3,6 +3,7 @@
 import errno
 import http.client
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -58,14 +59,19 @@ def test_f54_tls_on_http_and_grpc(tmp_path, cert, monkeypatch):
         c.stop(1)
 
 
-def test_e45_disk_full_503_not_ready_then_resumes(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("code", "reason"), [
+    (errno.ENOSPC, b"disk full"),  # E45
+    (errno.EIO, b"spool I/O error (EIO"),  # E46: a failing disk
+    (errno.EROFS, b"spool I/O error (EROFS"),  # E46: remounted read-only
+])
+def test_e45_e46_disk_fault_503_not_ready_then_resumes(tmp_path, monkeypatch, code, reason):
     c = start_collector(CollectorConfig(data=tmp_path, http_port=0, grpc_port=0))
     real = spool_mod.os.fdatasync
     full = {"on": False}
 
     def fdatasync(fd):
         if full["on"]:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
         real(fd)
 
     monkeypatch.setattr(spool_mod.os, "fdatasync", fdatasync)
@@ -82,7 +88,7 @@ def test_e45_disk_full_503_not_ready_then_resumes(tmp_path, monkeypatch):
         r = post(c.http_port, make_request([make_span(1)]).SerializeToString())
         assert r.status == 503 and r.headers["retry-after"] == "1"
         ready = post(c.http_port, b"", None, "/readyz", "GET")
-        assert ready.status == 503 and b"disk full" in ready.body
+        assert ready.status == 503 and reason in ready.body
         r2 = post(c.http_port, make_request([make_span(2)]).SerializeToString(), PB)
         assert r2.status == 503
         with pytest.raises(grpc.RpcError) as err, grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as ch:
