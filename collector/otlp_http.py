@@ -46,7 +46,7 @@ DRAIN_BEFORE_ANSWER = 8 * 1024 * 1024  # unread body small enough to discard and
 LINGER_SECONDS = 5.0
 REFUSED_LINGER_SECONDS = 1.0
 UNAUTH_LINGER_BYTES = 256 * 1024
-STREAM_LIMIT = 1024 * 1024  # reader buffer (pauses the socket at 2x); heads are checked against max_head_bytes
+STREAM_LIMIT = 128 * 1024  # reader buffer: the socket pauses at 2x (memory per connection outside the in-flight budget)
 _MEDIA = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
@@ -331,6 +331,8 @@ class OtlpHttpServer:
         finally:
             self.admission.release(reserved[0])
         rest = -1 if fr.chunked or reply.status == 408 else fr.length - sink.wire_bytes
+        if whole and not sink.wire_bytes:  # refused before reading: drain piecewise, not as one body
+            chunks = body_chunks(reader, fr, self._loop.time() + self.settings.body_timeout, False)
         return await _abandon(reply, chunks, rest)
 
     def _precheck(self, head: Head, enc: Encoding | None) -> Reply | None:
