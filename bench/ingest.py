@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 from rich.console import Console
 from rich.table import Table
 
@@ -251,7 +252,7 @@ def ack_run(bodies, counts, tids, conc, gz, seconds) -> tuple[float, float, floa
     return spans / wall, statistics.median(lat) * 1e3 if lat else float("nan"), p99 * 1e3, col.peak_rss, col.peak_pss
 
 
-_CONNECTIONS: dict[Path, object] = {}
+_CONNECTIONS: dict[Path, duckdb.DuckDBPyConnection] = {}
 
 
 def _count(data: Path) -> int:
@@ -264,8 +265,8 @@ def _count(data: Path) -> int:
         con = _CONNECTIONS.get(data)
         if con is None:
             con = _CONNECTIONS[data] = connect(data)
-            con.execute("set parquet_metadata_cache = true")  # type: ignore[attr-defined]  # footers read once
-        n = int(con.sql("select count(*) from spans").fetchall()[0][0])  # type: ignore[attr-defined]
+            con.execute("set parquet_metadata_cache = true")  # footers read once
+        n = int(con.sql("select count(*) from spans").fetchall()[0][0])
         if n == 0:
             _CONNECTIONS.pop(data)  # made before any file existed: its views are empty placeholders
         return n

@@ -117,28 +117,29 @@ class ColumnBuilder:
         self.positions.extend(i for i, _ in kept)
         return [sp for _, sp in kept]
 
+    def _add_scalars(self, span: Any) -> None:
+        """Append one span's ids, name, kind, status, times, dropped counts and content hash."""
+        self.trace_ids.append(span.trace_id)
+        self.span_ids.append(span.span_id)
+        self.parents.append(span.parent_span_id)
+        self.trace_states.append(span.trace_state)
+        self.names.append(span.name)
+        self.kinds.append(span.kind)
+        st = span.status
+        self.status_codes.append(st.code)
+        self.status_msgs.append(st.message)
+        self.starts.append(span.start_time_unix_nano)
+        self.ends.append(span.end_time_unix_nano)
+        self.dropped.extend((span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count))
+        self.content.append(xxhash.xxh3_64_intdigest(span.SerializeToString(deterministic=True)))
+
     def _spans(self, spans: Any) -> None:
         keys, vals, offs = self.attr_keys, self.attr_vals, self.attr_offsets
-        tids, sids, pids, names = self.trace_ids, self.span_ids, self.parents, self.names
-        starts, ends, kinds, dropped = self.starts, self.ends, self.kinds, self.dropped
-        codes, msgs, tstates, content = self.status_codes, self.status_msgs, self.trace_states, self.content
-        digest = xxhash.xxh3_64_intdigest
+        scalars = self._add_scalars
         other = any_value_text  # non-string or empty string values
         n = self.n
         for span in spans:
-            tids.append(span.trace_id)
-            sids.append(span.span_id)
-            pids.append(span.parent_span_id)
-            tstates.append(span.trace_state)
-            names.append(span.name)
-            kinds.append(span.kind)
-            st = span.status
-            codes.append(st.code)
-            msgs.append(st.message)
-            starts.append(span.start_time_unix_nano)
-            ends.append(span.end_time_unix_nano)
-            dropped.extend((span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count))
-            content.append(digest(span.SerializeToString(deterministic=True)))
+            scalars(span)
             first = len(keys)
             for kv in span.attributes:
                 keys.append(kv.key)
@@ -299,25 +300,10 @@ class WireBuilder(ColumnBuilder):
 
     def _spans(self, spans: Any) -> None:
         raw, counts = self.raw_attrs, self.attr_counts
-        tids, sids, pids, names = self.trace_ids, self.span_ids, self.parents, self.names
-        starts, ends, kinds, dropped = self.starts, self.ends, self.kinds, self.dropped
-        codes, msgs, tstates, content = self.status_codes, self.status_msgs, self.trace_states, self.content
-        digest = xxhash.xxh3_64_intdigest
+        scalars = self._add_scalars
         n = self.n
         for span in spans:
-            tids.append(span.trace_id)
-            sids.append(span.span_id)
-            pids.append(span.parent_span_id)
-            tstates.append(span.trace_state)
-            names.append(span.name)
-            kinds.append(span.kind)
-            st = span.status
-            codes.append(st.code)
-            msgs.append(st.message)
-            starts.append(span.start_time_unix_nano)
-            ends.append(span.end_time_unix_nano)
-            dropped.extend((span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count))
-            content.append(digest(span.SerializeToString(deterministic=True)))
+            scalars(span)
             attrs = span.attributes
             raw.extend(attrs)
             counts.append(len(attrs))

@@ -241,9 +241,9 @@ class SpanBuilder(ColumnBuilder):
         hexed = _hex_column_of(joined, self.n, 8)
         return pc.if_else(pa.array(has), hexed, pa.scalar(None, pa.string()))
 
-    def _strings(self, f: Fields, number: int, rows: int | None = None) -> pa.Array:
+    def _strings(self, f: Fields, number: int) -> pa.Array:
         """A string field as Arrow strings over the buffer (``Unusual`` on invalid UTF-8)."""
-        present, start, length = f.last(number, self.n if rows is None else rows)
+        present, start, length = f.last(number, self.n)
         return self._text(np.where(present, start.astype(np.int64), 0), np.where(present, length, 0))
 
     def _text(self, start: np.ndarray, length: np.ndarray) -> pa.Array:

@@ -99,6 +99,14 @@ def small_collector(tmp_path) -> Iterator[RunningCollector]:
     c.stop(2)
 
 
+def wait_until(condition, seconds: float = 30.0, message: str = "timed out") -> None:
+    """Poll ``condition`` every 50 ms; fail with ``message`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
 def start_process(data: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
     """Run ``tracedag collect`` as a separate process; return it with its HTTP and gRPC ports."""
     cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0", "--grpc-port", "0",

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from collector_support import make_request, make_span, stored
+from collector_support import make_request, make_span, stored, wait_until
 
 from tracedag.collector.convert_proc import ConverterProcess
 from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name
@@ -32,13 +32,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def _wait(condition, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _children() -> list[int]:
@@ -67,7 +60,7 @@ def test_two_children_convert_their_shards_and_metrics_are_summed(tmp_path: Path
         assert started == set(pids)  # the two converters and nothing else: no resource tracker
         assert conv.flush(60) and conv.pending() == 0
         assert len(stored(tmp_path)) == total
-        _wait(lambda: f"tracedag_ingest_spans_stored_total {total}\n" in conv.metrics_text())
+        wait_until(lambda: f"tracedag_ingest_spans_stored_total {total}\n" in conv.metrics_text())
     finally:
         conv.stop(30)
     assert not any(_alive(pid) for pid in pids if pid)
@@ -76,7 +69,7 @@ def test_two_children_convert_their_shards_and_metrics_are_summed(tmp_path: Path
 def test_stop_converts_what_is_left_then_ends_the_children(tmp_path: Path) -> None:
     conv = ConverterProcess(tmp_path, interval=60.0, processes=2)
     conv.start()
-    _wait(lambda: (tmp_path / "state" / "converter.metrics.1").exists())  # both did their first round
+    wait_until(lambda: (tmp_path / "state" / "converter.metrics.1").exists())  # both did their first round
     total = sum(_segment(tmp_path, seq, seq * 100, 5) for seq in range(1, 4))
     t0 = time.monotonic()
     conv.stop(30)
@@ -93,7 +86,7 @@ def test_dead_child_is_restarted_and_children_get_the_parents_environment(tmp_pa
     try:
         first = conv.pids()[0]
         assert first is not None
-        _wait(lambda: not _alive(first))
+        wait_until(lambda: not _alive(first))
         monkeypatch.delenv("TRACEDAG_FAULT")
         monkeypatch.setattr(logging.getLogger("tracedag.collector.convert_proc"), "disabled", False)  # another test may have disabled it
         with caplog.at_level(logging.ERROR, logger="tracedag.collector.convert_proc"):
@@ -139,7 +132,7 @@ def test_children_die_with_their_parent(tmp_path: Path) -> None:
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait(30)
-    _wait(lambda: not any(_alive(p) for p in pids), 15)
+    wait_until(lambda: not any(_alive(p) for p in pids), 15)
 
 
 def test_child_logging_reaches_the_parents_stderr(tmp_path: Path, capfd) -> None:

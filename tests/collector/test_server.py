@@ -1,9 +1,8 @@
 """start_collector options: DAG building, process-mode conversion, restart recovery; the CLI surface."""
 
-import time
 
 from click.testing import CliRunner
-from collector_support import make_request, make_span, post, stored
+from collector_support import make_request, make_span, post, stored, wait_until
 
 from tracedag.collector.server import CollectorConfig, start_collector
 from tracedag.pipeline.cli import cli
@@ -19,10 +18,7 @@ def test_build_true_builds_dags_of_idle_traces(tmp_path):
         child = make_span(1, trace_id=root.trace_id, parent_span_id=root.span_id)
         assert post(c.http_port, make_request([root, child]).SerializeToString()).status == 200
         c.flush()
-        deadline = time.time() + 30
-        while not connect(tmp_path).sql("select * from traces").fetchall():
-            assert time.time() < deadline, "no DAG built"
-            time.sleep(0.3)
+        wait_until(lambda: connect(tmp_path).sql("select * from traces").fetchall(), 30, "no DAG built")
     finally:
         c.stop(1)
 
@@ -33,10 +29,8 @@ def test_process_mode_conversion_and_metrics(tmp_path):
         assert post(c.http_port, make_request([make_span(i) for i in range(7)]).SerializeToString()).status == 200
         c.flush()
         assert len(stored(tmp_path)) == 7
-        deadline = time.time() + 10
-        while "tracedag_ingest_spans_stored_total" not in post(c.http_port, b"", None, "/metrics", "GET").body.decode():
-            assert time.time() < deadline, "converter metrics not merged"
-            time.sleep(0.2)
+        wait_until(lambda: "tracedag_ingest_spans_stored_total" in post(c.http_port, b"", None, "/metrics", "GET").body
+                   .decode(), 10, "converter metrics not merged")
     finally:
         c.stop(2)
 

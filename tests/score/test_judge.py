@@ -266,20 +266,20 @@ def test_max_steps_leaves_the_rest_for_the_next_run(builder):
 
 
 @pytest.mark.parametrize(
-    ("text", "ok"),
-    [('{"score": 4, "explanation": "fine", "taxonomy_l3": null}', True),
-     ('```json\n{"score": 2, "explanation": "bad", "taxonomy_l3": "refusal"}\n```', True),
-     ('{"score": 4.0, "explanation": "fine"}', True),
-     ('{"score": "4", "explanation": "fine"}', False),
-     ('{"score": 0, "explanation": "x"}', False),
-     ('{"score": true, "explanation": "x"}', False),
-     ('{"score": 3}', False),
-     ('[1, 2]', False),
-     ("", False)],
+    ("text", "expected"),
+    [('{"score": 4, "explanation": "fine", "taxonomy_l3": null}', 4),
+     ('```json\n{"score": 2, "explanation": "bad", "taxonomy_l3": "refusal"}\n```', 2),
+     ('{"score": 4.0, "explanation": "fine"}', 4),
+     ('{"score": "4", "explanation": "fine"}', None),
+     ('{"score": 0, "explanation": "x"}', None),
+     ('{"score": true, "explanation": "x"}', None),
+     ('{"score": 3}', None),
+     ('[1, 2]', None),
+     ("", None)],
 )
-def test_parse_verdict(text, ok):
-    if ok:
-        assert 1 <= parse_verdict(text).score <= 5
+def test_parse_verdict(text, expected):
+    if expected is not None:
+        assert parse_verdict(text).score == expected
     else:
         with pytest.raises(ValueError):
             parse_verdict(text)
