@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from tracedag.pipeline.store import table_dir, write_parquet_atomic
+from tracedag.pipeline.views import connect
 from tracedag.schemas.spans import SPANS_V1
 
 MS = 1_000_000
@@ -78,3 +81,17 @@ class Built:
     def topo_order(self) -> list[str]:
         """span ids by topological index."""
         return sorted(self.nodes, key=lambda s: (self.nodes[s]["trace_id"], self.nodes[s]["topo_index"]))
+
+
+def write_spans(data: Path, rows: list[dict[str, Any]]) -> None:
+    """Store ``rows`` as one spans Parquet file of the data directory ``data``."""
+    write_parquet_atomic(table(rows), table_dir(data, "spans"))
+
+
+def q(data: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` over the views of ``data`` (a fresh connection, closed after)."""
+    con = connect(data)
+    try:
+        return con.sql(sql).fetchall()
+    finally:
+        con.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from spanbuild import span, table
+from spanbuild import q, span, table, write_spans
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
@@ -24,7 +24,6 @@ from tracedag.pipeline.dag.swap import collect
 from tracedag.pipeline.errors import QueryFailed
 from tracedag.pipeline.querying import run_sql
 from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
-from tracedag.pipeline.views import connect
 from tracedag.schemas.tables import STEP_SCORES_V1
 
 N_TRACES = 30
@@ -51,16 +50,7 @@ def seed(data, n=N_TRACES):
 
 def resend(data, traces, received):
     """Re-send one span of each trace later (a duplicate): the traces are rebuilt, the counts stay."""
-    rows = [span("c0", "r", 0, 5, trace_id=f"t{k:03d}", received=received) for k in traces]
-    write_parquet_atomic(table(rows), table_dir(data, "spans"))
-
-
-def q(data, sql):
-    con = connect(data)
-    try:
-        return con.sql(sql).fetchall()
-    finally:
-        con.close()
+    write_spans(data, [span("c0", "r", 0, 5, trace_id=f"t{k:03d}", received=received) for k in traces])
 
 
 def snapshot(data):

@@ -6,24 +6,11 @@ import time
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from spanbuild import span, table
+from spanbuild import q, span, write_spans
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.store import table_dir, write_parquet_atomic
-from tracedag.pipeline.views import connect
-
-
-def write_spans(data, rows):
-    write_parquet_atomic(table(rows), table_dir(data, "spans"))
-
-
-def q(data, sql):
-    con = connect(data)
-    try:
-        return con.sql(sql).fetchall()
-    finally:
-        con.close()
 
 
 def test_trace_split_across_batches_arriving_root_last(tmp_path):
