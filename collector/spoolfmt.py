@@ -20,6 +20,7 @@ or checksum before the end is corruption.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -62,6 +63,51 @@ class SegmentTail:
 
     state: Literal["clean", "torn", "corrupt"]
     offset: int  # end of the last good record
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where one record of a segment file is: its header's offset, payload length and receive time."""
+
+    offset: int
+    length: int
+    received_unix_nano: int
+
+
+class CorruptRecord(ValueError):
+    """A record's payload does not match its checksum (or the file changed under the reader)."""
+
+
+def scan_headers(fd: int, size: int) -> list[RecordRef] | None:
+    """Return the records of the segment file ``fd`` (``size`` bytes) from their headers alone, or
+    None unless the headers tile the file exactly (a torn tail, a bad magic: read it whole instead).
+
+    Payloads are neither read nor checked here: ``read_payload`` checks each one as it is loaded,
+    so a segment is converted with one chunk's payloads in memory rather than the whole file.
+    """
+    refs: list[RecordRef] = []
+    pos = 0
+    while pos + HEADER_SIZE <= size:
+        magic, length, _crc, received = _HEADER.unpack(os.pread(fd, HEADER_SIZE, pos))
+        if magic != MAGIC or pos + HEADER_SIZE + length > size:
+            return None
+        refs.append(RecordRef(pos, length, received))
+        pos += HEADER_SIZE + length
+    return refs if pos == size else None
+
+
+def read_payload(fd: int, ref: RecordRef) -> bytes:
+    """Read the payload of ``ref`` from ``fd`` and check it against the header's checksum."""
+    header = os.pread(fd, HEADER_SIZE, ref.offset)
+    if len(header) != HEADER_SIZE:
+        raise CorruptRecord(f"record at {ref.offset}: file shorter than at the scan")
+    magic, length, crc, received = _HEADER.unpack(header)
+    payload = os.pread(fd, ref.length, ref.offset + HEADER_SIZE)
+    if (magic, length, received, len(payload)) != (MAGIC, ref.length, ref.received_unix_nano, ref.length):
+        raise CorruptRecord(f"record at {ref.offset}: header changed since the scan")
+    if zlib.crc32(payload, zlib.crc32(struct.pack("<Q", received))) != crc:
+        raise CorruptRecord(f"record at {ref.offset}: checksum mismatch")
+    return payload
 
 
 def read_records(data: bytes) -> tuple[list[Record], SegmentTail]:

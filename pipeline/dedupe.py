@@ -35,6 +35,10 @@ DEFAULT_MAX_KEYS = 2_000_000
 forgotten beyond it (compaction still de-duplicates within a receive hour). 2M spans cover
 exporter retries (seconds to a minute) at up to ~30k spans/s, and 10 hours at 55 spans/s."""
 
+RUNS_PER_INDEX = 8
+"""Runs are merged up to ``max_keys / RUNS_PER_INDEX`` keys (an index searches ~2-3x as many runs)."""
+MIN_RUN_CAP = 65_536
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
@@ -94,6 +98,7 @@ class DedupeIndex:
         self.max_keys = max_keys
         self._runs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._size = 0
+        self.run_cap = max(MIN_RUN_CAP, max_keys // RUNS_PER_INDEX)
 
     def __len__(self) -> int:
         return self._size
@@ -106,7 +111,7 @@ class DedupeIndex:
         runs = self._runs.setdefault(hour, [])
         runs.append((keys[order], _fold(content)[order]))
         self._size += len(keys)
-        _merge_tail(runs)
+        _merge_tail(runs, self.run_cap)
         self._evict()
 
     def _evict(self) -> None:
@@ -163,13 +168,16 @@ def _fold(content: np.ndarray) -> np.ndarray:
     return folded
 
 
-def _merge_tail(runs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Merge the newest runs while the one before is at most twice the newest's size.
+def _merge_tail(runs: list[tuple[np.ndarray, np.ndarray]], cap: int) -> None:
+    """Merge the newest runs while the one before is at most twice the newest's size and the
+    merged run would hold at most ``cap`` keys.
 
     Like a binary counter: each key takes part in O(log n) merges (re-sorting the whole hour
     every few batches cost ~4 µs a span at 4M keys), and an hour keeps O(log n) runs to search.
+    The cap bounds the memory a merge needs beside the index (merging two 1M-key runs needed
+    ~40 MB more for a moment) and lets eviction forget the oldest keys a run at a time.
     """
-    while len(runs) >= 2 and len(runs[-2][0]) <= 2 * len(runs[-1][0]):
+    while len(runs) >= 2 and len(runs[-2][0]) <= 2 * len(runs[-1][0]) and len(runs[-2][0]) + len(runs[-1][0]) <= cap:
         runs[-2:] = [_merge(runs[-2], runs[-1])]
 
 

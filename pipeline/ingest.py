@@ -32,10 +32,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,17 @@ import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracedag.collector import faults
-from tracedag.collector.spoolfmt import MAGIC, SEALED_SUFFIX, Record, read_records, segment_seq
+from tracedag.collector.spoolfmt import (
+    MAGIC,
+    SEALED_SUFFIX,
+    CorruptRecord,
+    Record,
+    RecordRef,
+    read_payload,
+    read_records,
+    scan_headers,
+    segment_seq,
+)
 from tracedag.pipeline.compact import Compactor, CompactStats, parquet_options
 from tracedag.pipeline.convert import Converted, convert_records
 from tracedag.pipeline.dedupe import DEFAULT_MAX_KEYS, DedupeIndex, write_sidecar
@@ -69,6 +80,8 @@ as 8192, whose transient memory is ~20 MB larger per converter process (``bench/
 
 COMPACT_DEFER_MAX = 10
 """While conversion is behind, compaction waits at most this many compaction intervals."""
+
+HOUR_NS = 3_600_000_000_000
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
 
@@ -361,9 +374,9 @@ class _Lock:
 def _hour_groups(table: pa.Table) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (receive hour, row indices) of ``table``."""
     recv = table.column("received_unix_nano").to_numpy()
-    hours = recv // 3_600_000_000_000
+    hours = recv // HOUR_NS
     for h in np.unique(hours):
-        yield hour_of(int(h) * 3_600_000_000_000), np.nonzero(hours == h)[0]
+        yield hour_of(int(h) * HOUR_NS), np.nonzero(hours == h)[0]
 
 
 def scan_segment(data: bytes) -> tuple[list[Record], str, int]:
@@ -505,6 +518,42 @@ class SpoolConverter:
         self.run_once()
 
     def _convert_segment(self, seg: Path, stats: ConvertStats) -> None:
+        """Convert one sealed segment, then retire it (to ``spool/done/``, or ``quarantine/``).
+
+        An intact segment is read record by record as its chunks are converted, so at most one
+        chunk's payloads are in memory; one with a torn tail or corruption is read whole and
+        scanned for every intact record.
+        """
+        stem = f"seg-{segment_seq(seg):020d}"
+        with open(seg, "rb") as fh:
+            fd = fh.fileno()
+            refs = scan_headers(fd, os.fstat(fd).st_size)
+            if refs is not None:
+                try:
+                    bad_records = self._convert_refs(fd, refs, stem, stats)
+                except CorruptRecord as exc:
+                    logger.warning("%s: %s; scanning the whole segment", seg.name, exc)
+                else:
+                    stats.segments += 1
+                    stats.records += len(refs)
+                    self._finish(seg, bad_records > 0, stats)
+                    return
+        self._convert_scanned(seg, stem, stats)
+
+    def _convert_refs(self, fd: int, refs: list[RecordRef], stem: str, stats: ConvertStats) -> int:
+        """Convert an intact segment's records, loaded chunk by chunk; return the bad records.
+
+        Raises ``CorruptRecord`` (before anything is committed) when a payload fails its checksum.
+        """
+        hours = {r.received_unix_nano // HOUR_NS for r in refs}
+        if len(hours) == 1 and self.workers == 1:
+            chunks = (_load(fd, c) for c in _chunks(refs, self.chunk_spans, _ref_size))
+            return self._stage(chunks, stem, hours.pop() * HOUR_NS, stats)
+        pairs = _load(fd, refs)
+        return self._store_pairs(pairs, stem, stats)
+
+    def _convert_scanned(self, seg: Path, stem: str, stats: ConvertStats) -> None:
+        """Convert the intact records of a damaged segment (read whole), then quarantine it."""
         records, state, corrupt = scan_segment(seg.read_bytes())
         stats.segments += 1
         stats.records += len(records)
@@ -512,27 +561,35 @@ class SpoolConverter:
             stats.torn_tails += 1
             logger.warning("%s: torn tail discarded after %d intact records", seg.name, len(records))
         stats.corrupt_records += corrupt
-        stem = f"seg-{segment_seq(seg):020d}"
+        pairs = [(r.payload, r.received_unix_nano) for r in records]
+        del records
         bad_records = 0
-        hours = {r.received_unix_nano // 3_600_000_000_000 for r in records}
+        hours = {received // HOUR_NS for _, received in pairs}
         if len(hours) == 1 and self.workers == 1:
-            bad_records = self._stage(records, stem, hours.pop() * 3_600_000_000_000, stats)
-        elif records:
-            parts = self._convert(records, stem)
-            del records
-            bad_records = sum(p.bad_records for p in parts)
-            stats.corrupt_records += bad_records
-            stats.spans_read += sum(p.table.num_rows for p in parts)
-            self.writer.store_parts(parts, stem, stats)
+            chunks = list(_chunks(pairs, self.chunk_spans, _pair_size))
+            pairs.clear()
+            bad_records = self._stage(_drain(chunks), stem, hours.pop() * HOUR_NS, stats)
+        elif pairs:
+            bad_records = self._store_pairs(pairs, stem, stats)
+        self._finish(seg, state == "corrupt" or bad_records > 0, stats)
+
+    def _finish(self, seg: Path, bad: bool, stats: ConvertStats) -> None:
         if self._rounds == 1:
             fault("recovery")
         fault("convert.after_rename")
-        self._retire(seg, state == "corrupt" or bad_records > 0, stats)
+        self._retire(seg, bad, stats)
 
-    def _stage(self, records: list[Record], stem: str, received: int, stats: ConvertStats) -> int:
+    def _store_pairs(self, pairs: list[tuple[bytes, int]], stem: str, stats: ConvertStats) -> int:
+        """Convert and store a segment spanning several receive hours; return the bad records."""
+        parts = self._convert(pairs, stem)
+        bad_records = sum(p.bad_records for p in parts)
+        stats.corrupt_records += bad_records
+        stats.spans_read += sum(p.table.num_rows for p in parts)
+        self.writer.store_parts(parts, stem, stats)
+        return bad_records
+
+    def _stage(self, chunks: Iterator[list[tuple[bytes, int]]], stem: str, received: int, stats: ConvertStats) -> int:
         """Convert a one-hour segment into a staged file outside the lock, then commit it; return bad records."""
-        chunks = list(_chunks([(r.payload, r.received_unix_nano) for r in records], self.chunk_spans))
-        records.clear()
         if not self.writer.has_index():
             with self.writer.locked():  # loads the index, so known rows are dropped before staging
                 pass
@@ -549,18 +606,18 @@ class SpoolConverter:
         bad: int = staged.bad_records
         return bad
 
-    def _convert(self, records: list[Record], stem: str) -> list[Converted]:
-        """Convert a segment's records in chunks of about ``chunk_spans`` spans (bounded peak memory)."""
-        pairs = [(r.payload, r.received_unix_nano) for r in records]
-        records.clear()  # the payloads stay referenced by ``pairs`` only
+    def _convert(self, pairs: list[tuple[bytes, int]], stem: str) -> list[Converted]:
+        """Convert a segment's records in chunks of about ``chunk_spans`` spans (bounded peak memory).
+
+        ``pairs`` is emptied: each chunk's payloads are freed once converted.
+        """
         if self.workers > 1:
-            return [convert_records(pairs, stem, self.workers)]
-        chunks = list(_chunks(pairs, self.chunk_spans))
+            conv = convert_records(pairs, stem, self.workers)
+            pairs.clear()
+            return [conv]
+        chunks = list(_chunks(pairs, self.chunk_spans, _pair_size))
         pairs.clear()
-        parts = []
-        while chunks:  # each chunk's payloads are freed once converted
-            parts.append(convert_records(chunks.pop(0), stem))
-        return parts
+        return [convert_records(chunk, stem) for chunk in _drain(chunks)]
 
     def _failed(self, seg: Path, exc: Exception, stats: ConvertStats) -> None:
         """Count a conversion failure; after ``MAX_ATTEMPTS`` move the segment to ``spool/failed/``."""
@@ -586,19 +643,41 @@ class SpoolConverter:
         fsync_dir(seg.parent)
 
 
-def _chunks(pairs: list[tuple[bytes, int]], spans: int) -> Iterator[list[tuple[bytes, int]]]:
+T = TypeVar("T")
+
+
+def _chunks(items: list[T], spans: int, size: Callable[[T], int]) -> Iterator[list[T]]:
     """Split records into runs of about ``spans`` spans (estimated from payload bytes, ~1 KB a span)."""
     budget = spans * 1024
-    chunk: list[tuple[bytes, int]] = []
-    size = 0
-    for pair in pairs:
-        chunk.append(pair)
-        size += len(pair[0])
-        if size >= budget:
+    chunk: list[T] = []
+    total = 0
+    for item in items:
+        chunk.append(item)
+        total += size(item)
+        if total >= budget:
             yield chunk
-            chunk, size = [], 0
+            chunk, total = [], 0
     if chunk:
         yield chunk
+
+
+def _pair_size(pair: tuple[bytes, int]) -> int:
+    return len(pair[0])
+
+
+def _ref_size(ref: RecordRef) -> int:
+    return ref.length
+
+
+def _drain(chunks: list[T]) -> Iterator[T]:
+    """Yield and drop the items of ``chunks`` in order (each is freed once the consumer is done)."""
+    while chunks:
+        yield chunks.pop(0)
+
+
+def _load(fd: int, refs: list[RecordRef]) -> list[tuple[bytes, int]]:
+    """Read (and check) the payloads of ``refs`` with their receive times."""
+    return [(read_payload(fd, r), r.received_unix_nano) for r in refs]
 
 
 def release_memory() -> None:

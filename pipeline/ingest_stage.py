@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,11 +70,11 @@ def clean_stage_dir(data: Path, shard: int, shards: int = 1) -> None:
 
 
 def stage_chunks(
-    chunks: list[list[tuple[bytes, int]]], batch_id: str, path: Path, index: DedupeIndex | None = None,
+    chunks: Iterator[list[tuple[bytes, int]]], batch_id: str, path: Path, index: DedupeIndex | None = None,
 ) -> Staged:
     """Convert ``chunks`` one by one, each sorted into its own row group of the file ``path``.
 
-    ``chunks`` is emptied as it is converted (each chunk's payloads are freed once converted).
+    ``chunks`` is consumed lazily: only one chunk's payloads need to be in memory at a time.
     Rows already in ``index`` (a possibly stale copy; the commit checks again under the lock) or
     repeated within the segment are dropped here, so the commit rarely has to rewrite the file.
     """
@@ -90,8 +90,9 @@ def stage_chunks(
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
         with open(path, "wb") as fh:
             try:
-                while chunks:
-                    conv = _drop_known(convert_records(chunks.pop(0), batch_id), index, seen, dup)
+                for chunk in chunks:
+                    conv = _drop_known(convert_records(chunk, batch_id), index, seen, dup)
+                    del chunk
                     bad += conv.bad_records
                     if not conv.table.num_rows:
                         continue

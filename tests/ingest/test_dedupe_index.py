@@ -59,3 +59,20 @@ def test_merge_equals_a_stable_sort_of_both_runs():
         k, c = np.concatenate([ka, kb]), np.concatenate([ca, cb])
         order = np.argsort(k, kind="stable")
         assert keys.tolist() == k[order].tolist() and content.tolist() == c[order].tolist()
+
+
+def test_runs_stop_growing_at_the_cap_and_the_oldest_are_forgotten_a_run_at_a_time():
+    rng = np.random.default_rng(11)
+    index, kept = DedupeIndex(max_keys=80_000), []
+    assert index.run_cap == 65_536  # max_keys / 8 is below the floor
+    index.run_cap = 10_000  # small enough to see many runs
+    for _ in range(200):
+        keys = rng.integers(1, 2**62, size=1000, dtype=np.int64).astype(np.uint64)
+        index.add("2026-11-30-06", keys, keys)
+        kept.append(keys)
+    runs = index._runs["2026-11-30-06"]
+    assert max(len(k) for k, _ in runs) <= 10_000 and len(runs) <= 8 + 2 * 14
+    assert 80_000 - 10_000 <= len(index) <= 80_000  # beyond the bound, whole old runs go
+    newest = np.concatenate(kept[-60:])
+    assert not index.check(newest, newest).keep.any()
+    assert index.check(kept[0], kept[0]).keep.all()

@@ -224,3 +224,33 @@ def test_converted_segments_are_kept_in_done_then_pruned_after_the_retention(dat
     assert conv.prune_done(time.time() + 60) == 0 and done.exists()
     assert conv.prune_done(time.time() + 7200) == 1 and not done.exists()
     assert stored(data)[0] > 0
+
+
+def test_intact_segment_is_read_chunk_by_chunk_not_whole(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracedag.pipeline.ingest as ingest
+    import tracedag.pipeline.ingest_stage as stage
+
+    reqs = _reqs(3000, 10)
+    write_segment(data, 11, [(r.SerializeToString(), NOW) for r in reqs])
+    events: list[str] = []
+    real_read, real_convert = ingest.read_payload, stage.convert_records
+    monkeypatch.setattr(ingest, "read_payload", lambda fd, ref: events.append("read") or real_read(fd, ref))
+    monkeypatch.setattr(stage, "convert_records", lambda *a: events.append("convert") or real_convert(*a))
+    st = SpoolConverter(data, chunk_spans=300).run_once()
+    assert st.spans_stored == sum(span_count(r) for r in reqs) == stored(data)[0]
+    assert events.count("read") == len(reqs) and events.count("convert") > 1
+    assert events.index("convert") < len(events) - 1 - events[::-1].index("read")  # reads interleave
+
+
+def test_corrupt_payload_in_a_late_chunk_falls_back_to_the_whole_scan(data: Path) -> None:
+    reqs = _reqs(3000, 11)
+    bodies = [r.SerializeToString() for r in reqs]
+    seg = write_segment(data, 12, [(b, NOW) for b in bodies])
+    last = seg.stat().st_size - len(bodies[-1]) + 50  # inside the last payload: earlier chunks are staged first
+    raw = bytearray(seg.read_bytes())
+    raw[last : last + 8] = bytes(8)
+    seg.write_bytes(bytes(raw))
+    st = SpoolConverter(data, chunk_spans=300).run_once()
+    assert st.quarantined == 1 and st.corrupt_records >= 1 and st.segments == 1
+    assert stored_ids(data) == request_ids(reqs[:-1])
+    assert not list((data / "state").rglob("*.tmp"))
