@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from rich.console import Console
@@ -103,13 +104,16 @@ class Collector:
             raise RuntimeError("collector did not start")
         self.peak_rss = 0
         self.peak_pss = 0
+        self.peak_parts: list[int] = []  # each process's RSS at the moment of ``peak_rss``
         self._stop = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                self.peak_rss = max(self.peak_rss, tree_rss(self.proc.pid))
+                parts = tree_rss_parts(self.proc.pid)
+                if sum(parts) > self.peak_rss:
+                    self.peak_rss, self.peak_parts = sum(parts), parts
                 self.peak_pss = max(self.peak_pss, tree_pss(self.proc.pid))
             except OSError:
                 return
@@ -129,18 +133,32 @@ def tree_rss(pid: int) -> int:
     return _tree_sum(pid, "status", "VmRSS:")
 
 
+def tree_rss_parts(pid: int) -> list[int]:
+    """RSS of a process, then of each of its descendants."""
+    parts = [_tree_sum(pid, "status", "VmRSS:", children=False)]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                parts += tree_rss_parts(int(child))
+            except OSError:
+                continue
+    return parts
+
+
 def tree_pss(pid: int) -> int:
     """PSS of a process and its children: shared pages split between the processes mapping them."""
     return _tree_sum(pid, "smaps_rollup", "Pss:")
 
 
-def _tree_sum(pid: int, name: str, key: str) -> int:
+def _tree_sum(pid: int, name: str, key: str, children: bool = True) -> int:
     """Sum of the ``key`` kB line of ``/proc/<pid>/<name>`` over a process and its descendants."""
     total = 0
     with open(f"/proc/{pid}/{name}") as fh:
         for line in fh:
             if line.startswith(key):
                 total += int(line.split()[1]) * 1024
+    if not children:
+        return total
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             try:
@@ -275,7 +293,7 @@ def _count(data: Path) -> int:
         return -1
 
 
-def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, float]:
+def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, Any]:
     """Unique spans for ``seconds``: queryable spans/s, and the ack -> queryable lag (when paced)."""
     every = 0.25 if rate else 1.0  # the lag needs a fine poll; the rate does not, and polls cost CPU
     data = Path(tempfile.mkdtemp(prefix="bench-ingest-q-"))
@@ -306,7 +324,12 @@ def queryable_run(bodies, counts, tids, conc, seconds, rate) -> dict[str, float]
     acks = sorted(a for r in results for a in r.acks)
     return {"acked_per_s": acked / (acked_end - t0), "queryable_per_s": _steady_rate(samples, t0, acked_end),
             "lag_p50": _lag(acks, samples, 0.5), "lag_p99": _lag(acks, samples, 0.99), "rss": col.peak_rss,
-            "pss": col.peak_pss}
+            "pss": col.peak_pss, "parts": col.peak_parts}
+
+
+def _parts(run: dict[str, Any]) -> str:
+    """The per-process split of a run's peak RSS: receiver + converters, in MB."""
+    return " + ".join(f"{p / 2**20:.0f}" for p in run["parts"])
 
 
 def _steady_rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float:
@@ -385,7 +408,7 @@ def queryable_report(bodies, counts, tids, args) -> None:
         fulls.append(full)
         paceds.append(paced)
         console.print(f"run {i + 1}: queryable {full['queryable_per_s']:,.0f} spans/s (acked "
-                      f"{full['acked_per_s']:,.0f}), peak RSS {full['rss'] / 2**20:.0f} MB PSS {full['pss'] / 2**20:.0f} MB; at {args.rate:,.0f}/s: "
+                      f"{full['acked_per_s']:,.0f}), peak RSS {full['rss'] / 2**20:.0f} MB ({_parts(full)}) PSS {full['pss'] / 2**20:.0f} MB; at {args.rate:,.0f}/s: "
                       f"lag p50 {paced['lag_p50']:.2f} s p99 {paced['lag_p99']:.2f} s, peak RSS "
                       f"{paced['rss'] / 2**20:.0f} MB PSS {paced['pss'] / 2**20:.0f} MB; load {os.getloadavg()[0]:.1f}")
     med = statistics.median

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracedag.collector import faults
-from tracedag.pipeline.dedupe import first_occurrence, read_sidecar, sidecar_path, write_sidecar
+from tracedag.pipeline.dedupe import DedupeIndex, read_sidecar, sidecar_path, write_sidecar
 from tracedag.pipeline.store import file_lock, fsync_dir, table_dir
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,10 @@ STATISTICS_COLUMNS = [
     "variant_id", "service_version", "batch_id",
 ]
 """Columns whose row-group min/max fresh (``fast``) files keep: the ones queries prune on."""
+
+GROUP_ROWS = 16_384
+"""Rows per row group of a compacted file (about 30 MB of Arrow data for agent spans while it is
+built; DuckDB's own writer uses 122,880, which would cost ~200 MB here)."""
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -205,34 +209,63 @@ def _link(f: Path, stage: Path, dedupe: bool) -> None:
 
 
 class _Merger:
-    """Streams small files into merged files of at most ``target_rows`` rows."""
+    """Streams small files into merged files of at most ``target_rows`` rows.
 
-    def __init__(self, out_dir: Path, target_rows: int, dedupe: bool) -> None:
+    Input is read one row group at a time (a converter writes one per chunk of about 4096 spans)
+    and buffered up to ``group_rows`` rows per output row group, so a compaction holds about one
+    output row group of Arrow data however large the files are; reading whole files made it the
+    largest moment of a converter's memory (+60 MB on a 16 MB segment's file).
+    """
+
+    def __init__(self, out_dir: Path, target_rows: int, dedupe: bool, group_rows: int = GROUP_ROWS) -> None:
         self.out_dir = out_dir
         self.target_rows = target_rows
+        self.group_rows = group_rows
         self.dedupe = dedupe
-        self.seen = np.empty(0, dtype=np.uint64)  # sorted keys already merged
+        self.seen = DedupeIndex(max_keys=1 << 62)  # keys already merged (never forgets)
         self.duplicates = 0
         self._writer: pq.ParquetWriter | None = None
         self._path: Path | None = None
         self._rows = 0
         self._keys: list[np.ndarray] = []
         self._content: list[np.ndarray] = []
+        self._pending: list[tuple[pa.Table, np.ndarray, np.ndarray]] = []  # with their keys and content
+        self._pending_rows = 0
         self._count = 0
 
     def add(self, f: Path) -> None:
         """Append the rows of ``f`` (minus spans already merged) to the current output file."""
-        table = pq.read_table(f)
-        if self.dedupe:
-            keys, content = read_sidecar(f)
-            keep = first_occurrence(keys) & ~np.isin(keys, self.seen)
-            self.seen = np.union1d(self.seen, keys[keep])
-            self.duplicates += int(len(keys) - keep.sum())
-            table = table.filter(pa.array(keep))
-            self._keys.append(keys[keep])
-            self._content.append(content[keep])
-        if table.num_rows:
-            self._write(table)
+        pf = pq.ParquetFile(f)
+        keys, content = read_sidecar(f) if self.dedupe else (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        start = 0
+        for g in range(pf.num_row_groups):
+            table = pf.read_row_group(g)
+            k, c = keys[start : start + table.num_rows], content[start : start + table.num_rows]
+            start += table.num_rows
+            if self.dedupe:
+                keep = self.seen.check(k, c).keep
+                self.seen.add("merged", k[keep], c[keep])
+                self.duplicates += int(len(k) - keep.sum())
+                if not keep.all():
+                    table, k, c = table.filter(pa.array(keep)), k[keep], c[keep]
+            if table.num_rows:
+                self._buffer(table, k, c)
+
+    def _buffer(self, table: pa.Table, keys: np.ndarray, content: np.ndarray) -> None:
+        """Collect row groups until an output row group is full, then write it."""
+        self._pending.append((table, keys, content))
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self.group_rows:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        if not self._pending:
+            return
+        tables, keys, content = zip(*self._pending, strict=True)
+        self._pending, self._pending_rows = [], 0
+        self._write(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        self._keys.extend(keys)  # after ``_write``: they belong to the file just written to
+        self._content.extend(content)
 
     def _write(self, table: pa.Table) -> None:
         if self._writer is None or self._rows >= self.target_rows:
@@ -240,7 +273,7 @@ class _Merger:
             self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self._count:04d}.parquet"
             self._count += 1
             self._writer = pq.ParquetWriter(self._path, table.schema, **parquet_options(table))
-        self._writer.write_table(table, row_group_size=64 * 1024)
+        self._writer.write_table(table, row_group_size=self.group_rows * 2)
         self._rows += table.num_rows
 
     def _finish_file(self) -> None:
@@ -255,4 +288,5 @@ class _Merger:
 
     def close(self) -> None:
         """Finish the last output file."""
+        self._flush_pending()
         self._finish_file()

@@ -30,10 +30,12 @@ logger = logging.getLogger(__name__)
 
 SIDECAR_SUFFIX = ".keys.npy"
 
-DEFAULT_MAX_KEYS = 2_000_000
-"""Most keys an index holds (24 MB: each converter process holds one); the oldest runs are
-forgotten beyond it (compaction still de-duplicates within a receive hour). 2M spans cover
-exporter retries (seconds to a minute) at up to ~30k spans/s, and 10 hours at 55 spans/s."""
+DEFAULT_MAX_KEYS = 1_000_000
+"""Most keys an index holds (12 MB; each converter process holds one); the oldest runs are
+forgotten beyond it, and compaction still de-duplicates within a receive hour. A lost ack is
+retried after the exporter's timeout (10 s by default) plus its backoff: 1M spans cover that at
+40k spans/s (25 s) and 5 hours at 55 spans/s. 2M keys cost each converter 12 MB more, which put
+the collector's memory under overload over its 400 MB budget."""
 
 RUNS_PER_INDEX = 8
 """Runs are merged up to ``max_keys / RUNS_PER_INDEX`` keys (an index searches ~2-3x as many runs)."""

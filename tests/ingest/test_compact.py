@@ -9,6 +9,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow.parquet as pq
 from ingest_support import request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
@@ -150,3 +151,35 @@ def test_compaction_yields_to_conversion_but_not_forever(data: Path) -> None:
     assert conv.run_once().segments == 2
     assert len(part_files()) == 1  # compacted although this round converted (overload must not defer it forever)
     assert stored(data) == (512 * 6, 512 * 6)
+
+
+def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows(data: Path) -> None:
+    from tracedag.pipeline.dedupe import keys_from_hex, read_sidecar
+
+    reqs = list(requests(512 * 10, seed=35))
+    received = time.time_ns() - 3 * HOUR
+    for i, r in enumerate(reqs):
+        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    write_segment(data, 100, [(reqs[3].SerializeToString(), received)])  # a duplicate file's worth
+    conv = SpoolConverter(data, compact_interval=1e9, chunk_spans=200)  # several row groups per file
+    conv.run_once()
+    part = next((data / "tables" / "spans").iterdir())
+    conv.compactor.target_rows = 2000  # several output files: each sidecar must describe its own rows
+    import tracedag.pipeline.compact as compact
+
+    real = compact._Merger.__init__
+    compact._Merger.__init__ = lambda self, out, target, dedupe: real(self, out, target, dedupe, group_rows=700)
+    try:
+        st = conv.compact()
+    finally:
+        compact._Merger.__init__ = real
+    assert st.partitions == 1
+    files = sorted(part.glob("*.parquet"))
+    assert len(files) >= 3
+    for f in files:
+        pf = pq.ParquetFile(f)
+        assert all(pf.metadata.row_group(g).num_rows <= 700 + 600 for g in range(pf.num_row_groups))
+        ids = pf.read(columns=["trace_id", "span_id"])
+        keys, _ = read_sidecar(f)
+        assert keys.tolist() == keys_from_hex(ids.column("trace_id"), ids.column("span_id")).tolist()
+    assert stored(data) == (512 * 10, 512 * 10)
