@@ -93,7 +93,8 @@ class Collector:
     def __init__(self, data: Path) -> None:
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect",
                "--http-port", "0", "--grpc-port", "0", "--data", str(data), "--max-inflight", "256MiB"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     preexec_fn=_die_with_parent)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             m = re.search(r"http_port=(\d+)", line)
@@ -126,6 +127,15 @@ class Collector:
         else:
             self.proc.terminate()
         self.proc.wait(600)
+
+
+def _die_with_parent() -> None:
+    """In the collector's process, before exec: SIGTERM it when the benchmark dies (Ctrl-C, kill),
+    so an interrupted benchmark leaves no collector behind to load the machine."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def tree_rss(pid: int) -> int:

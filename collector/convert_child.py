@@ -1,4 +1,4 @@
-"""Entry point of one converter process: ``python -P -m tracedag.collector.convert_child DATA INTERVAL PARENT W N``.
+"""Entry point of one converter process: ``python -P -m tracedag.collector.convert_child DATA INTERVAL PARENT W N RETENTION``.
 
 Started by ``tracedag.collector.convert_proc.ConverterProcess``. The process converts the sealed
 spool segments whose sequence is ``W`` mod ``N`` (``SpoolConverter(DATA, shard=(W, N)).run_once()``
@@ -83,7 +83,8 @@ def convert_round(converter: Any, registry: Any, data: Path, name: str) -> bool:
     return busy
 
 
-def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: int = 0) -> int:
+def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: int = 0,
+        retention: float = 24 * 3600.0) -> int:
     """Convert ``shard``'s segments until the pipe ``fd`` closes or the parent dies; return the exit code."""
     import pyarrow as pa
 
@@ -92,7 +93,7 @@ def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: in
 
     pa.set_cpu_count(1)  # N converter processes already use the cores; threads would only add arenas
 
-    converter = SpoolConverter(data, shard=shard)
+    converter = SpoolConverter(data, shard=shard, done_retention=retention)
     name = metrics_name(shard[0])
     while os.getppid() == parent:
         busy = convert_round(converter, REGISTRY, data, name)
@@ -104,8 +105,8 @@ def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: in
 
 
 def main(argv: list[str]) -> int:
-    """Parse ``DATA INTERVAL PARENT W N``, set the process up and run the conversion loop."""
-    data, interval, parent, w, n = argv
+    """Parse ``DATA INTERVAL PARENT W N RETENTION``, set the process up and run the conversion loop."""
+    data, interval, parent, w, n, retention = argv
     die_with_parent()
     if os.getppid() != int(parent):
         return 0  # the parent ended before PR_SET_PDEATHSIG took effect
@@ -113,7 +114,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # freed memory returns to the OS
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    return run(Path(data), float(interval), int(parent), (int(w), int(n)))
+    return run(Path(data), float(interval), int(parent), (int(w), int(n)), retention=float(retention))
 
 
 if __name__ == "__main__":

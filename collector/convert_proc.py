@@ -93,9 +93,11 @@ class _Launcher:
 class ConverterProcess:
     """Supervised child processes converting sealed spool segments (split by segment sequence)."""
 
-    def __init__(self, data: Path, interval: float = 0.25, processes: int | None = None) -> None:
+    def __init__(self, data: Path, interval: float = 0.25, processes: int | None = None,
+                 retention: float = 24 * 3600.0) -> None:
         self.data = Path(data)
         self.interval = interval
+        self.retention = retention
         self.processes = processes or default_processes()
         self._procs: list[Child | None] = [None] * self.processes
         self._lock = threading.Lock()
@@ -113,7 +115,7 @@ class ConverterProcess:
         """Start child ``w`` (the caller holds the lock)."""
         if self._launcher is None:
             self._launcher = _Launcher()
-        args = [str(self.data), repr(self.interval), str(os.getpid()), str(w), str(self.processes)]
+        args = [str(self.data), repr(self.interval), str(os.getpid()), str(w), str(self.processes), repr(self.retention)]
         proc = self._launcher.popen([sys.executable, "-P", "-m", CHILD_MODULE, *args])
         logger.debug("converter process %d started (pid %d)", w, proc.pid)
         return proc

@@ -55,6 +55,7 @@ class CollectorConfig:
     convert: bool = True
     convert_process: bool = False  # convert in a child process (off this interpreter's GIL)
     convert_interval: float = 0.25
+    spool_retention: float = 24 * 3600.0  # seconds converted segments stay in spool/done/
     build: bool = False
     build_idle_seconds: float = 30.0
     build_interval: float = 5.0
@@ -106,12 +107,13 @@ class RunningCollector:
         """Start the spool sealer, the converter and the receivers."""
         self.spool.start()
         if self.config.convert and self.config.convert_process:
-            self._child = ConverterProcess(self.data, self.config.convert_interval)
+            self._child = ConverterProcess(self.data, self.config.convert_interval,
+                                           retention=self.config.spool_retention)
             self._child.start()
             REGISTRY.add_source(self._child.metrics_text)
             self._spawn("converter-supervisor", self._supervise)
         elif self.config.convert:
-            self._converter = _make_converter(self.data)
+            self._converter = _make_converter(self.data, self.config.spool_retention)
             self._spawn("spool-converter", self._convert_loop)
         if self.config.build:
             self._spawn("dag-builder", self._build_loop)
@@ -198,7 +200,7 @@ class RunningCollector:
             self._child.stop(grace_seconds + 60)
             REGISTRY.remove_source(self._child.metrics_text)
             if self._child.pending():
-                self._converter = _make_converter(self.data)  # the child is gone: finish here
+                self._converter = _make_converter(self.data, self.config.spool_retention)  # the child is gone: finish here
         try:
             self.convert_once()
         except Exception:
@@ -211,10 +213,10 @@ def start_collector(config: CollectorConfig) -> RunningCollector:
     return RunningCollector(config).start()
 
 
-def _make_converter(data: Path) -> Any:
+def _make_converter(data: Path, retention: float) -> Any:
     from tracedag.pipeline.ingest import SpoolConverter
 
-    return SpoolConverter(data)
+    return SpoolConverter(data, done_retention=retention)
 
 
 def _build_function() -> Any:

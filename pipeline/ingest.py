@@ -83,6 +83,9 @@ COMPACT_DEFER_MAX = 10
 
 HOUR_NS = 3_600_000_000_000
 
+PRUNE_INTERVAL_SECONDS = 10.0
+"""How often converter 0 deletes the segments of ``spool/done/`` past their retention."""
+
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
 
 
@@ -426,6 +429,7 @@ class SpoolConverter:
         self.compactor = Compactor(self.data)
         self.compact_interval = compact_interval
         self._last_compact = time.monotonic()
+        self._last_prune = time.monotonic()
         self.workers = workers
         self.totals = ConvertStats()
         self._rounds = 0
@@ -461,7 +465,10 @@ class SpoolConverter:
             except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
                 self._failed(seg, exc, stats)
         if self.shard[0] == 0 and self._compaction_due(stats):
+            release_memory()  # what conversion freed goes back first: compaction then grows from less
             self.compact()
+        elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:
+            self.prune_done()  # not held back with compaction: spool/done must not grow under overload
         if stats.segments:
             release_memory()
         with self._stats_lock:
@@ -496,6 +503,7 @@ class SpoolConverter:
 
     def prune_done(self, now_unix: float | None = None) -> int:
         """Delete converted segments older than ``done_retention`` seconds from ``spool/done/``."""
+        self._last_prune = time.monotonic()
         limit = (time.time() if now_unix is None else now_unix) - self.done_retention
         pruned = 0
         for seg in (self.spool / "done").glob("seg-*"):
@@ -633,6 +641,10 @@ class SpoolConverter:
         stats.failed_segments += 1
 
     def _retire(self, seg: Path, bad: bool, stats: ConvertStats) -> None:
+        if not bad and self.done_retention <= 0:  # nothing to keep it for: its spans are committed
+            seg.unlink()
+            fsync_dir(seg.parent)
+            return
         dest = self.data / "quarantine" if bad else self.spool / "done"
         dest.mkdir(parents=True, exist_ok=True)
         if bad:

@@ -61,6 +61,9 @@ def parse_size(text: str) -> int:
               help="Seconds an idle keep-alive HTTP connection stays open.")
 @click.option("--max-connections", default=0, show_default=True, type=int,
               help="HTTP connections at once (0: no cap); over it, new connections get 503 and are closed.")
+@click.option("--spool-retention", default=24.0, show_default=True, type=click.FloatRange(min=0),
+              help="Hours converted spool segments stay in spool/done/ (to rebuild Parquet from); 0 deletes "
+                   "them once converted.")
 @click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
 @click.option("--build-idle", default=30.0, show_default=True, type=float,
               help="Seconds without new spans before a trace is built.")
@@ -72,7 +75,8 @@ def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
     tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
-    header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, build: bool,
+    header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, spool_retention: float,
+    build: bool,
     build_idle: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
@@ -88,7 +92,7 @@ def collect(
         max_attribute_bytes=parse_size(max_attribute_bytes) if max_attribute_bytes else None,
         max_span_attributes=max_span_attributes, max_span_events=max_span_events,
         header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
-        max_connections=max_connections,
+        max_connections=max_connections, spool_retention=spool_retention * 3600,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
         convert_process=convert_mode == "process",
     )

@@ -2,6 +2,12 @@
 
 Invariant: every span whose export returned SUCCESS is stored exactly once after a restart
 ("stored" = visible in ``tracedag.pipeline.views.connect(data)`` after conversion).
+
+E37 drives the four client flavours of the test plan at once, each a real exporter in its own
+process: HTTP/protobuf and gRPC from this project's SDK (1.45.2), the HTTP exporter of SDK 1.44.0
+(which gzips inside each attempt and retries differently), and the OTLP/HTTP JSON exporter
+(``opentelemetry-exporter-otlp-json-http``). The last two cannot be installed beside SDK 1.45.2,
+so they run from cached pinned venvs (``pinned_venv``; the lock files sit beside this test).
 """
 
 import http.client
@@ -14,11 +20,22 @@ from pathlib import Path
 
 import pytest
 from collector_support import PB, make_request, make_span, post, start_process, stop_process
+from pinned_venv import PinnedVenv, client_env
 
 from tracedag.collector.server import CollectorConfig, start_collector
 from tracedag.pipeline.views import connect
 
 HERE = Path(__file__).resolve().parent
+SDK_1_44 = PinnedVenv("otel-sdk-venv", HERE / "otel_sdk_1_44_requirements.txt", "opentelemetry-exporter-otlp-proto-http",
+                      "import opentelemetry.exporter.otlp.proto.http.trace_exporter")
+JSON_HTTP = PinnedVenv("otel-json-venv", HERE / "otel_json_requirements.txt", "opentelemetry-exporter-otlp-json-http",
+                       "import opentelemetry.exporter.otlp.json.http.trace_exporter")
+
+
+def _flavours() -> list[tuple[str, str, str]]:
+    """(name, python, transport) of each client flavour; the pinned venvs are built on first use."""
+    return [("http-1.45", sys.executable, "http"), ("grpc-1.45", sys.executable, "grpc"),
+            ("http-1.44", str(SDK_1_44.ensure()), "http"), ("json", str(JSON_HTTP.ensure()), "json")]
 
 
 def _final_check(data: Path, acked: set[str]) -> set[str]:
@@ -56,19 +73,21 @@ def _wait_for_acks(files: list[Path], timeout: float) -> None:
 def _kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
     rng = random.Random(seed)
     data = tmp_path / "data"
-    outs = []
+    flavours = _flavours()
+    outs: dict[str, list[Path]] = {name: [] for name, _, _ in flavours}
     for r in range(rounds):
         proc, http_port, grpc_port = start_process(data)
+        endpoints = {"http": f"http://127.0.0.1:{http_port}/v1/traces", "json": f"http://127.0.0.1:{http_port}/v1/traces",
+                     "grpc": f"127.0.0.1:{grpc_port}"}
         clients = []
-        for transport, endpoint in (("http", f"http://127.0.0.1:{http_port}/v1/traces"),
-                                    ("grpc", f"127.0.0.1:{grpc_port}")):
-            out = tmp_path / f"acked-{r}-{transport}.txt"
-            outs.append(out)
+        for name, python, transport in flavours:
+            out = tmp_path / f"acked-{r}-{name}.txt"
+            outs[name].append(out)
             clients.append(subprocess.Popen(
-                [sys.executable, str(HERE / "load_client.py"), transport, endpoint, str(out), "60"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [python, str(HERE / "load_client.py"), transport, endpoints[transport], str(out), "60"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=client_env(),
             ))
-        _wait_for_acks(outs[-2:], 60)
+        _wait_for_acks([files[-1] for files in outs.values()], 60)
         time.sleep(rng.uniform(0.3, 2.0))
         proc.kill()  # SIGKILL under load
         proc.wait(10)
@@ -76,9 +95,9 @@ def _kill_rounds(tmp_path: Path, rounds: int, seed: int) -> None:
         for client in clients:
             client.terminate()
             client.wait(30)
-    acked = _acked(outs)
-    assert len(acked) > 0
-    _final_check(data, acked)
+    acked = {name: _acked(files) for name, files in outs.items()}
+    assert all(acked.values()), {name: len(ids) for name, ids in acked.items()}  # every flavour got SUCCESS
+    _final_check(data, set().union(*acked.values()))
 
 
 def test_e37_sigkill_under_load_one_round(tmp_path):
@@ -131,3 +150,14 @@ def test_e42_sigterm_drains_and_flushes(tmp_path):
     assert time.monotonic() - started < 15
     assert connect(data).sql("select count(*) from spans").fetchall() == [(50,)]
     assert not list((data / "spool").glob("*.open"))
+
+
+@pytest.mark.parametrize("retention", ["0", "24"])
+def test_spool_retention_option_deletes_or_keeps_converted_segments(tmp_path, retention):
+    data = tmp_path / "data"
+    proc, port, _ = start_process(data, "--spool-retention", retention)
+    assert post(port, make_request([make_span(i) for i in range(20)]).SerializeToString(), PB).status == 200
+    assert stop_process(proc, signal.SIGTERM) == 0
+    assert connect(data).sql("select count(*) from spans").fetchall() == [(20,)]
+    kept = list((data / "spool").rglob("seg-*"))
+    assert [p.parent.name for p in kept] == ([] if retention == "0" else ["done"])

@@ -254,3 +254,30 @@ def test_corrupt_payload_in_a_late_chunk_falls_back_to_the_whole_scan(data: Path
     assert st.quarantined == 1 and st.corrupt_records >= 1 and st.segments == 1
     assert stored_ids(data) == request_ids(reqs[:-1])
     assert not list((data / "state").rglob("*.tmp"))
+
+
+def test_retention_zero_deletes_converted_segments_and_keeps_corrupt_ones(data: Path) -> None:
+    reqs = _reqs(1024, 12)
+    write_segment(data, 13, [(reqs[0].SerializeToString(), NOW)])
+    bad = write_segment(data, 14, [(b"\x0a\xff\xff\xff\xff\x0f", NOW), (reqs[1].SerializeToString(), NOW)])
+    st = SpoolConverter(data, done_retention=0).run_once()
+    assert st.spans_stored == span_count(reqs[0]) + span_count(reqs[1])
+    assert not list((data / "spool").rglob("seg-*"))  # neither waiting nor in spool/done
+    assert (data / "quarantine" / bad.name).exists()  # kept for a person to look at
+
+
+def test_done_segments_are_pruned_even_while_compaction_is_held_back(
+        data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import tracedag.pipeline.ingest as ingest
+
+    reqs = _reqs(1024, 13)
+    write_segment(data, 15, [(reqs[0].SerializeToString(), NOW)])
+    conv = SpoolConverter(data, done_retention=3600, compact_interval=1e9)
+    conv.run_once()
+    (done,) = list((data / "spool" / "done").iterdir())
+    os.utime(done, (time.time() - 7200, time.time() - 7200))
+    monkeypatch.setattr(ingest, "PRUNE_INTERVAL_SECONDS", 0.0)
+    conv.run_once()  # no compaction is due (interval 1e9 s), the prune still runs
+    assert not done.exists()

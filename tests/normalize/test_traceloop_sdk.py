@@ -1,10 +1,8 @@
 """Spans of the REAL traceloop-sdk decorators, sent by traceloop's own OTLP exporter to the real collector.
 
 traceloop-sdk cannot be installed beside this project's OpenTelemetry SDK (pyproject.toml), so
-it runs out of process: a virtualenv with the exactly pinned set of ``traceloop_requirements.txt``
-is created once (``sys.executable -m venv`` + the venv's pip, from PyPI) and cached under
-``~/.cache/tracedag-tests/traceloop-venv-<version>-py<X.Y>-<hash>`` (built in a temporary
-directory, then renamed into place, so a half-built venv is never used). The scripted agent
+it runs out of process, from a cached virtualenv with the exactly pinned set of
+``traceloop_requirements.txt`` (``pinned_venv``: ``~/.cache/tracedag-tests/traceloop-venv-...``). The scripted agent
 ``traceloop_agent.py`` runs there against a collector on loopback port 0 and a local server
 speaking the OpenAI API; the assertions read the ``spans`` view with DuckDB and check what a
 person reads off the script. A venv that cannot be built (PyPI unreachable) fails the test with
@@ -13,20 +11,14 @@ pip's message: it is never skipped.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import shutil
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pinned_venv import PinnedVenv, client_env
 from realspans import chat_completion, fake_openai_server
 
 from tracedag.collector.server import CollectorConfig, start_collector
@@ -35,8 +27,6 @@ from tracedag.pipeline.views import connect
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "traceloop_requirements.txt"
 AGENT = HERE / "traceloop_agent.py"
-STAMP = "tracedag-lock.txt"
-PIP_TIMEOUT = 420
 REPLY = "Lyon: sunny both days, no taxi."
 WEATHER = [f"Lyon day {d}: 21C and sunny" for d in (1, 2)]
 PROMPT = "Summarize: " + "; ".join([*WEATHER, "no taxi"])
@@ -46,93 +36,7 @@ COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "service_name", "sta
            "scenario_id", "service_version"]
 
 
-# ----------------------------------------------------------------------------------------------
-# The cached virtualenv
-# ----------------------------------------------------------------------------------------------
-
-
-def traceloop_version() -> str:
-    """The traceloop-sdk version pinned in the lock file."""
-    found = re.search(r"^traceloop-sdk==(\S+)$", LOCK.read_text(), re.MULTILINE)
-    assert found, f"{LOCK} pins no traceloop-sdk version"
-    return found.group(1)
-
-
-def venv_dir() -> Path:
-    """Where the venv of this lock file and this Python lives (a new lock gets a new venv)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracedag-tests"
-    digest = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
-    py = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return cache / f"traceloop-venv-{traceloop_version()}-py{py}-{digest}"
-
-
-def venv_python(venv: Path) -> Path:
-    """The interpreter of ``venv``."""
-    return venv / "bin" / "python"
-
-
-def usable(venv: Path) -> bool:
-    """True when ``venv`` is complete (its stamp, written last, holds this lock) and its python resolves."""
-    stamp = venv / STAMP
-    if not (stamp.is_file() and venv_python(venv).exists()):
-        return False
-    return stamp.read_text() == LOCK.read_text()
-
-
-def _run_or_fail(cmd: list[str], what: str, timeout: float) -> None:
-    """Run ``cmd``; on failure or timeout fail the test with its output (never a skip)."""
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{what} timed out after {timeout:.0f} s (is PyPI reachable?): {' '.join(cmd)}\n"
-                    f"{exc.stderr}")
-    if done.returncode != 0:
-        noise = "is ignored: it is neither a file nor a directory"
-        err = "\n".join(line for line in done.stderr.splitlines() if noise not in line)
-        pytest.fail(f"{what} failed (exit {done.returncode}; is PyPI reachable?): {' '.join(cmd)}\n"
-                    f"{err[-4000:]}\n{done.stdout[-2000:]}")
-
-
-def build_venv(target: Path) -> None:
-    """Create a venv at ``target`` with the pinned set installed, checked importable, then stamped."""
-    _run_or_fail([sys.executable, "-m", "venv", str(target)], "creating the traceloop-sdk virtualenv", 120)
-    py = str(venv_python(target))
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", "-r", str(LOCK)]
-    _run_or_fail(pip, f"installing traceloop-sdk=={traceloop_version()} from PyPI", PIP_TIMEOUT)
-    imports = [py, "-c", "import openai, traceloop.sdk.decorators"]
-    _run_or_fail(imports, "importing traceloop-sdk in its venv", 120)
-    (target / STAMP).write_text(LOCK.read_text())
-
-
-def remove_abandoned_builds(cache: Path, age_seconds: float = 3600) -> None:
-    """Remove the build directories of runs killed mid-build (older than ``age_seconds``)."""
-    for old in cache.glob(".build-*"):
-        if time.time() - old.stat().st_mtime > age_seconds:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def ensure_venv() -> Path:
-    """The python of the cached traceloop venv, built first when missing (atomically: temp dir, rename).
-
-    Only ``bin/python`` is used after the rename: it finds its site-packages through the
-    ``pyvenv.cfg`` beside it, whereas the venv's console scripts keep the build path in their shebang.
-    """
-    final = venv_dir()
-    if usable(final):
-        return venv_python(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_builds(final.parent)
-    work = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
-    try:
-        build_venv(work / "venv")
-        if usable(final):  # a concurrent run published first: use its venv
-            return venv_python(final)
-        if final.exists():  # incomplete or stale: moved aside, then removed with the work dir
-            final.rename(work / "stale")
-        (work / "venv").rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return venv_python(final)
+TRACELOOP = PinnedVenv("traceloop-venv", LOCK, "traceloop-sdk", "import openai, traceloop.sdk.decorators")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,10 +66,8 @@ class Run:
 
 def agent_env() -> dict[str, str]:
     """The script's environment: no inherited OTel/traceloop settings or proxies, traceloop kept local."""
-    drop = ("OTEL_", "TRACELOOP_", "PYTHON")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and "proxy" not in k.lower()}
+    env = client_env()
     env.update({
-        "NO_PROXY": "127.0.0.1,localhost",
         "TRACELOOP_TELEMETRY": "false",  # older releases' anonymous usage telemetry
         "TRACELOOP_METRICS_ENABLED": "false",
         "TRACELOOP_LOGGING_ENABLED": "false",
@@ -196,7 +98,7 @@ def run_agent(python: Path, data: Path) -> Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The agent run once per module (the venv is built on the first run on a machine)."""
-    yield run_agent(ensure_venv(), tmp_path_factory.mktemp("traceloop") / "data")
+    yield run_agent(TRACELOOP.ensure(), tmp_path_factory.mktemp("traceloop") / "data")
 
 
 # ----------------------------------------------------------------------------------------------
