@@ -153,11 +153,24 @@ class DedupeIndex:
         return self.load_new(table_root, set())
 
     def load_new(self, table_root: Path, known: set[Path]) -> list[Path]:
-        """Index the spans files of the window not in ``known`` (oldest first); return them."""
+        """Index the spans files of the window not in ``known``; return them.
+
+        Only the newest files whose keys fit in ``max_keys`` are read (oldest of those first): a
+        writer reloads after every compaction, and reading every sidecar of 48 hours to keep the
+        newest million keys cost minutes of CPU per hour of history at high rates. The older files
+        are returned too, as known: they would only be forgotten again.
+        """
         parts = sorted(p for p in table_root.glob("recv_hour=*") if p.is_dir())
         files = [f for part in parts[-self.window_hours :] for f in sorted(part.glob("*.parquet")) if f not in known]
         files.sort(key=lambda f: (f.parent.name, _mtime(f)))
-        for f in files:
+        newest: list[Path] = []
+        total = 0
+        for f in reversed(files):
+            if total >= self.max_keys:
+                break
+            newest.append(f)
+            total += _rows(f)
+        for f in reversed(newest):
             keys, content = read_sidecar(f)
             self.add(f.parent.name.split("=", 1)[1], keys, content)
         return files
@@ -194,6 +207,17 @@ def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -
     keys[from_b], content[from_b] = kb, cb
     keys[~from_b], content[~from_b] = ka, ca
     return keys, content
+
+
+def _rows(parquet: Path) -> int:
+    """Rows of a spans file, from its sidecar's header (or the Parquet footer without one)."""
+    try:
+        return int(np.load(sidecar_path(parquet), mmap_mode="r").shape[-1])
+    except (OSError, ValueError):
+        try:
+            return int(pq.ParquetFile(parquet).metadata.num_rows)
+        except OSError:
+            return 0
 
 
 def _mtime(path: Path) -> float:

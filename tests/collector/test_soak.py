@@ -26,6 +26,7 @@ from pinned_venv import client_env
 from tracedag.pipeline.views import connect
 
 HERE = Path(__file__).resolve().parent
+SOAK_SECONDS = float(os.environ.get("TRACEDAG_SOAK_SECONDS", "7200"))
 SAMPLE_SECONDS = 10.0
 RATE = 2000  # spans/s from the steady client
 BURST_CLIENTS, BURST_MIB = 12, 2
@@ -86,8 +87,9 @@ def _bounded(samples: list[Sample], field: str, slack: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SOAK_SECONDS + 900)  # the suite's 300 s would end it
 def test_e48_soak_steady_rate_with_503_windows(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("TRACEDAG_SOAK_SECONDS", "7200"))
+    seconds = SOAK_SECONDS
     data = tmp_path / "data"
     proc, port, _ = start_process(data, "--max-inflight", "16MiB", "--spool-retention", "0")
     acked_file = tmp_path / "acked.txt"

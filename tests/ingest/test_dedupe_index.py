@@ -76,3 +76,28 @@ def test_runs_stop_growing_at_the_cap_and_the_oldest_are_forgotten_a_run_at_a_ti
     newest = np.concatenate(kept[-60:])
     assert not index.check(newest, newest).keep.any()
     assert index.check(kept[0], kept[0]).keep.all()
+
+
+def test_a_reload_reads_only_the_newest_files_that_fit(tmp_path):
+    import os
+
+    from tracedag.pipeline.dedupe import write_sidecar
+
+    root = tmp_path / "spans"
+    files = []
+    for h in range(6):  # six hours of 1000-key files, oldest first
+        part = root / f"recv_hour=2026-11-30-0{h}"
+        part.mkdir(parents=True)
+        f = part / "seg.parquet"
+        f.write_bytes(b"")
+        keys = np.arange(h * 1000 + 1, h * 1000 + 1001, dtype=np.uint64)
+        write_sidecar(f, keys, keys)
+        os.utime(f, (1000 + h, 1000 + h))
+        files.append(f)
+    os.remove(files[0].with_name("seg.keys.npy"))  # too old to matter: never read (its Parquet is not even valid)
+    index = DedupeIndex(max_keys=2500)
+    assert index.load_new(root, set()) == files  # every file is now known
+    assert len(index) == 2000  # three files read (3000 keys), the oldest run forgotten past 2500
+    newest = np.arange(5001, 6001, dtype=np.uint64)
+    assert not index.check(newest, newest).keep.any()
+    assert index.check(np.array([1001], dtype=np.uint64), np.array([1], dtype=np.uint64)).keep.all()
