@@ -95,12 +95,12 @@ class DedupeResult:
 class DedupeIndex:
     """Keys and content hashes of the spans stored in the recent receive-hour window."""
 
-    def __init__(self, window_hours: int = 48, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+    def __init__(self, window_hours: int = 48, max_keys: int = DEFAULT_MAX_KEYS, run_cap: int | None = None) -> None:
         self.window_hours = window_hours
         self.max_keys = max_keys
         self._runs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._size = 0
-        self.run_cap = max(MIN_RUN_CAP, max_keys // RUNS_PER_INDEX)
+        self.run_cap = run_cap or max(MIN_RUN_CAP, max_keys // RUNS_PER_INDEX)
 
     def __len__(self) -> int:
         return self._size

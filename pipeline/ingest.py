@@ -307,6 +307,12 @@ class StoreWriter:
         stats.spans_stored += table.num_rows
         stats.files_written += 1
 
+    def drop_index(self) -> None:
+        """Free the dedupe index; the next commit reloads it from the stored files' sidecars."""
+        self.index = DedupeIndex(self.index.window_hours, self.index.max_keys)
+        self._generation = ""
+        self._loaded = set()
+
     def has_index(self) -> bool:
         """Whether the dedupe index has been loaded (by a first commit)."""
         return bool(self._generation)
@@ -465,6 +471,7 @@ class SpoolConverter:
             except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
                 self._failed(seg, exc, stats)
         if self.shard[0] == 0 and self._compaction_due(stats):
+            self.writer.drop_index()  # a compaction makes every writer reload its index anyway
             release_memory()  # what conversion freed goes back first: compaction then grows from less
             self.compact()
         elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:

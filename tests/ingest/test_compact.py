@@ -183,3 +183,17 @@ def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows
         keys, _ = read_sidecar(f)
         assert keys.tolist() == keys_from_hex(ids.column("trace_id"), ids.column("span_id")).tolist()
     assert stored(data) == (512 * 10, 512 * 10)
+
+
+def test_converter_zero_drops_its_index_for_a_compaction_and_reloads_it_after(data: Path) -> None:
+    reqs = list(requests(512 * 6, seed=36))
+    received = time.time_ns() - 3 * HOUR
+    for i, r in enumerate(reqs):
+        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    conv = SpoolConverter(data, compact_interval=0.0)
+    conv.run_once()  # converts, then (caught up on the next round) compacts
+    conv.run_once()
+    assert len(list(next((data / "tables" / "spans").iterdir()).glob("*.parquet"))) == 1
+    write_segment(data, 99, [(reqs[2].SerializeToString(), received)])
+    st = conv.run_once()  # the index came back from the compacted file's sidecar
+    assert (st.duplicates, st.spans_stored) == (512, 0)
