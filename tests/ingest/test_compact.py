@@ -22,6 +22,15 @@ from tracedag.pipeline.views import connect
 HOUR = 3600 * 10**9
 
 
+def _closed_hour_of_segments(data: Path, spans: int, seed: int) -> tuple[list, int]:
+    """One spool segment per generated request, all received 3 hours ago; returns (requests, receive time)."""
+    reqs = list(requests(spans, seed=seed))
+    received = time.time_ns() - 3 * HOUR
+    for i, r in enumerate(reqs):
+        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    return reqs, received
+
+
 def test_hour_closed_after_the_hour_and_a_grace_period() -> None:
     now = time.time()
     assert hour_closed(hour_of(int((now - 7200) * 1e9)), now)
@@ -29,10 +38,7 @@ def test_hour_closed_after_the_hour_and_a_grace_period() -> None:
 
 
 def test_closed_hour_of_many_small_files_becomes_one_file(data: Path) -> None:
-    reqs = list(requests(512 * 12, seed=31))
-    received = time.time_ns() - 3 * HOUR
-    for i, r in enumerate(reqs):
-        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    reqs, received = _closed_hour_of_segments(data, 512 * 12, seed=31)
     conv = SpoolConverter(data, compact_interval=1e9)
     conv.run_once()
     part = next((data / "tables" / "spans").iterdir())
@@ -156,10 +162,7 @@ def test_compaction_yields_to_conversion_but_not_forever(data: Path) -> None:
 def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows(data: Path) -> None:
     from tracedag.pipeline.dedupe import keys_from_hex, read_sidecar
 
-    reqs = list(requests(512 * 10, seed=35))
-    received = time.time_ns() - 3 * HOUR
-    for i, r in enumerate(reqs):
-        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    reqs, received = _closed_hour_of_segments(data, 512 * 10, seed=35)
     write_segment(data, 100, [(reqs[3].SerializeToString(), received)])  # a duplicate file's worth
     conv = SpoolConverter(data, compact_interval=1e9, chunk_spans=200)  # several row groups per file
     conv.run_once()
@@ -186,10 +189,7 @@ def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows
 
 
 def test_converter_zero_drops_its_index_for_a_compaction_and_reloads_it_after(data: Path) -> None:
-    reqs = list(requests(512 * 6, seed=36))
-    received = time.time_ns() - 3 * HOUR
-    for i, r in enumerate(reqs):
-        write_segment(data, i + 1, [(r.SerializeToString(), received)])
+    reqs, received = _closed_hour_of_segments(data, 512 * 6, seed=36)
     conv = SpoolConverter(data, compact_interval=0.0)
     conv.run_once()  # converts, then (caught up on the next round) compacts
     conv.run_once()
