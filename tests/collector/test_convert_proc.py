@@ -55,7 +55,9 @@ def test_two_children_convert_their_shards_and_metrics_are_summed(tmp_path: Path
     try:
         pids = conv.pids()
         assert len(set(pids)) == 2 and all(pid and _alive(pid) for pid in pids)
-        assert all("-m tracedag.collector.convert_child" in _cmdline(pid) for pid in pids if pid)
+        # the kernel closes the exec status pipe (Popen returns) before it sets the new argv up:
+        # for a moment after start, /proc/<pid>/cmdline reads empty
+        wait_until(lambda: all("-m tracedag.collector.convert_child" in _cmdline(pid) for pid in pids if pid))
         started = set(_children()) - before
         assert started == set(pids)  # the two converters and nothing else: no resource tracker
         assert conv.flush(60) and conv.pending() == 0
