@@ -138,44 +138,28 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def tree_rss(pid: int) -> int:
-    """RSS of a process and its children (the collector and its converter process)."""
-    return _tree_sum(pid, "status", "VmRSS:")
-
-
 def tree_rss_parts(pid: int) -> list[int]:
-    """RSS of a process, then of each of its descendants."""
-    parts = [_tree_sum(pid, "status", "VmRSS:", children=False)]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                parts += tree_rss_parts(int(child))
-            except OSError:
-                continue
-    return parts
+    """RSS of the collector, then of each of its descendants (the converter processes)."""
+    return _per_process(pid, "status", "VmRSS:")
 
 
 def tree_pss(pid: int) -> int:
     """PSS of a process and its children: shared pages split between the processes mapping them."""
-    return _tree_sum(pid, "smaps_rollup", "Pss:")
+    return sum(_per_process(pid, "smaps_rollup", "Pss:"))
 
 
-def _tree_sum(pid: int, name: str, key: str, children: bool = True) -> int:
-    """Sum of the ``key`` kB line of ``/proc/<pid>/<name>`` over a process and its descendants."""
-    total = 0
+def _per_process(pid: int, name: str, key: str) -> list[int]:
+    """The ``key`` kB line of ``/proc/<pid>/<name>``, in bytes, for a process and each descendant
+    (a descendant that ended meanwhile is left out)."""
     with open(f"/proc/{pid}/{name}") as fh:
-        for line in fh:
-            if line.startswith(key):
-                total += int(line.split()[1]) * 1024
-    if not children:
-        return total
+        out = [sum(int(line.split()[1]) * 1024 for line in fh if line.startswith(key))]
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
             try:
-                total += _tree_sum(int(child), name, key)
+                out += _per_process(int(child), name, key)
             except OSError:
                 continue
-    return total
+    return out
 
 
 # -- clients -------------------------------------------------------------------------------

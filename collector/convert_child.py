@@ -83,8 +83,7 @@ def convert_round(converter: Any, registry: Any, data: Path, name: str) -> bool:
     return busy
 
 
-def run(data: Path, interval: float, parent: int, shard: tuple[int, int], fd: int = 0,
-        retention: float = 24 * 3600.0) -> int:
+def run(data: Path, interval: float, parent: int, shard: tuple[int, int], *, retention: float, fd: int = 0) -> int:
     """Convert ``shard``'s segments until the pipe ``fd`` closes or the parent dies; return the exit code."""
     import pyarrow as pa
 

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from tracedag.collector.convert_child import METRICS_FILE, metrics_name
-from tracedag.collector.spoolfmt import SEALED_SUFFIX
+from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS, SEALED_SUFFIX
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class ConverterProcess:
     """Supervised child processes converting sealed spool segments (split by segment sequence)."""
 
     def __init__(self, data: Path, interval: float = 0.25, processes: int | None = None,
-                 retention: float = 24 * 3600.0) -> None:
+                 retention: float = DONE_RETENTION_SECONDS) -> None:
         self.data = Path(data)
         self.interval = interval
         self.retention = retention

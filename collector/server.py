@@ -20,6 +20,7 @@ from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
 from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
 from tracedag.collector.service import Admission, Ingestor, TlsFiles, Tokens
 from tracedag.collector.spool import SEAL_AGE_SECONDS, SEGMENT_BYTES, SpoolWriter
+from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class CollectorConfig:
     convert: bool = True
     convert_process: bool = False  # convert in a child process (off this interpreter's GIL)
     convert_interval: float = 0.25
-    spool_retention: float = 24 * 3600.0  # seconds converted segments stay in spool/done/
+    spool_retention: float = DONE_RETENTION_SECONDS  # seconds converted segments stay in spool/done/
     build: bool = False
     build_idle_seconds: float = 30.0
     build_interval: float = 5.0

@@ -32,6 +32,9 @@ MAGIC = b"TDS1"
 _HEADER = struct.Struct("<4sIIQ")
 HEADER_SIZE = _HEADER.size  # 20
 
+DONE_RETENTION_SECONDS = 24 * 3600.0
+"""How long converted segments stay in ``spool/done/`` by default (``--spool-retention``)."""
+
 OPEN_SUFFIX = ".open"
 SEALED_SUFFIX = ".sealed"
 

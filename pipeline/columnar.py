@@ -17,6 +17,7 @@ The output is equal, value for value, to the reference converter's (tests check 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -85,10 +86,15 @@ class ColumnBuilder:
                 self.scopes.append((ss.scope.name or None, ss.scope.version or None))
                 before = self.n
                 self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
-                k = self.n - before
-                self.res_index.extend([ri] * k)
-                self.scope_index.extend([si] * k)
-                self.received.extend([received] * k)
+                self.add_rows(ri, si, received, self.n - before)
+
+    def walk_scopes(self, request: Any) -> Iterator[tuple[int, int, Any]]:
+        """Walk a request read with its resources and scopes left serialized: yield (resource
+        index, scope index, ``ScopeSpans``) after recording each resource and scope once."""
+        for rs in request.resource_spans:
+            ri = self.add_resource(rs.resource)
+            for ss in rs.scope_spans:
+                yield ri, self.add_scope(ss.scope), ss
 
     def add_resource(self, raw: bytes) -> int:
         """Record a serialized ``Resource``; return its index."""
@@ -289,14 +295,10 @@ class WireBuilder(ColumnBuilder):
 
     def add_payload(self, payload: bytes, received: int) -> None:
         """Append every span of a serialized ``ExportTraceServiceRequest``."""
-        request = ShadowRequest.FromString(payload)
-        for rs in request.resource_spans:
-            ri = self.add_resource(rs.resource)
-            for ss in rs.scope_spans:
-                si = self.add_scope(ss.scope)
-                before = self.n
-                self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
-                self.add_rows(ri, si, received, self.n - before)
+        for ri, si, ss in self.walk_scopes(ShadowRequest.FromString(payload)):
+            before = self.n
+            self._spans(self._mine(ss.spans) if self.shard[1] > 1 else ss.spans)
+            self.add_rows(ri, si, received, self.n - before)
 
     def _spans(self, spans: Any) -> None:
         raw, counts = self.raw_attrs, self.attr_counts

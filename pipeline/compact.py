@@ -158,21 +158,29 @@ class Compactor:
     def _small(self, files: list[Path]) -> list[Path]:
         return [f for f in files if pq.ParquetFile(f).metadata.num_rows < self.target_rows // 2]
 
-    def run(self, critical: Callable[[], AbstractContextManager[object]], now_unix: float | None = None) -> CompactStats:
-        """Compact every partition that is due, spans and evaluations; return what was done."""
+    def run(
+        self, critical: Callable[[], AbstractContextManager[object]], now_unix: float | None = None,
+        prepare: Callable[[], None] | None = None,
+    ) -> CompactStats:
+        """Compact every partition that is due, spans and evaluations; return what was done.
+
+        ``prepare`` runs once before the first merge, only when some partition is due.
+        """
         now = time.time() if now_unix is None else now_unix
         stats = CompactStats()
         with file_lock(self.data / "state" / "compact.lock"):
             self._cleanup()
-            for table in ("spans", "evaluations"):
-                for part in self.due(table, now):
-                    try:
-                        self.compact(part, table == "spans", stats, critical)
-                    except OSError as exc:
-                        logger.warning("compaction of %s skipped: %s", part, exc)
-                        self._cleanup()
-                        if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
-                            return stats
+            work = [(table, part) for table in ("spans", "evaluations") for part in self.due(table, now)]
+            if work and prepare is not None:
+                prepare()
+            for table, part in work:
+                try:
+                    self.compact(part, table == "spans", stats, critical)
+                except OSError as exc:
+                    logger.warning("compaction of %s skipped: %s", part, exc)
+                    self._cleanup()
+                    if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                        return stats
         return stats
 
     def compact(

@@ -46,6 +46,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from tracedag.collector import faults
 from tracedag.collector.spoolfmt import (
+    DONE_RETENTION_SECONDS,
     MAGIC,
     SEALED_SUFFIX,
     CorruptRecord,
@@ -67,9 +68,6 @@ logger = logging.getLogger(__name__)
 
 ENV_FAULT = "TRACEDAG_FAULT"
 """Comma-separated fault points (crash tests only)."""
-
-DONE_RETENTION_SECONDS = 24 * 3600.0
-"""How long converted segments stay in ``spool/done/`` (for rebuilds) before they are deleted."""
 
 MAX_ATTEMPTS = 3
 """Conversion attempts of a segment (other than for a full disk) before it moves to ``spool/failed/``."""
@@ -471,8 +469,6 @@ class SpoolConverter:
             except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
                 self._failed(seg, exc, stats)
         if self.shard[0] == 0 and self._compaction_due(stats):
-            self.writer.drop_index()  # a compaction makes every writer reload its index anyway
-            release_memory()  # what conversion freed goes back first: compaction then grows from less
             self.compact()
         elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:
             self.prune_done()  # not held back with compaction: spool/done must not grow under overload
@@ -495,9 +491,15 @@ class SpoolConverter:
     def compact(self, now_unix: float | None = None) -> CompactStats:
         """Compact the partitions that are due (under the writer lock); a write error skips it."""
         self._last_compact = time.monotonic()
-        result = self.compactor.run(self._swap_section, now_unix)
+        result = self.compactor.run(self._swap_section, now_unix, prepare=self._before_compaction)
         self.prune_done(now_unix)
         return result
+
+    def _before_compaction(self) -> None:
+        """Make room for a merge: a swap makes every writer reload its dedupe index anyway, and
+        what conversion freed goes back to the OS first, so the merge grows from less."""
+        self.writer.drop_index()
+        release_memory()
 
     @contextmanager
     def _swap_section(self) -> Iterator[None]:

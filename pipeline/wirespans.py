@@ -163,13 +163,9 @@ class SpanBuilder(ColumnBuilder):
 
     def add_payload(self, payload: bytes, received: int) -> None:
         """Append every span of a serialized ``ExportTraceServiceRequest``."""
-        request = RawRequest.FromString(payload)
-        for rs in request.resource_spans:
-            ri = self.add_resource(rs.resource)
-            for ss in rs.scope_spans:
-                si = self.add_scope(ss.scope)
-                self.raw_spans.extend(ss.spans)
-                self.add_rows(ri, si, received, len(ss.spans))
+        for ri, si, ss in self.walk_scopes(RawRequest.FromString(payload)):
+            self.raw_spans.extend(ss.spans)
+            self.add_rows(ri, si, received, len(ss.spans))
         self.n = len(self.raw_spans)
 
     def finish(self, batch_id: str) -> tuple[pa.Table, np.ndarray, np.ndarray]:

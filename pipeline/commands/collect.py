@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
+from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.commands._options import data_option as _shared_data_option
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -61,7 +62,7 @@ def parse_size(text: str) -> int:
               help="Seconds an idle keep-alive HTTP connection stays open.")
 @click.option("--max-connections", default=0, show_default=True, type=int,
               help="HTTP connections at once (0: no cap); over it, new connections get 503 and are closed.")
-@click.option("--spool-retention", default=24.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--spool-retention", default=DONE_RETENTION_SECONDS / 3600, show_default=True, type=click.FloatRange(min=0),
               help="Hours converted spool segments stay in spool/done/ (to rebuild Parquet from); 0 deletes "
                    "them once converted.")
 @click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")

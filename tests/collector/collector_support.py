@@ -99,6 +99,15 @@ def small_collector(tmp_path) -> Iterator[RunningCollector]:
     c.stop(2)
 
 
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of a process (``/proc/<pid>/status`` VmRSS); 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:")), 0)
+    except OSError:
+        return 0
+
+
 def wait_until(condition, seconds: float = 30.0, message: str = "timed out") -> None:
     """Poll ``condition`` every 50 ms; fail with ``message`` after ``seconds``."""
     deadline = time.monotonic() + seconds

@@ -8,7 +8,7 @@ import time
 import zlib
 
 import pytest
-from collector_support import JSON, make_request, make_span, post, spool_files, stored
+from collector_support import JSON, make_request, make_span, post, rss_bytes, spool_files, stored
 from google.rpc import status_pb2
 
 from tracedag.collector import service
@@ -16,14 +16,6 @@ from tracedag.collector.server import CollectorConfig, start_collector
 
 MiB = 1024 * 1024
 L = MiB  # small_collector's body limit
-
-
-def _rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def _body_of_size(size: int) -> bytes:
@@ -85,22 +77,22 @@ def test_b15_exact_limit_ok_one_more_413(small_collector):
 
 
 def test_b16_lying_content_length(small_collector):
-    before = _rss()
+    before = rss_bytes()
     head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
             b"Content-Length: 10737418240\r\n\r\n")
     raw, elapsed = _raw(small_collector.http_port, head, [b"\0" * 1024])
     assert _status(raw) == 413 and elapsed < 2
-    assert _rss() - before < 10 * MiB
+    assert rss_bytes() - before < 10 * MiB
 
 
 def test_b17_chunked_overflow(small_collector):
     head = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n"
     chunk = b"\x0a" * (64 * 1024)
     parts = [b"%x\r\n" % len(chunk) + chunk + b"\r\n"] * (5 * L // len(chunk))
-    before = _rss()
+    before = rss_bytes()
     raw, _ = _raw(small_collector.http_port, head, parts)
     assert _status(raw) == 413
-    assert _rss() - before < 2 * L + 8 * MiB
+    assert rss_bytes() - before < 2 * L + 8 * MiB
     assert spool_files(small_collector.data) == []
 
 
@@ -118,7 +110,7 @@ def test_b18_gzip_bomb_and_concurrent_bombs(small_collector):
     cpu = time.process_time()
     r = post(port, bomb, headers={"Content-Encoding": "gzip"})
     assert r.status == 413 and time.process_time() - cpu < 1.0
-    before = _rss()
+    before = rss_bytes()
     results = []
     threads = [threading.Thread(target=lambda: results.append(post(port, bomb, headers={"Content-Encoding": "gzip"})))
                for _ in range(32)]
@@ -131,7 +123,7 @@ def test_b18_gzip_bomb_and_concurrent_bombs(small_collector):
         t.join()
     assert {r.status for r in results} <= {413, 503}
     assert ok.status in (200, 503) and normal_latency < 5
-    assert _rss() - before < 2 * 32 * L + 64 * MiB
+    assert rss_bytes() - before < 2 * 32 * L + 64 * MiB
 
 
 def test_b19_nested_gzip_decompressed_once(small_collector):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-from collector_support import make_request, make_span, post, start_process, stop_process
+from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
 
 from tracedag.pipeline.views import connect
 
@@ -18,10 +17,7 @@ INFLIGHT_MIB = 24
 
 
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return rss_bytes(pid) / 2**20
 
 
 class Sampler:

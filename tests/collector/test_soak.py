@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from collector_support import make_request, make_span, post, start_process, stop_process
+from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
 from pinned_venv import client_env
 
 from tracedag.pipeline.views import connect
@@ -52,15 +52,14 @@ def _tree(pid: int) -> list[int]:
 def _sample(pid: int, data: Path, t0: float) -> Sample:
     rss = fds = 0
     for p in _tree(pid):
+        rss += rss_bytes(p)
         try:
-            rss += next(int(line.split()[1]) for line in Path(f"/proc/{p}/status").read_text().splitlines()
-                        if line.startswith("VmRSS:"))
             fds += len(os.listdir(f"/proc/{p}/fd"))
-        except (OSError, StopIteration):
+        except OSError:
             continue
     spool = sum(f.stat().st_size for f in (data / "spool").rglob("seg-*") if f.is_file())
     files = len(list((data / "tables" / "spans").rglob("*.parquet")))
-    return Sample(time.monotonic() - t0, rss / 1024, fds, spool / 2**20, files)
+    return Sample(time.monotonic() - t0, rss / 2**20, fds, spool / 2**20, files)
 
 
 def _bursts(port: int, stop: threading.Event, rng: random.Random, log: list[tuple[int, int]]) -> None:
