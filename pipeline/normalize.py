@@ -21,6 +21,7 @@ from tracedag.pipeline import normalize_text as text
 from tracedag.pipeline.normalize_extract import (
     Entries,
     Sparse,
+    all_null,
     coalesce,
     first_present,
     key_value,
@@ -99,7 +100,8 @@ def _first_of(a: Cols) -> Cols:
     names = ["conversation_id", "agent_name", "tool_name", "tool_call_id", "provider", "graph_node_id",
              "graph_node_parent_id", "previous_execution_id", "graph_node_name", "entity_name"]
     out = {c: coalesce(*(a[k] for k in COLUMN_SOURCES[c])) for c in names}
-    models = [pc.if_else(pc.is_in(a[k], pa.array(NO_MODEL)), _NULL, a[k]) for k in COLUMN_SOURCES["model"]]
+    models = [pc.if_else(pc.is_in(a[k], pa.array(NO_MODEL)), _NULL, a[k]) for k in COLUMN_SOURCES["model"]
+              if not all_null(a[k])] or [a[COLUMN_SOURCES["model"][0]]]
     out["model"] = coalesce(*models)
     for c in ("input_tokens", "output_tokens"):
         out[c] = pc.coalesce(*(to_int(a[k]) for k in COLUMN_SOURCES[c]))
@@ -151,12 +153,19 @@ def _step_type(a: Cols) -> pa.Array:
     """Apply ``STEP_TYPE_RULES`` then ``PRESENCE_HINTS`` in priority order; default ``other``."""
     found: list[pa.Array] = []
     for attr, table in STEP_TYPE_RULES:
+        if all_null(a[attr]):
+            continue
         keys = pa.array(list(table), pa.string())
         idx = pc.index_in(pc.utf8_lower(a[attr]), value_set=keys)
         found.append(pa.array(list(table.values()), pa.string()).take(idx))
     for kind, attrs in PRESENCE_HINTS:
-        present = pc.is_valid(coalesce(*(a[k] for k in attrs)))
+        hint = coalesce(*(a[k] for k in attrs))
+        if all_null(hint):
+            continue
+        present = pc.is_valid(hint)
         found.append(pc.if_else(present, kind, _NULL))
+    if not found:
+        found.append(pa.nulls(len(a[STEP_TYPE_RULES[0][0]]), pa.string()))
     return pc.coalesce(*found, pa.scalar("other"))
 
 

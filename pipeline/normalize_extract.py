@@ -170,10 +170,16 @@ def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
     )
 
 
+def all_null(arr: pa.Array) -> bool:
+    """Whether every value of ``arr`` is null (most attribute columns are, in a one-dialect batch)."""
+    return bool(arr.null_count == len(arr))
+
+
 def coalesce(*arrays: pa.Array) -> pa.Array:
-    """First non-null value per row, empty strings counting as null."""
+    """First non-null value per row, empty strings counting as null (all-null inputs are skipped)."""
     cleaned = [empty_as_null(a) if pa.types.is_string(a.type) else a for a in arrays]
-    return cleaned[0] if len(cleaned) == 1 else pc.coalesce(*cleaned)
+    live = [a for a in cleaned if not all_null(a)] or cleaned[:1]
+    return live[0] if len(live) == 1 else pc.coalesce(*live)
 
 
 def empty_as_null(arr: pa.Array) -> pa.Array:
@@ -198,6 +204,8 @@ def on_dictionary(arr: pa.ChunkedArray | pa.Array, fn: Callable[[pa.Array], pa.A
 
 def regex_field(arr: pa.Array, pattern: str) -> pa.Array:
     """The named group ``v`` of ``pattern`` in each string (null where it does not match)."""
+    if all_null(arr):
+        return pa.nulls(len(arr), pa.string())
     parts = pc.extract_regex(arr, pattern)
     return pc.if_else(pc.is_valid(parts), parts.field("v"), pa.scalar(None, pa.string()))
 
@@ -209,6 +217,8 @@ def key_value(arr: pa.Array, key: str, value: str) -> pa.Array:
     holding ``"key"`` where that fails (the first occurrence is not the key of the match) take the
     unanchored pattern.
     """
+    if all_null(arr):
+        return pa.nulls(len(arr), pa.string())
     quoted = json.dumps(key)
     parts = pc.split_pattern(arr, quoted, max_splits=1)
     offsets = np.asarray(parts.offsets, dtype=np.int64)
@@ -227,6 +237,8 @@ def key_value(arr: pa.Array, key: str, value: str) -> pa.Array:
 
 def to_int(arr: pa.Array) -> pa.Array:
     """Parse decimal integer text (``12``, ``12.0``) into int64; anything else becomes null."""
+    if all_null(arr):
+        return pa.nulls(len(arr), pa.int64())
     ok = pc.fill_null(pc.match_substring_regex(arr, r"^\s*-?\d+(\.0*)?\s*$"), False)
     text = pc.if_else(ok, arr, pa.scalar(None, pa.string()))
     return pc.cast(pc.cast(text, pa.float64()), pa.int64())

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
@@ -65,24 +66,33 @@ ShadowRequest: Any = SHADOW["Request"]
 
 
 def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode one varint at each position: (value, byte count, complete)."""
-    val = np.zeros(len(pos), dtype=np.uint64)
-    count = np.zeros(len(pos), dtype=np.int64)
-    done = np.zeros(len(pos), dtype=bool)
-    for k in range(max_bytes):
-        b = buf[pos + k].astype(np.uint64)
-        active = ~done
-        val |= np.where(active, (b & np.uint64(0x7F)) << np.uint64(7 * k), np.uint64(0))
-        count = np.where(active, k + 1, count)
-        done |= b < 0x80
-        if done.all():
+    """Decode one varint at each position: (value, byte count, complete).
+
+    Each further byte is read only at the positions whose varint goes on (most are one byte).
+    """
+    b = buf[pos]
+    val = (b & 0x7F).astype(np.uint64)
+    count = np.ones(len(pos), dtype=np.int64)
+    done = np.ones(len(pos), dtype=bool)
+    more = np.flatnonzero(b >= 0x80)
+    for k in range(1, max_bytes):
+        if not len(more):
             break
+        b = buf[pos[more] + k]
+        val[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        count[more] = k + 1
+        more = more[b >= 0x80]
+    done[more] = False
     return val, count, done
 
 
+_INLINE_MASKS = np.where(np.arange(12)[None, :] < np.arange(13)[:, None], 0xFF, 0).astype(np.uint8)
+"""Row ``k``: keeps the first ``k`` of 12 bytes (a string_view's inline bytes past its length are zero)."""
+
+
 def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, starts: np.ndarray,
-           lengths: np.ndarray) -> pa.Array:
-    """A ``string`` array of byte ranges (buffer ``which``, start, length), without a Python loop.
+           lengths: np.ndarray, binary: bool = False) -> pa.Array:
+    """A ``string`` (``binary`` when asked) array of byte ranges (buffer ``which``, start, length), without a Python loop.
 
     ``buffers`` holds (data, heads) pairs, ``heads`` being a sliding 12-byte window over the
     zero-padded data: row ``i`` is the 12 bytes from offset ``i``, which Arrow's string_view
@@ -95,21 +105,24 @@ def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, start
         sel = np.nonzero(which == b)[0]
         views[sel, 4:16] = heads[starts[sel]]
     inline = lengths <= 12
-    views[:, 4:16][inline[:, None] & (np.arange(12)[None, :] >= lengths[:, None])] = 0
+    views[:, 4:16] &= _INLINE_MASKS[np.minimum(lengths, 12)]  # an inline string is zero-padded
     words = views.view(np.int32)  # (n, 4): length, prefix or inline bytes, buffer index, offset
     words[:, 0] = lengths
     words[:, 2] = np.where(inline, words[:, 2], which)
     words[:, 3] = np.where(inline, words[:, 3], starts)
-    arr = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(views), *(d for d, _ in buffers)])
-    return arr.cast(pa.string())
+    view_type, plain = (pa.binary_view(), pa.binary()) if binary else (pa.string_view(), pa.string())
+    arr = pa.Array.from_buffers(view_type, n, [None, pa.py_buffer(views), *(d for d, _ in buffers)])
+    return arr.cast(plain)
 
 
-def _blob(texts: list[str]) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np.ndarray]:
-    """Texts as one padded buffer: ((data, heads), starts, lengths)."""
-    encoded = [t.encode() for t in texts]
-    joined = b"".join([*encoded, bytes(16)])
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    starts = np.cumsum(lengths) - lengths
+def _blob(texts: pa.Array) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np.ndarray]:
+    """A ``string`` array's texts as one zero-padded buffer: ((data, heads), starts, lengths)."""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset : texts.offset + len(texts) + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    data = texts.buffers()[2]
+    joined = (data.to_pybytes()[lo:hi] if data is not None else b"") + bytes(16)
+    lengths = np.diff(offsets).astype(np.int64)
+    starts = offsets[:-1].astype(np.int64) - lo
     buf = np.frombuffer(joined, dtype=np.uint8)
     return (pa.py_buffer(joined), np.lib.stride_tricks.sliding_window_view(buf, 12)), starts, lengths
 
@@ -133,9 +146,11 @@ class _Records:
         end = np.cumsum(lengths)
         return cls(b"".join([*raw, bytes(16)]), end - lengths, end)
 
-    def record(self, i: int) -> bytes:
-        """The serialized bytes of record ``i``."""
-        return bytes(self.buf[int(self.start[i]) : int(self.end[i])])
+    def records(self, which: np.ndarray) -> pa.Array:
+        """The serialized bytes of the records ``which``, as a ``binary`` array."""
+        start = self.start[which]
+        return _views([(self.data, self.heads)], np.zeros(len(which), dtype=np.int64), start,
+                      self.end[which] - start, binary=True)
 
     def at(self, pos: np.ndarray) -> np.ndarray:
         """Clip positions into the padded buffer (malformed lengths must not index out of range)."""
@@ -182,10 +197,10 @@ def decode_records(r: _Records) -> tuple[pa.Array, pa.Array]:
     is_double = nonempty & (tag == 0x21) & (vs + 9 == e)
     slow = ~ok | (nonempty & ~(is_str | is_bool | is_int | is_double))
     fix = _Fixes()
-    fix.add(is_bool, np.where(buf[r.at(vs[is_bool] + 1)] == 1, "true", "false").tolist())
-    fix.add(is_int, ival[int_ok].astype(np.int64).tolist())
+    fix.add(is_bool, pa.array(np.where(buf[r.at(vs[is_bool] + 1)] == 1, "true", "false")))
+    fix.add(is_int, pa.array(ival[int_ok].astype(np.int64)).cast(pa.string()))  # the decimal text, as str()
     doubles = buf[r.at(vs[is_double] + 1)[:, None] + np.arange(8)[None, :]].copy().view("<f8").ravel()
-    fix.add(is_double, doubles.tolist())
+    fix.add(is_double, pa.array([str(d) for d in doubles.tolist()], pa.string()))
     key_fix = _Fixes()
     if slow.any():
         key_fix.add(slow, _slow(r, slow, fix))
@@ -201,13 +216,13 @@ class _Fixes:
 
     def __init__(self) -> None:
         self.index: list[np.ndarray] = []
-        self.texts: list[str] = []
+        self.texts: list[pa.Array] = []
 
-    def add(self, mask: np.ndarray, values: list[Any]) -> None:
-        """Record the texts (``str`` of each value) of the records selected by ``mask``, in order."""
-        if values:
+    def add(self, mask: np.ndarray, texts: pa.Array) -> None:
+        """Record the texts (a ``string`` array) of the records selected by ``mask``, in order."""
+        if len(texts):
             self.index.append(np.nonzero(mask)[0])
-            self.texts.extend(v if isinstance(v, str) else str(v) for v in values)
+            self.texts.append(texts)
 
     def views(self, base: tuple[pa.Buffer, np.ndarray], starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
         """The texts: byte ranges of ``base``, except the recorded records, which take their text."""
@@ -215,29 +230,25 @@ class _Fixes:
         if not self.texts:
             return _views([base], which, starts, lengths)
         idx = np.concatenate(self.index)
-        extra, fstarts, flengths = _blob(self.texts)
+        extra, fstarts, flengths = _blob(pa.concat_arrays(self.texts))
         starts, lengths = starts.copy(), lengths.copy()
         which[idx], starts[idx], lengths[idx] = 1, fstarts, flengths
         return _views([base, extra], which, starts, lengths)
 
 
-def _slow(r: _Records, slow: np.ndarray, fix: _Fixes) -> list[str]:
+def _slow(r: _Records, slow: np.ndarray, fix: _Fixes) -> pa.Array:
     """Decode the records the vectorized pass left (arrays, kvlists, bytes, odd encodings); return keys.
 
     Identical records (e.g. ``gen_ai.response.finish_reasons=["stop"]``) are decoded once.
     """
-    cache: dict[bytes, tuple[str, str]] = {}
+    distinct = pc.dictionary_encode(r.records(np.nonzero(slow)[0]))
     keys, vals = [], []
-    for i in np.nonzero(slow)[0].tolist():
-        raw = r.record(i)
-        hit = cache.get(raw)
-        if hit is None:
-            kv = KeyValue.FromString(raw)
-            hit = cache[raw] = (kv.key, any_value_text(kv.value))
-        keys.append(hit[0])
-        vals.append(hit[1])
-    fix.add(slow, vals)
-    return keys
+    for raw in distinct.dictionary.to_pylist():
+        kv = KeyValue.FromString(raw)
+        keys.append(kv.key)
+        vals.append(any_value_text(kv.value))
+    fix.add(slow, pa.array(vals, pa.string()).take(distinct.indices))
+    return pa.array(keys, pa.string()).take(distinct.indices)
 
 
 def collapse_duplicates(
