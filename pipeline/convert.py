@@ -183,7 +183,8 @@ def convert_reference(records: Iterable[tuple[ExportTraceServiceRequest, int]], 
 
 
 def convert_records(
-    records: list[tuple[bytes, int]], batch_id: str, workers: int = 1, shard: tuple[int, int] = (0, 1)
+    records: list[tuple[bytes, int]], batch_id: str, workers: int = 1, shard: tuple[int, int] = (0, 1),
+    *, consume: bool = False,
 ) -> Converted:
     """Convert serialized requests with their receive times into one ``Converted`` batch.
 
@@ -191,7 +192,9 @@ def convert_records(
     invalid UTF-8, the batch is converted record by record instead, skipping the payloads that do
     not parse (counted in ``bad_records``). With ``workers > 1`` each worker process converts the
     whole traces of one shard (``shard=(w, k)``: traces whose last id byte is ``w`` mod ``k``), so
-    normalization sees the same traces as in one process.
+    normalization sees the same traces as in one process. With ``consume``, ``records`` is emptied
+    once its spans are decoded, so the payloads are freed before normalization (the converter's
+    peak memory).
     """
     if workers > 1 and len(records) > 1:
         from tracedag.pipeline.convert_pool import convert_parallel
@@ -199,9 +202,18 @@ def convert_records(
         parallel: Converted = convert_parallel(records, batch_id, workers)
         return parallel
     try:
-        return convert_wire(records, batch_id, shard)
+        conv = _wire_base(records, batch_id, shard)
     except (DecodeError, pa.ArrowInvalid, ValueError, IndexError) as exc:
         logger.info("batch %s: converting record by record (%s)", batch_id, exc)
+        conv = _record_by_record(records, batch_id, shard)
+    if consume:
+        records.clear()
+    conv.table = normalize(conv.table)
+    return conv
+
+
+def _record_by_record(records: list[tuple[bytes, int]], batch_id: str, shard: tuple[int, int]) -> Converted:
+    """Base columns of the payloads that parse, one request at a time; the others counted in ``bad_records``."""
     good: list[tuple[ExportTraceServiceRequest, int]] = []
     bad = 0
     for payload, received in records:
@@ -209,7 +221,7 @@ def convert_records(
             good.append((parse_request(payload), received))
         except DecodeError:
             bad += 1
-    conv = convert_fast(good, batch_id, shard)
+    conv = _fast_base(good, batch_id, shard)
     conv.bad_records = bad
     return conv
 
@@ -217,33 +229,49 @@ def convert_records(
 def convert_wire(records: list[tuple[bytes, int]], batch_id: str, shard: tuple[int, int] = (0, 1)) -> Converted:
     """Convert serialized requests from the wire: spans decoded in lockstep (``wirespans``), else
     one by one with their attributes decoded for the whole batch (``columnar.WireBuilder``)."""
+    conv = _wire_base(records, batch_id, shard)
+    conv.table = normalize(conv.table)
+    return conv
+
+
+def _wire_base(records: list[tuple[bytes, int]], batch_id: str, shard: tuple[int, int]) -> Converted:
+    """``convert_wire`` without normalization (``BASE_SCHEMA`` columns)."""
     from tracedag.pipeline.columnar import WireBuilder
 
     if shard == (0, 1):
         from tracedag.pipeline.wirespans import SpanBuilder, Unusual
 
         try:
-            return _convert_with(SpanBuilder(), records, batch_id)
+            return _base_with(SpanBuilder(), records, batch_id)
         except Unusual as exc:
             logger.info("batch %s: spans decoded one by one (%s)", batch_id, exc)
-    return _convert_with(WireBuilder(shard), records, batch_id)
+    return _base_with(WireBuilder(shard), records, batch_id)
 
 
-def _convert_with(builder: Any, records: list[tuple[bytes, int]], batch_id: str) -> Converted:
+def _base_with(builder: Any, records: list[tuple[bytes, int]], batch_id: str) -> Converted:
     for payload, received in records:
         builder.add_payload(payload, received)
     base, keys, content = builder.finish(batch_id)
-    return Converted(normalize(base), keys, content, positions=np.array(builder.positions, dtype=np.int64))
+    return Converted(base, keys, content, positions=np.array(builder.positions, dtype=np.int64))
 
 
 def convert_fast(
     records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str, shard: tuple[int, int] = (0, 1)
 ) -> Converted:
     """Convert (request, received) pairs with the columnar builder; equal to ``convert_reference``."""
+    conv = _fast_base(records, batch_id, shard)
+    conv.table = normalize(conv.table)
+    return conv
+
+
+def _fast_base(
+    records: Iterable[tuple[ExportTraceServiceRequest, int]], batch_id: str, shard: tuple[int, int]
+) -> Converted:
+    """``convert_fast`` without normalization."""
     from tracedag.pipeline.columnar import ColumnBuilder
 
     builder = ColumnBuilder(shard)
     for request, received in records:
         builder.add(request, received)
     base, keys, content = builder.finish(batch_id)
-    return Converted(normalize(base), keys, content, positions=np.array(builder.positions, dtype=np.int64))
+    return Converted(base, keys, content, positions=np.array(builder.positions, dtype=np.int64))

@@ -199,10 +199,10 @@ def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
     write_segment(data, 2, [(reqs[1].SerializeToString(), NOW)])
     real = ingest.convert_records
 
-    def flaky(records, stem, workers=1):  # injected fault: segment 1 always fails to convert
+    def flaky(records, stem, workers=1, **kw):  # injected fault: segment 1 always fails to convert
         if stem.endswith("1"):
             raise ValueError("injected conversion fault")
-        return real(records, stem, workers)
+        return real(records, stem, workers, **kw)
 
     monkeypatch.setattr(ingest, "convert_records", flaky)
     monkeypatch.setattr(ingest_stage, "convert_records", flaky)  # the staged (one-hour) path
@@ -235,7 +235,7 @@ def test_intact_segment_is_read_chunk_by_chunk_not_whole(data: Path, monkeypatch
     events: list[str] = []
     real_read, real_convert = ingest.read_payload, stage.convert_records
     monkeypatch.setattr(ingest, "read_payload", lambda fd, ref: events.append("read") or real_read(fd, ref))
-    monkeypatch.setattr(stage, "convert_records", lambda *a: events.append("convert") or real_convert(*a))
+    monkeypatch.setattr(stage, "convert_records", lambda *a, **kw: events.append("convert") or real_convert(*a, **kw))
     st = SpoolConverter(data, chunk_spans=300).run_once()
     assert st.spans_stored == sum(span_count(r) for r in reqs) == stored(data)[0]
     assert events.count("read") == len(reqs) and events.count("convert") > 1
