@@ -33,6 +33,8 @@ from tracedag.pipeline.normalize_extract import (
     scatter,
     single_chunk,
     to_int,
+    true_mask,
+    valid_mask,
     with_prefixes,
 )
 from tracedag.pipeline.normalize_rules import (
@@ -196,7 +198,7 @@ def exception_types(events: pa.ChunkedArray) -> pa.Array:
     start, stop = int(offsets[0]), int(offsets[-1])
     flat = ev.values.slice(start, stop - start)
     rows = np.repeat(np.arange(len(ev), dtype=np.int64), np.diff(offsets))
-    is_exc = np.asarray(pc.fill_null(pc.equal(flat.field("name"), "exception"), False), dtype=bool)
+    is_exc = true_mask(pc.equal(flat.field("name"), "exception"))
     if not is_exc.any():
         return pa.nulls(len(ev), pa.string())
     attrs = flat.field("attributes").filter(pa.array(is_exc))
@@ -240,13 +242,20 @@ def _labels(a: Cols, res: Cols) -> Cols:
 
 
 def inherit_by_trace(base: pa.Table, conv: pa.Array) -> pa.Array:
-    """Fill null ``conversation_id`` from the earliest span of the same trace (in this batch) that has one."""
-    has = pc.is_valid(conv)
-    if not pc.any(has).as_py() or pc.all(has).as_py():
+    """Fill null ``conversation_id`` from the earliest span of the same trace (in this batch) that has one.
+
+    Ties on the start time go to the earlier row.
+    """
+    has = valid_mask(conv)
+    if has.all() or not has.any():
         return conv
-    known = pa.table({"trace_id": base["trace_id"], "start": base["start_time_unix_nano"], "conv": conv}).filter(has)
-    known = known.sort_by([("trace_id", "ascending"), ("start", "ascending")])
-    first = known.group_by("trace_id", use_threads=False).aggregate([("conv", "first")])
-    rows = pa.table({"trace_id": base["trace_id"], "i": pa.array(np.arange(base.num_rows))})
-    joined = rows.join(first, keys="trace_id", join_type="left outer").sort_by("i")
-    return pc.coalesce(conv, joined["conv_first"].combine_chunks())
+    codes = np.asarray(pc.dictionary_encode(single_chunk(base["trace_id"])).indices, dtype=np.int64)
+    start = np.asarray(single_chunk(base["start_time_unix_nano"]), dtype=np.int64)
+    rows = np.flatnonzero(has)
+    order = rows[np.lexsort((start[rows], codes[rows]))]  # stable: by trace, then start, then row
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = codes[order][1:] != codes[order][:-1]
+    source = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    source[codes[order][first]] = order[first]
+    take = source[codes]
+    return pc.coalesce(conv, conv.take(pa.array(take, mask=take < 0)))

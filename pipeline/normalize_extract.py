@@ -142,7 +142,7 @@ def with_prefixes(entries: Entries, prefixes: list[str]) -> Entries:
     """The entries whose key starts with one of ``prefixes`` (one pass; ``family`` then scans fewer keys)."""
     mask = np.zeros(len(entries.keys), dtype=bool)
     for prefix in prefixes:
-        mask |= np.asarray(pc.fill_null(pc.starts_with(entries.keys, prefix), False), dtype=bool)
+        mask |= true_mask(pc.starts_with(entries.keys, prefix))
     if mask.all():
         return entries
     keep = pa.array(mask)
@@ -186,12 +186,40 @@ def empty_as_null(arr: pa.Array) -> pa.Array:
     """``arr`` with its empty strings made null (a new validity bitmap over the same data buffers)."""
     if arr.null_count == len(arr):
         return arr
-    keep = np.asarray(pc.fill_null(pc.greater(pc.binary_length(arr), 0), False), dtype=bool)
-    if keep.all():
-        return arr
-    bitmap = pa.py_buffer(np.packbits(keep, bitorder="little"))
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    keep = np.diff(offsets) > 0
+    valid = valid_mask(arr)
+    if keep[valid].all():
+        return arr
+    keep &= valid
+    bitmap = pa.py_buffer(np.packbits(keep, bitorder="little"))
     return pa.StringArray.from_buffers(len(arr), pa.py_buffer(np.ascontiguousarray(offsets)), arr.buffers()[2], bitmap)
+
+
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    """Bits ``offset`` .. ``offset + n`` of an Arrow bitmap, as numpy bools."""
+    raw = np.frombuffer(buf, dtype=np.uint8)[offset // 8 : (offset + n - 1) // 8 + 1]
+    bits: np.ndarray = np.unpackbits(raw, bitorder="little")[offset % 8 : offset % 8 + n].view(bool)
+    return bits
+
+
+def valid_mask(arr: pa.Array) -> np.ndarray:
+    """Per row, whether ``arr`` holds a value there (the validity bitmap, unpacked)."""
+    validity = arr.buffers()[0]
+    if not arr.null_count or validity is None:
+        return np.ones(len(arr), dtype=bool)
+    return _bits(validity, arr.offset, len(arr))
+
+
+def true_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean array as numpy bools, null counting as false (its bitmaps unpacked, not converted per value)."""
+    arr = single_chunk(arr)
+    if len(arr) == 0:
+        return np.zeros(0, dtype=bool)
+    values = _bits(arr.buffers()[1], arr.offset, len(arr)).copy()
+    if arr.null_count:
+        values &= valid_mask(arr)
+    return values
 
 
 def on_dictionary(arr: pa.ChunkedArray | pa.Array, fn: Callable[[pa.Array], pa.Array]) -> pa.Array:

@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.normalize_extract import true_mask
+
 logger = logging.getLogger(__name__)
 
 FastPath = Callable[[pa.Array], tuple[pa.Array, np.ndarray]]
@@ -73,13 +75,13 @@ def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.nd
     start with ``first`` and end with ``last`` and are within ``PARSE_LIMIT`` (cheap kernels first)."""
     cand = pc.and_(pc.and_(pc.starts_with(values, first), pc.ends_with(values, last)),
                    pc.less_equal(pc.binary_length(values), PARSE_LIMIT))
-    ok = np.asarray(pc.fill_null(cand, False), dtype=bool)
+    ok = true_mask(cand)
     if among is not None:
         ok &= among
     rows = np.flatnonzero(ok)
     if len(rows):
         hit = pc.match_substring_regex(values.take(pa.array(rows)), pattern)
-        ok[rows] = np.asarray(pc.fill_null(hit, False), dtype=bool)
+        ok[rows] = true_mask(hit)
     return ok
 
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline import normalize_json
-from tracedag.pipeline.normalize_extract import Entries, Sparse, family, scatter
+from tracedag.pipeline.normalize_extract import Entries, Sparse, family, scatter, true_mask, valid_mask
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
     Plain text is kept as is; JSON of the shapes ``normalize_json`` recognises is reduced with
     Arrow kernels; each remaining distinct value is reduced once in Python.
     """
-    plain = np.asarray(pc.fill_null(pc.match_substring_regex(values, _PLAIN), True), dtype=bool)
+    plain = _plain(values)
     if plain.all():
         return values
     out, pending = values, ~plain
@@ -106,6 +106,29 @@ def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
         return out
     todo = values.take(pa.array(np.flatnonzero(pending)))
     return pc.replace_with_mask(out, pa.array(pending), _reduce_distinct(todo, fn))
+
+
+# first bytes that make a text possibly JSON: [ { " and what str.strip / RE2 \\s remove
+_MAYBE_JSON = np.zeros(256, dtype=bool)
+_MAYBE_JSON[[ord(c) for c in '[{"\t\n\x0b\x0c\r \x1c\x1d\x1e\x1f']] = True
+
+
+def _plain(values: pa.Array) -> np.ndarray:
+    """Per row, whether the text cannot be JSON (``_PLAIN`` matches; null rows count as plain).
+
+    Read from the first byte of each text; only texts starting with a non-ASCII character (a
+    Unicode space is possible) are matched with ``_PLAIN``.
+    """
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
+    nonempty = np.diff(offsets) > 0
+    first = np.zeros(len(values), dtype=np.uint8)
+    if nonempty.any():
+        first[nonempty] = np.frombuffer(values.buffers()[2], dtype=np.uint8)[offsets[:-1][nonempty]]
+    plain = nonempty & ~_MAYBE_JSON[first]
+    wide = np.flatnonzero(nonempty & (first >= 0x80))
+    if len(wide):
+        plain[wide] = true_mask(pc.match_substring_regex(values.take(pa.array(wide)), _PLAIN))
+    return plain | ~valid_mask(values)
 
 
 def _reduce_distinct(todo: pa.Array, fn: Reducer) -> pa.Array:
@@ -250,7 +273,8 @@ def llm_output_calls(entries: Entries) -> pa.Array:
     """Per row, ``name(arguments)`` of the first tool call in ``llm.output_messages.0``."""
     prefix = "llm.output_messages.0.message.tool_calls."
     pat = r"^llm\.output_messages\.0\.message\.tool_calls\.(?P<idx>\d+)\.tool_call\.function\.(?P<field>name|arguments)$"
-    fam = family(entries, prefix, pat).filter(pc.equal(pc.field("idx"), 0))
+    fam = family(entries, prefix, pat)
+    fam = fam.filter(pc.equal(fam["idx"], 0)) if fam.num_rows else fam
     names = _pick_message(fam, entries.n, None, "name", None)
     args = _pick_message(fam, entries.n, None, "arguments", None)
     joined = pc.binary_join_element_wise(names, pc.fill_null(args, ""), "(")
@@ -263,7 +287,7 @@ def cap(text: pa.Array) -> tuple[pa.Array, pa.Array]:
     Only texts of more than ``TEXT_CAP`` bytes can be that long, so characters are counted
     for those alone.
     """
-    maybe = np.asarray(pc.fill_null(pc.greater(pc.binary_length(text), TEXT_CAP), False), dtype=bool)
+    maybe = true_mask(pc.greater(pc.binary_length(text), TEXT_CAP))
     long = np.zeros(len(text), dtype=bool)
     if maybe.any():
         rows = np.flatnonzero(maybe)
