@@ -128,7 +128,8 @@ def _plain(values: pa.Array) -> np.ndarray:
     wide = np.flatnonzero(nonempty & (first >= 0x80))
     if len(wide):
         plain[wide] = true_mask(pc.match_substring_regex(values.take(pa.array(wide)), _PLAIN))
-    return plain | ~valid_mask(values)
+    out: np.ndarray = plain | ~valid_mask(values)
+    return out
 
 
 def _reduce_distinct(todo: pa.Array, fn: Reducer) -> pa.Array:
