@@ -7,8 +7,10 @@ receive hour and written as ``tables/spans/recv_hour=YYYY-MM-DD-HH/seg-<seq>.par
 matching ``tables/evaluations/...`` file. Only then is the segment moved to ``spool/done/``
 (``quarantine/`` when it held corruption). A segment is converted in chunks of about
 ``CHUNK_SPANS`` spans (bounded memory); each chunk becomes one row group sorted by trace id and
-start time. Several converters (``shard=(w, k)``) may run at once, each on the segments whose
-sequence is ``w`` mod ``k``; the writer lock orders their de-duplication and commits.
+start time. Several converters (``shard=(w, k)``) may run at once: each claims the oldest sealed
+segment no other converter holds (an exclusive ``flock`` on the segment, which the kernel drops
+if the converter dies), so a converter never idles while another has a backlog; the writer lock
+orders their de-duplication and commits.
 
 Crash safety: output names derive from the segment sequence, so re-converting a segment after a
 crash rewrites the same names, and the dedupe index (rebuilt from the stored files) drops what
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -441,11 +443,10 @@ class SpoolConverter:
         self._stats_lock = threading.Lock()
 
     def sealed(self) -> list[Path]:
-        """Return the sealed segments waiting for conversion, oldest first."""
+        """Return the sealed segments waiting for conversion (by any converter), oldest first."""
         if not self.spool.exists():
             return []
-        w, k = self.shard
-        return sorted((p for p in self.spool.glob(f"*{SEALED_SUFFIX}") if segment_seq(p) % k == w), key=segment_seq)
+        return sorted(self.spool.glob(f"*{SEALED_SUFFIX}"), key=segment_seq)
 
     def run_once(self) -> ConvertStats:
         """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
@@ -458,16 +459,20 @@ class SpoolConverter:
             self.compactor.cleanup()
         self._rounds += 1
         for seg in self.sealed():
-            try:
-                self._convert_segment(seg, stats)
-            except OSError as exc:
-                if exc.errno not in _FULL_ERRNOS:
-                    raise
-                stats.write_errors += 1
-                logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
-                break
-            except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
-                self._failed(seg, exc, stats)
+            fh = claim(seg)
+            if fh is None:
+                continue  # another converter holds it, or has just retired it
+            with fh:
+                try:
+                    self._convert_segment(seg, fh.fileno(), stats)
+                except OSError as exc:
+                    if exc.errno not in _FULL_ERRNOS:
+                        raise
+                    stats.write_errors += 1
+                    logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
+                    break
+                except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
+                    self._failed(seg, exc, stats)
         if self.shard[0] == 0 and self._compaction_due(stats):
             self.compact()
         elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:
@@ -534,27 +539,25 @@ class SpoolConverter:
             stop.wait(interval)
         self.run_once()
 
-    def _convert_segment(self, seg: Path, stats: ConvertStats) -> None:
-        """Convert one sealed segment, then retire it (to ``spool/done/``, or ``quarantine/``).
+    def _convert_segment(self, seg: Path, fd: int, stats: ConvertStats) -> None:
+        """Convert one sealed segment (open as ``fd``, claimed), then retire it (to ``spool/done/``, or ``quarantine/``).
 
         An intact segment is read record by record as its chunks are converted, so at most one
         chunk's payloads are in memory; one with a torn tail or corruption is read whole and
         scanned for every intact record.
         """
         stem = f"seg-{segment_seq(seg):020d}"
-        with open(seg, "rb") as fh:
-            fd = fh.fileno()
-            refs = scan_headers(fd, os.fstat(fd).st_size)
-            if refs is not None:
-                try:
-                    bad_records = self._convert_refs(fd, refs, stem, stats)
-                except CorruptRecord as exc:
-                    logger.warning("%s: %s; scanning the whole segment", seg.name, exc)
-                else:
-                    stats.segments += 1
-                    stats.records += len(refs)
-                    self._finish(seg, bad_records > 0, stats)
-                    return
+        refs = scan_headers(fd, os.fstat(fd).st_size)
+        if refs is not None:
+            try:
+                bad_records = self._convert_refs(fd, refs, stem, stats)
+            except CorruptRecord as exc:
+                logger.warning("%s: %s; scanning the whole segment", seg.name, exc)
+            else:
+                stats.segments += 1
+                stats.records += len(refs)
+                self._finish(seg, bad_records > 0, stats)
+                return
         self._convert_scanned(seg, stem, stats)
 
     def _convert_refs(self, fd: int, refs: list[RecordRef], stem: str, stats: ConvertStats) -> int:
@@ -699,6 +702,27 @@ def _drain(chunks: list[T]) -> Iterator[T]:
 def _load(fd: int, refs: list[RecordRef]) -> list[tuple[bytes, int]]:
     """Read (and check) the payloads of ``refs`` with their receive times."""
     return [(read_payload(fd, r), r.received_unix_nano) for r in refs]
+
+
+def claim(seg: Path) -> BinaryIO | None:
+    """Open ``seg`` and take its exclusive ``flock``; ``None`` when another converter holds it or retired it.
+
+    The lock lasts while the file stays open and dies with the process, so a crashed converter's
+    segment is claimed again. A converter retires a segment (rename or unlink) before closing it:
+    if ``seg`` no longer names the locked file, it was already converted.
+    """
+    try:
+        fh = open(seg, "rb")  # noqa: SIM115 - returned open: the caller holds the claim while it works
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(seg).st_ino == os.fstat(fh.fileno()).st_ino:
+            return fh
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    fh.close()
+    return None
 
 
 def release_memory() -> None:

@@ -1,7 +1,8 @@
-"""Several converters splitting the spool by segment: each span stored once, memory bounded."""
+"""Several converters sharing the spool, each claiming whole segments: each span stored once, memory bounded."""
 
 from __future__ import annotations
 
+import fcntl
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from bench.gen import requests
 from tracedag.collector.convert_proc import merge_metrics
 from tracedag.pipeline.dedupe import DedupeIndex
-from tracedag.pipeline.ingest import SpoolConverter
+from tracedag.pipeline.ingest import SpoolConverter, claim
 
 NOW = time.time_ns()
 
@@ -22,7 +23,7 @@ def _reqs(n_spans: int, seed: int) -> list[ExportTraceServiceRequest]:
     return list(requests(n_spans, seed))
 
 
-def test_two_shards_convert_disjoint_segments_and_retried_spans_are_stored_once(data: Path) -> None:
+def test_two_converters_claim_each_segment_once_and_retried_spans_are_stored_once(data: Path) -> None:
     reqs = _reqs(3000, 11)
     bodies = [(r.SerializeToString(), NOW) for r in reqs]
     half = len(bodies) // 2
@@ -31,7 +32,6 @@ def test_two_shards_convert_disjoint_segments_and_retried_spans_are_stored_once(
     write_segment(data, 3, bodies[:half])  # retries of segment 1's exports, seen by the other shard
     write_segment(data, 4, bodies)
     shards = [SpoolConverter(data, shard=(w, 2), chunk_spans=512) for w in range(2)]
-    assert {p.name for p in shards[0].sealed()}.isdisjoint({p.name for p in shards[1].sealed()})
     stats = []
     threads = [threading.Thread(target=lambda c=c: stats.append(c.run_once())) for c in shards]
     for t in threads:
@@ -42,9 +42,40 @@ def test_two_shards_convert_disjoint_segments_and_retried_spans_are_stored_once(
     assert stored(data) == (n, n)
     assert stored_ids(data) == request_ids(reqs)
     assert sum(s.spans_stored for s in stats) == n
+    assert sum(s.segments for s in stats) == 4  # every segment converted once, by one of the two
     assert sum(s.duplicates for s in stats) == n + sum(span_count(r) for r in reqs[:half])
     assert sum(s.conflicts for s in stats) == 0
     assert not list((data / "spool").glob("*.sealed"))
+
+
+def test_a_segment_claimed_by_another_converter_is_left_to_it(data: Path) -> None:
+    reqs = _reqs(600, 15)
+    seg1 = write_segment(data, 1, [(r.SerializeToString(), NOW) for r in reqs[:2]])
+    write_segment(data, 2, [(r.SerializeToString(), NOW) for r in reqs[2:]])
+    held = claim(seg1)  # another converter is converting segment 1
+    assert held is not None and claim(seg1) is None
+    st = SpoolConverter(data, shard=(1, 2)).run_once()
+    assert st.segments == 1 and seg1.exists()  # it took segment 2 and left segment 1 alone
+    held.close()  # that converter died: the kernel dropped its lock
+    assert SpoolConverter(data, shard=(1, 2)).run_once().segments == 1
+    assert stored_ids(data) == request_ids(reqs)
+
+
+def test_a_segment_retired_while_being_claimed_is_not_claimed(data: Path, monkeypatch) -> None:
+    seg = write_segment(data, 1, [(r.SerializeToString(), NOW) for r in _reqs(200, 16)])
+    done = data / "spool" / "done"
+    done.mkdir(exist_ok=True)
+    real_flock = fcntl.flock
+
+    def retired_first(fd: int, op: int) -> None:  # the converter that held it retires it and lets go
+        if seg.exists():
+            seg.rename(done / seg.name)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", retired_first)
+    assert claim(seg) is None  # the lock was free, but on a file already converted
+    monkeypatch.undo()
+    assert claim(seg) is None  # and once it is gone from the spool, it cannot be opened
 
 
 def test_a_shard_sees_files_the_other_wrote_after_its_index_was_built(data: Path) -> None:
