@@ -44,7 +44,7 @@ def extract_evaluations(spans: pa.Table) -> pa.Table:
     """Return one ``EVALUATIONS_V1`` row per evaluation result found in ``spans`` (SPANS_V1)."""
     if spans.num_rows == 0:
         return EVALUATIONS_V1.empty_table()
-    meta = spans.select(["trace_id", "span_id", "received_unix_nano", "batch_id", "end_time_unix_nano"]).to_pydict()
+    meta = _Meta(spans)
     links = _first_links(spans)
     rows = _event_rows(spans, meta) + _attribute_rows(spans, meta, links) + _evaluator_span_rows(spans, meta, links)
     if not rows:
@@ -52,7 +52,23 @@ def extract_evaluations(spans: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=EVALUATIONS_V1)
 
 
-def _base_row(meta: dict[str, list[Any]], i: int, kind: str) -> dict[str, Any]:
+class _Meta:
+    """The span columns a result row copies, as Python lists, built only when a first row needs them
+    (most batches carry no evaluation: converting 5 columns per chunk cost more than the scan)."""
+
+    COLUMNS = ["trace_id", "span_id", "received_unix_nano", "batch_id", "end_time_unix_nano"]
+
+    def __init__(self, spans: pa.Table) -> None:
+        self.spans = spans
+        self.lists: dict[str, list[Any]] | None = None
+
+    def __getitem__(self, column: str) -> list[Any]:
+        if self.lists is None:
+            self.lists = self.spans.select(self.COLUMNS).to_pydict()
+        return self.lists[column]
+
+
+def _base_row(meta: _Meta, i: int, kind: str) -> dict[str, Any]:
     return {
         "trace_id": meta["trace_id"][i],
         "span_id": meta["span_id"][i],
@@ -71,7 +87,7 @@ def _score(v: Any) -> float | None:
         return None
 
 
-def _event_rows(spans: pa.Table, meta: dict[str, list[Any]]) -> list[dict[str, Any]]:
+def _event_rows(spans: pa.Table, meta: _Meta) -> list[dict[str, Any]]:
     ev = spans["events"].combine_chunks()
     offsets = np.asarray(ev.offsets, dtype=np.int64)
     flat = ev.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
@@ -123,7 +139,7 @@ def _first_links(spans: pa.Table) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _attribute_rows(spans: pa.Table, meta: dict[str, list[Any]], links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
+def _attribute_rows(spans: pa.Table, meta: _Meta, links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
     entries = map_entries(spans["attributes"])
     rows_out: list[dict[str, Any]] = []
     for fam_name in ("annotations", "evaluations"):
@@ -144,7 +160,7 @@ def _attribute_rows(spans: pa.Table, meta: dict[str, list[Any]], links: dict[int
     return rows_out
 
 
-def _evaluator_span_rows(spans: pa.Table, meta: dict[str, list[Any]], links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
+def _evaluator_span_rows(spans: pa.Table, meta: _Meta, links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
     if not links:
         return []
     keys = [k for k in pick(map_entries(spans["attributes"]), ["annotations.0.annotation.name",
