@@ -2,8 +2,8 @@
 
 Each child is a plain ``python -P -m tracedag.collector.convert_child`` process (see that module)
 started with ``subprocess.Popen``: no multiprocessing, hence no resource-tracker process, no
-semaphore and no spawn bootstrap. Child ``w`` of N converts the segments whose sequence is ``w``
-mod N and writes its metrics to ``<data>/state/converter.metrics[.w]`` (merged into the parent's
+semaphore and no spawn bootstrap. Each child converts the oldest sealed segment no other child has
+claimed (a ``flock`` on the segment; see ``pipeline.ingest.claim``); child ``w`` of N writes its metrics to ``<data>/state/converter.metrics[.w]`` (merged into the parent's
 ``/metrics``). Its stdin is a pipe from the parent: closing it is the stop signal (the child
 converts what is left, then exits). The child dies with its parent (``PR_SET_PDEATHSIG`` plus a
 parent-pid check); its stderr is the parent's. ``flush`` waits until no sealed segment is left,
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ENV_CONVERTERS", "METRICS_FILE", "ConverterProcess", "default_processes", "merge_metrics"]
 
 ENV_CONVERTERS = "TRACEDAG_CONVERTERS"
-"""Number of converter processes (default 2); each converts the segments whose sequence is ``w`` mod N."""
+"""Number of converter processes (default 2); each claims the next sealed segment no other one holds."""
 
 CHILD_MODULE = "tracedag.collector.convert_child"
 KILL_WAIT_SECONDS = 5.0
