@@ -54,8 +54,8 @@ def _slowloris(port: int, conns: int, seconds: float) -> dict[int, float]:
     """Open ``conns`` connections sending one header byte per second; return when each was closed."""
     socks, opened = [], []
     for _ in range(conns):
+        opened.append(time.monotonic())  # before the connect: a stall after it must not shorten the measure
         socks.append(socket.create_connection(("127.0.0.1", port)))
-        opened.append(time.monotonic())
     started = time.monotonic()
     closed: dict[int, float] = {}  # seconds from each connection's open to its close
     pos = 0
