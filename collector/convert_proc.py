@@ -3,8 +3,8 @@
 Each child is a plain ``python -P -m tracedag.collector.convert_child`` process (see that module)
 started with ``subprocess.Popen``: no multiprocessing, hence no resource-tracker process, no
 semaphore and no spawn bootstrap. Each child converts the oldest sealed segment no other child has
-claimed (a ``flock`` on the segment; see ``pipeline.ingest.claim``); child ``w`` of N writes its metrics to ``<data>/state/converter.metrics[.w]`` (merged into the parent's
-``/metrics``). Its stdin is a pipe from the parent: closing it is the stop signal (the child
+claimed (a ``flock`` on the segment; see ``pipeline.ingest.claim``); child ``w`` of N writes its
+metrics to ``<data>/state/converter.metrics[.w]`` (merged into the parent's ``/metrics``). Its stdin is a pipe from the parent: closing it is the stop signal (the child
 converts what is left, then exits). The child dies with its parent (``PR_SET_PDEATHSIG`` plus a
 parent-pid check); its stderr is the parent's. ``flush`` waits until no sealed segment is left,
 i.e. everything sealed so far is in Parquet (or quarantined).
@@ -91,7 +91,7 @@ class _Launcher:
 
 
 class ConverterProcess:
-    """Supervised child processes converting sealed spool segments (split by segment sequence)."""
+    """Supervised child processes converting sealed spool segments (each claims one segment at a time)."""
 
     def __init__(self, data: Path, interval: float = 0.25, processes: int | None = None,
                  retention: float = DONE_RETENTION_SECONDS) -> None:

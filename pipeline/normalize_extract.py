@@ -57,6 +57,12 @@ def _plain_string(arr: pa.Array) -> pa.Array:
     return arr if arr.type == pa.string() else arr.cast(pa.string())
 
 
+def string_offsets(arr: pa.Array) -> np.ndarray:
+    """The ``len(arr) + 1`` int32 offsets of a ``string`` array (positions in its data buffer)."""
+    offsets: np.ndarray = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    return offsets
+
+
 def scatter(values: pa.Array, rows: np.ndarray, n: int) -> pa.Array:
     """Return a length-``n`` array with ``values[i]`` at ``rows[i]`` (later entries win) and nulls elsewhere."""
     take = np.full(n, -1, dtype=np.int64)
@@ -81,7 +87,7 @@ def pick(entries: Entries, wanted: list[str]) -> dict[str, pa.Array]:
 
 def _column(values: pa.Array, rows: np.ndarray, a: int, b: int, n: int) -> pa.Array:
     """The length-``n`` string column with ``values[a:b]`` at ``rows[a:b]`` (increasing), sharing ``values``' data."""
-    voff = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
+    voff = string_offsets(values)
     lengths = np.zeros(n, dtype=np.int32)
     lengths[rows[a:b]] = np.diff(voff[a : b + 1])
     offsets = np.empty(n + 1, dtype=np.int32)
@@ -117,7 +123,7 @@ def _picked(entries: Entries, wanted: list[str]) -> tuple[np.ndarray, np.ndarray
 def pick_sparse(entries: Entries, wanted: list[str]) -> dict[str, Sparse]:
     """Per key of ``wanted``, the rows with a non-empty value and where it is (no string is copied)."""
     k, rows, pos = _picked(entries, wanted)
-    offsets = np.frombuffer(entries.values.buffers()[1], dtype=np.int32)[entries.values.offset :]
+    offsets = string_offsets(entries.values)
     nonempty = offsets[pos + 1] > offsets[pos]
     k, rows, pos = k[nonempty], rows[nonempty], pos[nonempty]
     bounds = np.searchsorted(k, np.arange(len(wanted) + 1))
@@ -186,7 +192,7 @@ def empty_as_null(arr: pa.Array) -> pa.Array:
     """``arr`` with its empty strings made null (a new validity bitmap over the same data buffers)."""
     if arr.null_count == len(arr):
         return arr
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
+    offsets = string_offsets(arr)
     keep = np.diff(offsets) > 0
     valid = valid_mask(arr)
     if keep[valid].all():

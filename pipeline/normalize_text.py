@@ -21,7 +21,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline import normalize_json
-from tracedag.pipeline.normalize_extract import Entries, Sparse, family, scatter, true_mask, valid_mask
+from tracedag.pipeline.normalize_extract import (
+    Entries,
+    Sparse,
+    family,
+    scatter,
+    string_offsets,
+    true_mask,
+    valid_mask,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +127,7 @@ def _plain(values: pa.Array) -> np.ndarray:
     Read from the first byte of each text; only texts starting with a non-ASCII character (a
     Unicode space is possible) are matched with ``_PLAIN``.
     """
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + len(values) + 1]
+    offsets = string_offsets(values)
     nonempty = np.diff(offsets) > 0
     first = np.zeros(len(values), dtype=np.uint8)
     if nonempty.any():

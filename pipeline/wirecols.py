@@ -22,6 +22,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from tracedag.pipeline.convert import any_value_text
+from tracedag.pipeline.normalize_extract import string_offsets
 
 _B, _S, _U32, _I32, _F32, _F64, _MSG = 12, 9, 13, 5, 7, 6, 11
 _REPEATED, _OPTIONAL = 3, 1
@@ -117,7 +118,7 @@ def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, start
 
 def _blob(texts: pa.Array) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np.ndarray]:
     """A ``string`` array's texts as one zero-padded buffer: ((data, heads), starts, lengths)."""
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int32)[texts.offset : texts.offset + len(texts) + 1]
+    offsets = string_offsets(texts)
     lo, hi = int(offsets[0]), int(offsets[-1])
     data = texts.buffers()[2]
     joined = (data.to_pybytes()[lo:hi] if data is not None else b"") + bytes(16)
