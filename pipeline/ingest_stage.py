@@ -1,4 +1,4 @@
-"""Staged conversion: a segment's chunks are converted, sorted and written to a private temp file
+"""Staged conversion: a segment's chunks are converted and written to a private temp file
 outside the writer lock, so one converter's Parquet writing overlaps another's and at most one
 chunk's Arrow data is in memory at a time.
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.compact import parquet_options
@@ -27,9 +26,6 @@ from tracedag.pipeline.dedupe import DedupeIndex
 from tracedag.pipeline.evaluations import extract_evaluations
 
 logger = logging.getLogger(__name__)
-
-SORT_KEYS = [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")]
-
 
 @dataclass
 class Staged:
@@ -72,7 +68,11 @@ def clean_stage_dir(data: Path, shard: int, shards: int = 1) -> None:
 def stage_chunks(
     chunks: Iterator[list[tuple[bytes, int]]], batch_id: str, path: Path, index: DedupeIndex | None = None,
 ) -> Staged:
-    """Convert ``chunks`` one by one, each sorted into its own row group of the file ``path``.
+    """Convert ``chunks`` one by one, each into its own row group of the file ``path``, in arrival order.
+
+    Rows are not sorted: a 4096-row group of random trace ids spans the whole id range whatever
+    its order, so sorting buys no row-group pruning, and on agent spans it changed the file size
+    by under 0.5 % while its copy of every column cost about 5 % of the conversion's CPU.
 
     ``chunks`` is consumed lazily: only one chunk's payloads need to be in memory at a time.
     Rows already in ``index`` (a possibly stale copy; the commit checks again under the lock) or
@@ -96,11 +96,9 @@ def stage_chunks(
                     bad += conv.bad_records
                     if not conv.table.num_rows:
                         continue
-                    order = pc.sort_indices(conv.table, SORT_KEYS)
-                    table = _sorted_releasing(conv, order)
-                    o = order.to_numpy()
-                    keys.append(conv.keys[o])
-                    contents.append(conv.content[o])
+                    table = conv.table
+                    keys.append(conv.keys)
+                    contents.append(conv.content)
                     del conv
                     e = extract_evaluations(table)
                     if e.num_rows:
@@ -119,19 +117,6 @@ def stage_chunks(
         raise
     return Staged(path, _cat(keys), _cat(contents), pa.concat_tables(evals) if evals else None, rows, bad,
                   dup[0], dup[1])
-
-
-def _sorted_releasing(conv: Converted, order: pa.Array) -> pa.Table:
-    """``conv.table`` in ``order``, column by column; ``conv`` lets go of each column once it is copied.
-
-    At most one column is held twice, not the whole table (a chunk's table is ~2.5 KB a span).
-    """
-    schema, columns = conv.table.schema, conv.table.columns
-    conv.table = schema.empty_table()
-    out = []
-    while columns:
-        out.append(columns.pop(0).take(order))
-    return pa.Table.from_arrays(out, schema=schema)
 
 
 def _drop_known(conv: Converted, index: DedupeIndex | None, seen: DedupeIndex, dup: list[int]) -> Converted:

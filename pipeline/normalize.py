@@ -11,7 +11,6 @@ Unknown dialects get ``step_type = 'other'`` and the span name without its volat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -52,7 +51,6 @@ from tracedag.schemas.spans import AGENT_FIELDS, SPANS_V1
 logger = logging.getLogger(__name__)
 
 Cols = dict[str, pa.Array]
-Filler = Callable[[pa.Array, Sparse, pa.Array, text.Reducer], pa.Array]
 TEXT_SOURCES = ("tool_args", "tool_result", "input_messages", "output_messages", "input_value", "output_value",
                 "entity_input", "entity_output")
 MESSAGE_PREFIXES = ["llm.input_messages.", "llm.output_messages.", "gen_ai.prompt.", "gen_ai.completion."]
@@ -206,31 +204,28 @@ def exception_types(events: pa.ChunkedArray) -> pa.Array:
     return scatter(kinds, rows[is_exc], len(ev))
 
 
-def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: Filler) -> Cols:
+def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: text.Filler) -> Cols:
     """input_text / output_text in source priority order, capped, with the truncation flag."""
     src = {k: first_present(*(sp[x] for x in COLUMN_SOURCES[k])) for k in TEXT_SOURCES}
-
-    def fill(current: pa.Array, source: str, fn: text.Reducer) -> pa.Array:
-        return fill_with(current, src[source], entries.values, fn)
-
-    inp = fill(pa.nulls(entries.n, pa.string()), "tool_args", text.readable)
-    inp = fill(inp, "input_messages", text.genai_input)
     msgs = with_prefixes(entries, MESSAGE_PREFIXES)  # the indexed message families
-    inp = pc.coalesce(inp, text.last_user_message(msgs, "llm.input_messages.", "message\\.role|message\\.content",
-                                                   "message.role", "message.content"))
-    inp = pc.coalesce(inp, text.last_user_message(msgs, "gen_ai.prompt.", "role|content", "role", "content"))
-    inp = fill(inp, "input_value", text.readable)
-    inp = fill(inp, "entity_input", text.readable)
-    out = fill(pa.nulls(entries.n, pa.string()), "tool_result", text.readable)
-    out = fill(out, "output_messages", text.genai_output)
-    out = pc.coalesce(out, text.last_message(msgs, "llm.output_messages.", "message\\.content", "message.content"))
-    out = pc.coalesce(out, text.llm_output_calls(msgs))
-    out = pc.coalesce(out, text.last_message(msgs, "gen_ai.completion.", "content", "content"))
-    out = fill(out, "output_value", text.readable)
-    out = fill(out, "entity_output", text.readable)
-    inp, cut_in = text.cap(coalesce(inp))
-    out, cut_out = text.cap(coalesce(out))
-    return {"input_text": inp, "output_text": out, "text_truncated": pc.or_(cut_in, cut_out)}
+    inp, out = text.Assembly(entries.n), text.Assembly(entries.n)
+    fill_with(inp, src["tool_args"], entries.values, text.readable)
+    fill_with(inp, src["input_messages"], entries.values, text.genai_input)
+    inp.coalesce(text.last_user_message(msgs, "llm.input_messages.", "message\\.role|message\\.content",
+                                        "message.role", "message.content"))
+    inp.coalesce(text.last_user_message(msgs, "gen_ai.prompt.", "role|content", "role", "content"))
+    fill_with(inp, src["input_value"], entries.values, text.readable)
+    fill_with(inp, src["entity_input"], entries.values, text.readable)
+    fill_with(out, src["tool_result"], entries.values, text.readable)
+    fill_with(out, src["output_messages"], entries.values, text.genai_output)
+    out.coalesce(text.last_message(msgs, "llm.output_messages.", "message\\.content", "message.content"))
+    out.coalesce(text.llm_output_calls(msgs))
+    out.coalesce(text.last_message(msgs, "gen_ai.completion.", "content", "content"))
+    fill_with(out, src["output_value"], entries.values, text.readable)
+    fill_with(out, src["entity_output"], entries.values, text.readable)
+    input_text, cut_in = text.cap(coalesce(inp.column()))  # an empty text is kept from later sources, then null
+    output_text, cut_out = text.cap(coalesce(out.column()))
+    return {"input_text": input_text, "output_text": output_text, "text_truncated": pc.or_(cut_in, cut_out)}
 
 
 def _labels(a: Cols, res: Cols) -> Cols:

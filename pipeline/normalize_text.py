@@ -60,38 +60,70 @@ _dumps = json.JSONEncoder(ensure_ascii=False).encode
 _dumps_sorted = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 
 
-def fill(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa.Array:
-    """Fill the null rows of ``current`` with ``fn`` applied to ``source`` (entries of ``values``), only where needed.
+class Assembly:
+    """A text column built from sources in priority order: each row keeps the first text it is given.
+
+    Pieces are kept as (rows, texts) and the column is built once, by one ``take`` at the end,
+    instead of rewriting the whole column for every source.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.filled = np.zeros(n, dtype=bool)
+        self.rows: list[np.ndarray] = []
+        self.texts: list[pa.Array] = []
+
+    def add(self, rows: np.ndarray, texts: pa.Array) -> None:
+        """Texts for ``rows`` (none filled yet); a null text leaves its row to later sources."""
+        ok = valid_mask(texts)
+        if not ok.all():
+            rows, texts = rows[ok], texts.filter(pa.array(ok))
+        if len(rows):
+            self.filled[rows] = True
+            self.rows.append(rows)
+            self.texts.append(texts)
+
+    def coalesce(self, column: pa.Array) -> None:
+        """Fill the rows still empty from ``column`` (one value per row, null where it has none)."""
+        rows = np.flatnonzero(valid_mask(column) & ~self.filled)
+        if len(rows):
+            self.add(rows, column.take(pa.array(rows)))
+
+    def needed(self, source: Sparse) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``source`` still empty, and their positions in the entry values."""
+        free = ~self.filled[source.rows]
+        return source.rows[free], source.pos[free]
+
+    def column(self) -> pa.Array:
+        """The assembled column (null where no source gave a text)."""
+        if not self.rows:
+            return pa.nulls(self.n, pa.string())
+        texts = pa.concat_arrays(self.texts) if len(self.texts) > 1 else self.texts[0]
+        index = np.full(self.n, -1, dtype=np.int64)
+        index[np.concatenate(self.rows)] = np.arange(len(texts))
+        return texts.take(pa.array(index, mask=index < 0))
+
+
+Filler = Callable[[Assembly, Sparse, pa.Array, Reducer], None]
+
+
+def fill(into: Assembly, source: Sparse, values: pa.Array, fn: Reducer) -> None:
+    """Give the empty rows of ``into`` ``fn`` applied to ``source`` (entries of ``values``), only where needed.
 
     Equal to ``fill_reference``, faster: only the needed payloads are gathered, text that cannot
     be JSON is its own readable form, known JSON shapes are reduced by Arrow kernels
     (``reduce_column``), each other distinct payload once in Python with ``loads_fast``.
     """
-    rows, pos = _needed(current, source)
-    if len(rows) == 0:
-        return current
-    return _put(current, rows, reduce_column(values.take(pa.array(pos)), fn))
+    rows, pos = into.needed(source)
+    if len(rows):
+        into.add(rows, reduce_column(values.take(pa.array(pos)), fn))
 
 
-def fill_reference(current: pa.Array, source: Sparse, values: pa.Array, fn: Reducer) -> pa.Array:
+def fill_reference(into: Assembly, source: Sparse, values: pa.Array, fn: Reducer) -> None:
     """The straightforward ``fill``: ``fn`` on every needed row with the standard ``json`` module (the oracle)."""
-    rows, pos = _needed(current, source)
-    if len(rows) == 0:
-        return current
-    texts = [fn(s, json.loads) for s in values.take(pa.array(pos)).to_pylist()]
-    return pc.coalesce(current, scatter(pa.array(texts, pa.string()), rows, len(current)))
-
-
-def _put(current: pa.Array, rows: np.ndarray, texts: pa.Array) -> pa.Array:
-    """``current`` (null at ``rows``, increasing) with ``texts`` there."""
-    mask = np.zeros(len(current), dtype=bool)
-    mask[rows] = True
-    return pc.replace_with_mask(current, pa.array(mask), texts)
-
-
-def _needed(current: pa.Array, source: Sparse) -> tuple[np.ndarray, np.ndarray]:
-    free = np.asarray(pc.is_null(current), dtype=bool)[source.rows]
-    return source.rows[free], source.pos[free]
+    rows, pos = into.needed(source)
+    if len(rows):
+        into.add(rows, pa.array([fn(s, json.loads) for s in values.take(pa.array(pos)).to_pylist()], pa.string()))
 
 
 def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:

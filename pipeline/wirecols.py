@@ -90,29 +90,40 @@ def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarra
 _INLINE_MASKS = np.where(np.arange(12)[None, :] < np.arange(13)[:, None], 0xFF, 0).astype(np.uint8)
 """Row ``k``: keeps the first ``k`` of 12 bytes (a string_view's inline bytes past its length are zero)."""
 
+_VIEW = np.dtype({"names": ["length", "head"], "formats": ["<i4", "V12"], "offsets": [0, 4], "itemsize": 16})
+"""One Arrow string_view: the length, then 12 bytes (the inline text, or prefix, buffer index, offset)."""
+
+
+def heads_of(data: bytes) -> np.ndarray:
+    """Element ``i``: the 12 bytes of ``data`` from offset ``i``, as one ``V12`` value (``data`` ends
+    with at least 11 padding bytes). Gathering whole 12-byte values is 2x faster than rows of bytes."""
+    return np.ndarray((len(data) - 11,), dtype="V12", buffer=data, strides=(1,))
+
 
 def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, starts: np.ndarray,
            lengths: np.ndarray, binary: bool = False) -> pa.Array:
     """A ``string`` (``binary`` when asked) array of byte ranges (buffer ``which``, start, length), without a Python loop.
 
-    ``buffers`` holds (data, heads) pairs, ``heads`` being a sliding 12-byte window over the
-    zero-padded data: row ``i`` is the 12 bytes from offset ``i``, which Arrow's string_view
-    layout inlines (short strings) or uses as the 4-byte prefix. One cast builds the result.
+    ``buffers`` holds (data, heads) pairs, ``heads`` being ``heads_of`` the zero-padded data: the
+    12 bytes from each offset, which Arrow's string_view layout inlines (short strings) or uses as
+    the 4-byte prefix. One cast builds the result.
     """
     n = len(starts)
-    views = np.empty((n, 16), dtype=np.uint8)
-    views[:, 4:16] = buffers[0][1][np.where(which == 0, starts, 0)]
+    views = np.empty(n, dtype=_VIEW)
+    views["head"] = buffers[0][1][np.where(which == 0, starts, 0)]
     for b, (_data, heads) in enumerate(buffers[1:], start=1):
         sel = np.nonzero(which == b)[0]
-        views[sel, 4:16] = heads[starts[sel]]
+        views["head"][sel] = heads[starts[sel]]
+    raw = views.view(np.uint8).reshape(n, 16)
+    short = np.flatnonzero(lengths < 12)
+    raw[short, 4:16] &= _INLINE_MASKS[lengths[short]]  # an inline string is zero-padded
     inline = lengths <= 12
-    views[:, 4:16] &= _INLINE_MASKS[np.minimum(lengths, 12)]  # an inline string is zero-padded
-    words = views.view(np.int32)  # (n, 4): length, prefix or inline bytes, buffer index, offset
+    words = raw.view(np.int32)  # (n, 4): length, prefix or inline bytes, buffer index, offset
     words[:, 0] = lengths
     words[:, 2] = np.where(inline, words[:, 2], which)
     words[:, 3] = np.where(inline, words[:, 3], starts)
     view_type, plain = (pa.binary_view(), pa.binary()) if binary else (pa.string_view(), pa.string())
-    arr = pa.Array.from_buffers(view_type, n, [None, pa.py_buffer(views), *(d for d, _ in buffers)])
+    arr = pa.Array.from_buffers(view_type, n, [None, pa.py_buffer(raw), *(d for d, _ in buffers)])
     return arr.cast(plain)
 
 
@@ -124,8 +135,7 @@ def _blob(texts: pa.Array) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np
     joined = (data.to_pybytes()[lo:hi] if data is not None else b"") + bytes(16)
     lengths = np.diff(offsets).astype(np.int64)
     starts = offsets[:-1].astype(np.int64) - lo
-    buf = np.frombuffer(joined, dtype=np.uint8)
-    return (pa.py_buffer(joined), np.lib.stride_tricks.sliding_window_view(buf, 12)), starts, lengths
+    return (pa.py_buffer(joined), heads_of(joined)), starts, lengths
 
 
 class _Records:
@@ -138,7 +148,7 @@ class _Records:
         self.start, self.end = start, end
         self.size = len(joined) - 16
         self.buf = np.frombuffer(joined, dtype=np.uint8)
-        self.heads = np.lib.stride_tricks.sliding_window_view(self.buf, 12)
+        self.heads = heads_of(joined)
 
     @classmethod
     def of(cls, raw: list[bytes]) -> _Records:
