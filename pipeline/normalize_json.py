@@ -65,9 +65,9 @@ def _flat_object(colon: str, comma: str) -> str:
 
 FLAT_COMPACT = _flat_object(":", ",")  # separators as json.dumps(separators=(",", ":")) writes them
 FLAT_SPACED = _flat_object(": ", ", ")  # as json.dumps writes them by default: the readable form already
-# keys ``readable`` looks into (content, tool calls, wrappers): such objects take the per-row path
-_SPECIAL_KEY = r'"(?:content|tool_calls|input_str|inputs|outputs|output|input|args|kwargs|data|messages)":'
-_SINGLE_LIST = f"^\\{{{_FLAT_STR}{_C}\\[(?:{_SCALAR}(?:{_S}{_SCALAR})*)?\\]\\}}$"
+SPECIAL_KEYS = pa.array(["content", "tool_calls", "input_str", "inputs", "outputs", "output", "input", "args", "kwargs",
+                         "data", "messages"])
+"""Keys ``readable`` looks into (content, tool calls, wrappers): objects with one take the per-row path."""
 
 
 def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.ndarray | None = None) -> np.ndarray:
@@ -128,45 +128,51 @@ def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     if not ok.any():
         return values, ok
     sub = values.filter(pa.array(ok))
-    pieces = pc.split_pattern(sub, '"')  # strings hold no quote: odd pieces are string contents
-    special = pc.or_(pc.match_substring_regex(sub, _SPECIAL_KEY), pc.match_substring_regex(sub, _SINGLE_LIST))
-    keep = ~np.asarray(special, dtype=bool) & _distinct_keys(pieces)
-    out = _spaced(pieces, compact[ok])
+    keep = _plain_keys(pc.split_pattern(sub, '"'))  # strings hold no quote: odd pieces are string contents
+    out = _spaced(sub, compact[ok])
     ok[ok] = keep
     return (out if keep.all() else out.filter(pa.array(keep))), ok
 
 
-def _spaced(pieces: pa.ListArray, compact: np.ndarray) -> pa.Array:
-    """The objects again, with ``", "`` and ``": "`` between the strings of the ``compact`` ones."""
-    offsets = np.asarray(pieces.offsets, dtype=np.int64)
-    offsets -= offsets[0]
-    flat = pc.list_flatten(pieces)
-    row = np.repeat(np.arange(len(pieces), dtype=np.int64), np.diff(offsets))
-    between = ((np.arange(len(flat)) - offsets[:-1][row]) % 2 == 0) & compact[row]
-    if between.any():
-        seps = flat.filter(pa.array(between))
-        flat = pc.replace_with_mask(flat, pa.array(between),
-                                    pc.replace_substring(pc.replace_substring(seps, ",", ", "), ":", ": "))
-    return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat), '"')
+def _spaced(objects: pa.Array, compact: np.ndarray) -> pa.Array:
+    """The flat objects with ``", "`` and ``": "`` separators: the ``compact`` ones are re-spaced
+    (their strings hold no ``,`` or ``:``, so every one is a separator), the others kept."""
+    if not compact.any():
+        return objects
+    rows = pa.array(np.flatnonzero(compact))
+    spaced = pc.replace_substring(pc.replace_substring(objects.take(rows), ",", ", "), ":", ": ")
+    if compact.all():
+        return spaced
+    return pc.replace_with_mask(objects, pa.array(compact), spaced)
 
 
-def _distinct_keys(pieces: pa.ListArray) -> np.ndarray:
-    """Per flat object (split at ``"``), whether its keys are distinct (Python keeps a repeated key's last value).
+def _plain_keys(pieces: pa.ListArray) -> np.ndarray:
+    """Per flat object (split at ``"``): whether ``readable`` keeps it as a whole, i.e. its keys are
+    distinct (Python keeps a repeated key's last value), none is in ``SPECIAL_KEYS`` and it is not
+    one key holding a list (``readable`` unwraps such an object to its list).
 
     A key is a piece followed by one starting with ``:`` (strings hold no ``:``).
     """
+    n = len(pieces)
     offsets = np.asarray(pieces.offsets, dtype=np.int64)
     offsets -= offsets[0]
     flat = pc.list_flatten(pieces)
     is_key = np.zeros(len(flat), dtype=bool)
     is_key[:-1] = np.asarray(pc.starts_with(flat.slice(1), ":"), dtype=bool)
     is_key[offsets[1:][offsets[1:] > 0] - 1] = False  # the last piece of a row is never a key
-    rows = np.repeat(np.arange(len(pieces), dtype=np.int64), np.diff(offsets))[is_key]
-    codes = np.asarray(pc.dictionary_encode(flat.filter(pa.array(is_key))).indices, dtype=np.int64)
+    at = np.flatnonzero(is_key)
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))[at]
+    encoded = pc.dictionary_encode(flat.take(pa.array(at)))
+    codes = np.asarray(encoded.indices, dtype=np.int64)
     width = int(codes.max(initial=0)) + 1
-    pairs = np.unique(rows * width + codes)
-    keys, distinct = np.bincount(rows, minlength=len(pieces)), np.bincount(pairs // width, minlength=len(pieces))
-    return np.asarray(keys == distinct, dtype=bool)
+    keys = np.bincount(rows, minlength=n)
+    distinct = np.bincount(np.unique(rows * width + codes) // width, minlength=n)
+    special = np.asarray(pc.is_in(encoded.dictionary, value_set=SPECIAL_KEYS), dtype=bool)[codes]
+    after = flat.take(pa.array(at + 1))  # the separator and value after each key
+    is_list = np.asarray(pc.or_(pc.starts_with(after, ":["), pc.starts_with(after, ": [")), dtype=bool)
+    single_list = (keys == 1) & (np.bincount(rows[is_list], minlength=n) == 1)
+    out: np.ndarray = (keys == distinct) & (np.bincount(rows[special], minlength=n) == 0) & ~single_list
+    return out
 
 
 FAST_PATHS: dict[str, FastPath] = {"genai_input": genai_input, "genai_output": genai_output, "readable": readable}

@@ -168,6 +168,8 @@ def test_reduce_column_edge_cases():
         '[{"role":"assistant","parts":[{"type":"text","content":"a\\nb"}]}]',
         '{"a":1,"a":2}', '{"a":-0}', '{"a":12345678901234567890123}', '{"items":["x","y"]}', '{}',
         '{"content":"direct"}', '{"input":"wrapped"}', '{"a":"x","b":[1,2,"c"]}', '{"a":1.50}',
+        '{"a": [1, 2]}', '{"a":[]}', '{"a":[],"b":1}', '{"data":1}', '{"x":"content"}', '{"k": "content", "n": null}',
+        '{"a": "b", "a": "c"}', '{"a":"b","c":"d"}', '{"a": "b", "c": "d"}', '{"messages": []}',
         "[" * 5000 + "]" * 5000,  # deeper than any parser recursion: raw text, no crash
         '"just a json string"', "plain text", " {\"a\": 1}", "\u00a0[1]",
         None,
