@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.byteranges import blob, strings_at
 from tracedag.pipeline.normalize_extract import true_mask
 
 logger = logging.getLogger(__name__)
@@ -85,24 +86,56 @@ def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.nd
     return ok
 
 
-def _piece(pieces: pa.ListArray, i: int) -> pa.Array:
-    """Element ``i`` of every list (each has more than ``i`` elements), by one ``take`` on the values."""
-    offsets = np.asarray(pieces.offsets, dtype=np.int64)[:-1]
-    return pieces.values.take(pa.array(offsets + i))
+class _Quoted:
+    """Texts whose strings hold no escaped quote, cut at their ``"``: piece ``k`` of a row lies
+    between its quotes ``k - 1`` and ``k`` (as ``split_pattern(values, '"')`` would give it)."""
+
+    def __init__(self, values: pa.Array) -> None:
+        self.blob, self.starts, lengths = blob(values)
+        self.ends = self.starts + lengths
+        self.buf = np.frombuffer(self.blob[0], dtype=np.uint8)
+        self.quotes = np.flatnonzero(self.buf == 0x22)
+        self.first = np.searchsorted(self.quotes, self.starts)  # each row's first quote
+        self.after_last = np.searchsorted(self.quotes, self.ends)  # one past each row's last quote
+
+    def piece(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of piece ``k`` >= 1 from the start (each row has more than ``k`` quotes)."""
+        start = self.quotes[self.first + k - 1] + 1
+        return start, self.quotes[self.first + k] - start
+
+    def piece_from_end(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, length) of piece ``k`` >= 1 counted from the end (piece 1 ends at the last quote)."""
+        start = self.quotes[self.after_last - k - 1] + 1
+        return start, self.quotes[self.after_last - k] - start
+
+    def equals(self, piece: tuple[np.ndarray, np.ndarray], word: bytes) -> np.ndarray:
+        """Per row, whether ``piece`` is ``word``."""
+        start, length = piece
+        same = length == len(word)
+        at = start[same, None] + np.arange(len(word))[None, :]
+        same[same] = (self.buf[at] == np.frombuffer(word, dtype=np.uint8)).all(axis=1)
+        return same
+
+    def strings(self, piece: tuple[np.ndarray, np.ndarray]) -> pa.Array:
+        """The pieces as a ``string`` array."""
+        start, length = piece
+        return strings_at([self.blob], np.zeros(len(start), dtype=np.int64), start, length)
 
 
 def genai_input(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """``normalize_text.genai_input`` for the rows matching ``GENAI_INPUT``; returns (texts, matched).
 
-    The last message is the user message with one text part: the last 6 ``"``-separated pieces
-    are ``type, text, content, CONTENT`` or ``content, CONTENT, type, text`` (strings hold no quotes).
+    The last message is the user message with one text part: counted from the end, the odd
+    pieces between ``"`` are ``text, type, CONTENT`` (content first) or ``CONTENT, content, text``
+    (strings hold no quotes).
     """
     ok = _matches(values, GENAI_INPUT, "[", "]")
     if not ok.any():
         return values, ok
-    pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=6, reverse=True)
-    content_first = pc.equal(_piece(pieces, 3), "type")
-    return pc.if_else(content_first, _piece(pieces, 1), _piece(pieces, 5)), ok
+    q = _Quoted(values.filter(pa.array(ok)))
+    content_first = q.equals(q.piece_from_end(3), b"type")
+    first, last = q.piece_from_end(5), q.piece_from_end(1)
+    return q.strings((np.where(content_first, first[0], last[0]), np.where(content_first, first[1], last[1]))), ok
 
 
 def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -114,11 +147,16 @@ def genai_output(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     ok = _matches(values, GENAI_OUTPUT, "[", "]")
     if not ok.any():
         return values, ok
-    pieces = pc.split_pattern(values.filter(pa.array(ok)), '"', max_splits=14)
-    thirteen = _piece(pieces, 13)
-    call = pc.binary_join_element_wise(thirteen, pa.scalar("(null)"), "")
-    type_first = pc.if_else(pc.equal(_piece(pieces, 9), "tool_call"), call, thirteen)
-    return pc.if_else(pc.equal(_piece(pieces, 7), "content"), _piece(pieces, 9), type_first), ok
+    q = _Quoted(values.filter(pa.array(ok)))
+    nine, thirteen = q.piece(9), q.piece(13)
+    content_first = q.equals(q.piece(7), b"content")
+    texts = q.strings((np.where(content_first, nine[0], thirteen[0]), np.where(content_first, nine[1], thirteen[1])))
+    call = ~content_first & q.equals(nine, b"tool_call")
+    if call.any():
+        rows = pa.array(np.flatnonzero(call))
+        named = pc.binary_join_element_wise(texts.take(rows), pa.scalar("(null)"), "")
+        texts = pc.replace_with_mask(texts, pa.array(call), named)
+    return texts, ok
 
 
 def readable(values: pa.Array) -> tuple[pa.Array, np.ndarray]:

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
+from tracedag.pipeline.byteranges import blob, heads_of, strings_at
 from tracedag.pipeline.convert import any_value_text
-from tracedag.pipeline.normalize_extract import string_offsets
 
 _B, _S, _U32, _I32, _F32, _F64, _MSG = 12, 9, 13, 5, 7, 6, 11
 _REPEATED, _OPTIONAL = 3, 1
@@ -87,57 +87,6 @@ def _varint(buf: np.ndarray, pos: np.ndarray, max_bytes: int) -> tuple[np.ndarra
     return val, count, done
 
 
-_INLINE_MASKS = np.where(np.arange(12)[None, :] < np.arange(13)[:, None], 0xFF, 0).astype(np.uint8)
-"""Row ``k``: keeps the first ``k`` of 12 bytes (a string_view's inline bytes past its length are zero)."""
-
-_VIEW = np.dtype({"names": ["length", "head"], "formats": ["<i4", "V12"], "offsets": [0, 4], "itemsize": 16})
-"""One Arrow string_view: the length, then 12 bytes (the inline text, or prefix, buffer index, offset)."""
-
-
-def heads_of(data: bytes) -> np.ndarray:
-    """Element ``i``: the 12 bytes of ``data`` from offset ``i``, as one ``V12`` value (``data`` ends
-    with at least 11 padding bytes). Gathering whole 12-byte values is 2x faster than rows of bytes."""
-    return np.ndarray((len(data) - 11,), dtype="V12", buffer=data, strides=(1,))
-
-
-def _views(buffers: list[tuple[pa.Buffer, np.ndarray]], which: np.ndarray, starts: np.ndarray,
-           lengths: np.ndarray, binary: bool = False) -> pa.Array:
-    """A ``string`` (``binary`` when asked) array of byte ranges (buffer ``which``, start, length), without a Python loop.
-
-    ``buffers`` holds (data, heads) pairs, ``heads`` being ``heads_of`` the zero-padded data: the
-    12 bytes from each offset, which Arrow's string_view layout inlines (short strings) or uses as
-    the 4-byte prefix. One cast builds the result.
-    """
-    n = len(starts)
-    views = np.empty(n, dtype=_VIEW)
-    views["head"] = buffers[0][1][np.where(which == 0, starts, 0)]
-    for b, (_data, heads) in enumerate(buffers[1:], start=1):
-        sel = np.nonzero(which == b)[0]
-        views["head"][sel] = heads[starts[sel]]
-    raw = views.view(np.uint8).reshape(n, 16)
-    short = np.flatnonzero(lengths < 12)
-    raw[short, 4:16] &= _INLINE_MASKS[lengths[short]]  # an inline string is zero-padded
-    inline = lengths <= 12
-    words = raw.view(np.int32)  # (n, 4): length, prefix or inline bytes, buffer index, offset
-    words[:, 0] = lengths
-    words[:, 2] = np.where(inline, words[:, 2], which)
-    words[:, 3] = np.where(inline, words[:, 3], starts)
-    view_type, plain = (pa.binary_view(), pa.binary()) if binary else (pa.string_view(), pa.string())
-    arr = pa.Array.from_buffers(view_type, n, [None, pa.py_buffer(raw), *(d for d, _ in buffers)])
-    return arr.cast(plain)
-
-
-def _blob(texts: pa.Array) -> tuple[tuple[pa.Buffer, np.ndarray], np.ndarray, np.ndarray]:
-    """A ``string`` array's texts as one zero-padded buffer: ((data, heads), starts, lengths)."""
-    offsets = string_offsets(texts)
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    data = texts.buffers()[2]
-    joined = (data.to_pybytes()[lo:hi] if data is not None else b"") + bytes(16)
-    lengths = np.diff(offsets).astype(np.int64)
-    starts = offsets[:-1].astype(np.int64) - lo
-    return (pa.py_buffer(joined), heads_of(joined)), starts, lengths
-
-
 class _Records:
     """The serialized ``KeyValue`` records of a batch as one buffer plus offsets."""
 
@@ -160,7 +109,7 @@ class _Records:
     def records(self, which: np.ndarray) -> pa.Array:
         """The serialized bytes of the records ``which``, as a ``binary`` array."""
         start = self.start[which]
-        return _views([(self.data, self.heads)], np.zeros(len(which), dtype=np.int64), start,
+        return strings_at([(self.data, self.heads)], np.zeros(len(which), dtype=np.int64), start,
                       self.end[which] - start, binary=True)
 
     def at(self, pos: np.ndarray) -> np.ndarray:
@@ -239,12 +188,12 @@ class _Fixes:
         """The texts: byte ranges of ``base``, except the recorded records, which take their text."""
         which = np.zeros(len(starts), dtype=np.int64)
         if not self.texts:
-            return _views([base], which, starts, lengths)
+            return strings_at([base], which, starts, lengths)
         idx = np.concatenate(self.index)
-        extra, fstarts, flengths = _blob(pa.concat_arrays(self.texts))
+        extra, fstarts, flengths = blob(pa.concat_arrays(self.texts))
         starts, lengths = starts.copy(), lengths.copy()
         which[idx], starts[idx], lengths[idx] = 1, fstarts, flengths
-        return _views([base, extra], which, starts, lengths)
+        return strings_at([base, extra], which, starts, lengths)
 
 
 def _slow(r: _Records, slow: np.ndarray, fix: _Fixes) -> pa.Array:

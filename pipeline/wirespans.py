@@ -26,6 +26,7 @@ import xxhash
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tracedag.pipeline.byteranges import heads_of, strings_at
 from tracedag.pipeline.columnar import (
     ColumnBuilder,
     _as_type,
@@ -37,7 +38,7 @@ from tracedag.pipeline.columnar import (
     _sparse,
 )
 from tracedag.pipeline.dedupe import keys_from_hex, keys_from_ids
-from tracedag.pipeline.wirecols import _message, _varint, _views, collapse_duplicates, decode_ranges, heads_of
+from tracedag.pipeline.wirecols import _message, _varint, collapse_duplicates, decode_ranges
 from tracedag.schemas.spans import BASE_SCHEMA, EVENT, LINK
 
 _B, _MSG, _S = 12, 11, 9
@@ -243,7 +244,7 @@ class SpanBuilder(ColumnBuilder):
         return self._text(np.where(present, start.astype(np.int64), 0), np.where(present, length, 0))
 
     def _text(self, start: np.ndarray, length: np.ndarray) -> pa.Array:
-        arr = _views([(pa.py_buffer(self.joined), heads_of(self.joined))], np.zeros(len(start), dtype=np.int64), start, length)
+        arr = strings_at([(pa.py_buffer(self.joined), heads_of(self.joined))], np.zeros(len(start), dtype=np.int64), start, length)
         try:
             arr.validate(full=True)
         except pa.ArrowInvalid as exc:
