@@ -111,7 +111,7 @@ class _Quoted:
     def equals(self, piece: tuple[np.ndarray, np.ndarray], word: bytes) -> np.ndarray:
         """Per row, whether ``piece`` is ``word``."""
         start, length = piece
-        same = length == len(word)
+        same: np.ndarray = length == len(word)
         at = start[same, None] + np.arange(len(word))[None, :]
         same[same] = (self.buf[at] == np.frombuffer(word, dtype=np.uint8)).all(axis=1)
         return same
