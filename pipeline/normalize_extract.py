@@ -155,6 +155,10 @@ def with_prefixes(entries: Entries, prefixes: list[str]) -> Entries:
     return Entries(entries.rows[mask], entries.keys.filter(keep), entries.values.filter(keep), entries.n)
 
 
+_EMPTY_FAMILY = pa.table({"row": pa.array([], pa.int64()), "idx": pa.array([], pa.int64()),
+                          "field": pa.array([], pa.string()), "value": pa.array([], pa.string())})
+
+
 def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
     """Entries whose key starts with ``prefix`` and matches ``pattern`` (named groups ``idx``, ``field``).
 
@@ -162,6 +166,8 @@ def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
     such as ``llm.input_messages.{i}.message.content`` or ``gen_ai.prompt.{i}.role``.
     """
     mask = pc.fill_null(pc.starts_with(entries.keys, prefix), False)
+    if not true_mask(mask).any():  # the usual case for all but one dialect: no regex to compile
+        return _EMPTY_FAMILY
     keys = entries.keys.filter(mask)
     parts = pc.extract_regex(keys, pattern)
     ok = pc.is_valid(parts)

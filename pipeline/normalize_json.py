@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.byteranges import blob, strings_at
-from tracedag.pipeline.normalize_extract import true_mask
+from tracedag.pipeline.normalize_extract import string_offsets, true_mask
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.nd
     ok = true_mask(cand)
     if among is not None:
         ok &= among
+    if ok.all():  # the usual case: no copy of the candidates
+        return true_mask(pc.match_substring_regex(values, pattern))
     rows = np.flatnonzero(ok)
     if len(rows):
         hit = pc.match_substring_regex(values.take(pa.array(rows)), pattern)
@@ -177,11 +179,21 @@ def _spaced(objects: pa.Array, compact: np.ndarray) -> pa.Array:
     (their strings hold no ``,`` or ``:``, so every one is a separator), the others kept."""
     if not compact.any():
         return objects
-    rows = pa.array(np.flatnonzero(compact))
-    spaced = pc.replace_substring(pc.replace_substring(objects.take(rows), ",", ", "), ":", ": ")
+    spaced = _space_separators(objects if compact.all() else objects.take(pa.array(np.flatnonzero(compact))))
     if compact.all():
         return spaced
     return pc.replace_with_mask(objects, pa.array(compact), spaced)
+
+
+def _space_separators(texts: pa.Array) -> pa.Array:
+    """``texts`` (no nulls) with a space inserted after every ``,`` and ``:``, in one numpy pass."""
+    offsets = string_offsets(texts).astype(np.int64)
+    data = np.frombuffer(texts.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+    offsets -= offsets[0]
+    at = np.flatnonzero((data == 0x2C) | (data == 0x3A)) + 1
+    spaced = np.insert(data, at, 0x20)
+    moved = offsets + np.searchsorted(at, offsets, side="right")  # spaces inserted before each offset
+    return pa.StringArray.from_buffers(len(texts), pa.py_buffer(moved.astype(np.int32)), pa.py_buffer(spaced))
 
 
 def _plain_keys(pieces: pa.ListArray) -> np.ndarray:

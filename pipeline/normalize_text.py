@@ -139,6 +139,8 @@ def reduce_column(values: pa.Array, fn: Reducer) -> pa.Array:
     fast = normalize_json.FAST_PATHS.get(fn.__name__)
     if fast is not None:
         texts, done = fast(values)  # its shapes start with [ or {: never plain, never null
+        if done.all():
+            return texts
         if done.any():
             out = pc.replace_with_mask(out, pa.array(done), texts)
             pending &= ~done
