@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.byteranges import blob, strings_at
-from tracedag.pipeline.normalize_extract import string_offsets, true_mask
+from tracedag.pipeline.normalize_extract import string_offsets, true_mask, valid_mask
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,8 @@ SPECIAL_KEYS = pa.array(["content", "tool_calls", "input_str", "inputs", "output
 
 def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.ndarray | None = None) -> np.ndarray:
     """Rows of ``values`` that match ``pattern``; the regex runs only on the rows (of ``among``) that
-    start with ``first`` and end with ``last`` and are within ``PARSE_LIMIT`` (cheap kernels first)."""
-    cand = pc.and_(pc.and_(pc.starts_with(values, first), pc.ends_with(values, last)),
-                   pc.less_equal(pc.binary_length(values), PARSE_LIMIT))
-    ok = true_mask(cand)
+    start with ``first`` and end with ``last`` and are within ``PARSE_LIMIT`` (read from the offsets)."""
+    ok = _framed(values, ord(first), ord(last))
     if among is not None:
         ok &= among
     if ok.all():  # the usual case: no copy of the candidates
@@ -85,6 +83,21 @@ def _matches(values: pa.Array, pattern: str, first: str, last: str, among: np.nd
     if len(rows):
         hit = pc.match_substring_regex(values.take(pa.array(rows)), pattern)
         ok[rows] = true_mask(hit)
+    return ok
+
+
+def _framed(values: pa.Array, first: int, last: int) -> np.ndarray:
+    """Per row, whether the text starts with byte ``first``, ends with byte ``last`` and is at
+    most ``PARSE_LIMIT`` bytes (nulls: no)."""
+    offsets = string_offsets(values).astype(np.int64)
+    lengths = np.diff(offsets)
+    ok = valid_mask(values) & (lengths >= 2) & (lengths <= PARSE_LIMIT)
+    data = values.buffers()[2]
+    if not ok.any() or data is None:
+        return np.zeros(len(values), dtype=bool)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    at = np.flatnonzero(ok)
+    ok[at] = (buf[offsets[at]] == first) & (buf[offsets[at + 1] - 1] == last)
     return ok
 
 
