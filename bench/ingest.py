@@ -15,7 +15,11 @@ concurrency 1-8) and reports, as medians of ``--runs`` runs:
 - the collector's peak memory: RSS summed over its process tree (shared library pages counted once
   per process) and PSS (shared pages split between the processes sharing them: the memory the
   collector really occupies, roughly what a cgroup/container limit counts);
-- the ceiling: ``ExportTraceServiceRequest.FromString`` over the same batches, spans/s on one core.
+- the ceiling: ``ExportTraceServiceRequest.FromString`` over the same batches, spans/s on one core;
+- the naive baseline: the reference per-span Python loop (``convert.requests_to_table``, with
+  normalization) over the same batches, spans per CPU-second on one core. The issue's targets were
+  set on a machine where it made about 20,000; queryable spans/s divided by it compares machines
+  whose speed differs (this VM's varies up to 2x within a day).
 
     python bench/ingest.py                 # full run (several minutes)
     python bench/ingest.py --quick         # one short run per configuration
@@ -80,6 +84,16 @@ def trace_ids(body: bytes) -> list[bytes]:
 def span_count(body: bytes) -> int:
     req = ExportTraceServiceRequest.FromString(body)
     return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+def naive_rate(bodies: list[bytes], counts: list[int], batches: int = 16) -> float:
+    """Spans per CPU-second of the reference per-span conversion (with normalization), one core."""
+    from tracedag.pipeline import convert
+
+    some = bodies[:batches]
+    c = time.process_time()
+    convert.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in some)
+    return sum(counts[:batches]) / (time.process_time() - c)
 
 
 def ceiling(bodies: list[bytes], spans: int) -> float:
@@ -391,7 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"ceiling: protobuf parse-only {ceil:,.0f} spans/s on one core (same batches, same run)")
     if not args.queryable_only:
         ack_table(bodies, counts, tids, args, ceil)
-    queryable_report(bodies, counts, tids, args)
+    naive = statistics.median(naive_rate(bodies, counts) for _ in range(3))
+    console.print(f"naive baseline: the reference per-span loop converts {naive:,.0f} spans per CPU-second "
+                  "(same batches, same run; about 20,000 where the targets were set)")
+    queryable_report(bodies, counts, tids, args, naive)
     return 0
 
 
@@ -410,7 +427,7 @@ def ack_table(bodies, counts, tids, args, ceil: float) -> None:
     console.print(table)
 
 
-def queryable_report(bodies, counts, tids, args) -> None:
+def queryable_report(bodies, counts, tids, args, naive: float) -> None:
     """Queryable throughput unpaced and paced at ``--target``, and the ack -> queryable lag at ``--rate``;
     medians of ``args.runs`` runs, one table."""
     kinds = [("unpaced", 4, args.sustain, 0.0), (f"paced {args.target:,.0f}/s", 4, args.sustain, args.target),
@@ -426,13 +443,14 @@ def queryable_report(bodies, counts, tids, args) -> None:
                           f"({_parts(run)}), PSS {run['pss'] / 2**20:.0f} MB; load {os.getloadavg()[0]:.1f}")
     med = statistics.median
     table = Table(title=f"queryable (counted by DuckDB), medians of {args.runs} runs; peak memory is the max")
-    for col in ("clients", "seconds", "acked spans/s", "queryable spans/s", "lag p50 s", "lag p99 s",
+    for col in ("clients", "seconds", "acked spans/s", "queryable spans/s", "x naive", "lag p50 s", "lag p99 s",
                 "backlog at end", "peak RSS MB", "peak PSS MB"):
         table.add_column(col, justify="right")
     for label, conc, seconds, _rate in kinds:
         rs = runs[label]
         table.add_row(f"{conc}, {label}", f"{seconds:.0f}", f"{med(r['acked_per_s'] for r in rs):,.0f}",
-                      f"{med(r['queryable_per_s'] for r in rs):,.0f}", f"{med(r['lag_p50'] for r in rs):.2f}",
+                      f"{med(r['queryable_per_s'] for r in rs):,.0f}",
+                      f"{med(r['queryable_per_s'] for r in rs) / naive:.2f}", f"{med(r['lag_p50'] for r in rs):.2f}",
                       f"{med(r['lag_p99'] for r in rs):.2f}", f"{med(r['backlog'] for r in rs):,.0f}",
                       f"{max(r['rss'] for r in rs) / 2**20:.0f}", f"{max(r['pss'] for r in rs) / 2**20:.0f}")
     console.print(table)

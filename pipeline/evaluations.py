@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.normalize_extract import family, map_entries, pick
+from tracedag.pipeline.normalize_extract import Entries, all_null, family, map_entries, pick
 from tracedag.schemas.tables import EVALUATIONS_V1
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,10 @@ def extract_evaluations(spans: pa.Table) -> pa.Table:
     if spans.num_rows == 0:
         return EVALUATIONS_V1.empty_table()
     meta = _Meta(spans)
-    links = _first_links(spans)
-    rows = _event_rows(spans, meta) + _attribute_rows(spans, meta, links) + _evaluator_span_rows(spans, meta, links)
+    entries = map_entries(spans["attributes"])
+    links = _first_links(spans, entries)
+    rows = (_event_rows(spans, meta) + _attribute_rows(entries, meta, links)
+            + _evaluator_span_rows(spans, entries, meta, links))
     if not rows:
         return EVALUATIONS_V1.empty_table()
     return pa.Table.from_pylist(rows, schema=EVALUATIONS_V1)
@@ -127,9 +129,11 @@ def _spans_by_response_id(spans: pa.Table) -> dict[str, tuple[str, str]]:
     return {r: (t, s) for r, t, s in zip(ids, trace, span, strict=True)}
 
 
-def _first_links(spans: pa.Table) -> dict[int, tuple[str, str]]:
+def _first_links(spans: pa.Table, entries: Entries) -> dict[int, tuple[str, str]]:
     """Row -> (trace_id, span_id) of its first link, for EVALUATOR spans only."""
-    kind = pick(map_entries(spans["attributes"]), ["openinference.span.kind"])["openinference.span.kind"]
+    kind = pick(entries, ["openinference.span.kind"])["openinference.span.kind"]
+    if all_null(kind):
+        return {}
     is_eval = np.asarray(pc.fill_null(pc.equal(pc.utf8_upper(kind), "EVALUATOR"), False), dtype=bool)
     out: dict[int, tuple[str, str]] = {}
     for i in np.flatnonzero(is_eval).tolist():
@@ -139,8 +143,7 @@ def _first_links(spans: pa.Table) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _attribute_rows(spans: pa.Table, meta: _Meta, links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
-    entries = map_entries(spans["attributes"])
+def _attribute_rows(entries: Entries, meta: _Meta, links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
     rows_out: list[dict[str, Any]] = []
     for fam_name in ("annotations", "evaluations"):
         fam = family(entries, f"{fam_name}.", _OI)
@@ -160,10 +163,11 @@ def _attribute_rows(spans: pa.Table, meta: _Meta, links: dict[int, tuple[str, st
     return rows_out
 
 
-def _evaluator_span_rows(spans: pa.Table, meta: _Meta, links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
+def _evaluator_span_rows(spans: pa.Table, entries: Entries, meta: _Meta,
+                         links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
     if not links:
         return []
-    keys = [k for k in pick(map_entries(spans["attributes"]), ["annotations.0.annotation.name",
+    keys = [k for k in pick(entries, ["annotations.0.annotation.name",
                                                                  "evaluations.0.evaluation.name"]).values()]
     carried = pc.is_valid(pc.coalesce(*keys)).to_pylist()
     names = spans["step_name"].to_pylist()

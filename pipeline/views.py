@@ -101,7 +101,10 @@ def _source_sql(data: Path, table: str) -> str:
     if not parquet_files(data, table):
         return _empty_sql(SCHEMAS[table])
     pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
-    return f"select * from read_parquet('{pattern}', union_by_name = true, hive_partitioning = false)"
+    # Every file of a core table is written with its one schema, so files are read by position:
+    # union_by_name made DuckDB bind every file's columns on each query (0.6 ms a file even with
+    # the footers cached: 140 ms for a count(*) over the 244 fresh files of a busy hour, 7 ms without).
+    return f"select * from read_parquet('{pattern}', union_by_name = false, hive_partitioning = false)"
 
 
 _DERIVED_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
