@@ -439,6 +439,7 @@ class SpoolConverter:
         self.workers = workers
         self.totals = ConvertStats()
         self._rounds = 0
+        self._unreleased = False  # segments converted since memory was last given back to the OS
         self._attempts: dict[str, int] = {}
         self._stats_lock = threading.Lock()
 
@@ -449,7 +450,12 @@ class SpoolConverter:
         return sorted(self.spool.glob(f"*{SEALED_SUFFIX}"), key=segment_seq)
 
     def run_once(self) -> ConvertStats:
-        """Convert every sealed segment now in the spool; stop early (and retry later) on a write error."""
+        """Convert every sealed segment now in the spool; stop early (and retry later) on a write error.
+
+        Freed memory goes back to the OS at the first round that finds nothing to convert, not
+        after every busy round: a converter behind on a backlog keeps its heap (giving it back
+        after each segment cost ~9,500 page faults a second per converter at 40k spans/s).
+        """
         stats = ConvertStats()
         if self._rounds == 0:
             clean_stage_dir(self.data, *self.shard)
@@ -478,7 +484,10 @@ class SpoolConverter:
         elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:
             self.prune_done()  # not held back with compaction: spool/done must not grow under overload
         if stats.segments:
+            self._unreleased = True
+        elif self._unreleased:  # idle now: give back what conversion freed
             release_memory()
+            self._unreleased = False
         with self._stats_lock:
             self.totals.add(stats)
         publish(stats)
