@@ -167,8 +167,7 @@ def _evaluator_span_rows(spans: pa.Table, entries: Entries, meta: _Meta,
                          links: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
     if not links:
         return []
-    keys = [k for k in pick(entries, ["annotations.0.annotation.name",
-                                                                 "evaluations.0.evaluation.name"]).values()]
+    keys = list(pick(entries, ["annotations.0.annotation.name", "evaluations.0.evaluation.name"]).values())
     carried = pc.is_valid(pc.coalesce(*keys)).to_pylist()
     names = spans["step_name"].to_pylist()
     texts = spans["output_text"].to_pylist()

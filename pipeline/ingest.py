@@ -6,8 +6,8 @@ rows, de-duplicated on ``(trace_id, span_id)`` (first write wins, see ``dedupe``
 receive hour and written as ``tables/spans/recv_hour=YYYY-MM-DD-HH/seg-<seq>.parquet`` plus the
 matching ``tables/evaluations/...`` file. Only then is the segment moved to ``spool/done/``
 (``quarantine/`` when it held corruption). A segment is converted in chunks of about
-``CHUNK_SPANS`` spans (bounded memory); each chunk becomes one row group sorted by trace id and
-start time. Several converters (``shard=(w, k)``) may run at once: each claims the oldest sealed
+``CHUNK_SPANS`` spans (bounded memory); each chunk becomes one row group, rows in arrival order
+(sorting 4,096 random trace ids buys no row-group pruning). Several converters (``shard=(w, k)``) may run at once: each claims the oldest sealed
 segment no other converter holds (an exclusive ``flock`` on the segment, which the kernel drops
 if the converter dies), so a converter never idles while another has a backlog; the writer lock
 orders their de-duplication and commits.
@@ -42,7 +42,6 @@ from typing import BinaryIO, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -231,7 +230,7 @@ class StoreWriter:
         return out
 
     def _commit_stream(self, hour: str, parts: list[Converted], stem: str, stats: ConvertStats) -> None:
-        """Write one hour's parts as one file, each part sorted by trace and start (one row group each)."""
+        """Write one hour's parts as one file, one row group each."""
         evals = [e for e in (extract_evaluations(p.table) for p in parts) if e.num_rows]
         if evals:
             table = pa.concat_tables(evals)
@@ -240,18 +239,16 @@ class StoreWriter:
         keys: list[np.ndarray] = []
         contents: list[np.ndarray] = []
 
-        def sorted_parts() -> Iterator[pa.Table]:
+        def tables() -> Iterator[pa.Table]:
             while parts:
                 p = parts.pop(0)
-                order = pc.sort_indices(p.table, [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")])
-                o = order.to_numpy()
-                keys.append(p.keys[o])
-                contents.append(p.content[o])
+                keys.append(p.keys)
+                contents.append(p.content)
                 stats.spans_stored += p.table.num_rows
-                yield p.table.take(order)
+                yield p.table
 
         schema = parts[0].table.schema
-        path = write_atomic_stream(sorted_parts(), schema,
+        path = write_atomic_stream(tables(), schema,
                                    table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet")
         k, c = np.concatenate(keys), np.concatenate(contents)
         write_sidecar(path, k, c)
@@ -293,17 +290,14 @@ class StoreWriter:
     def _commit_hour(
         self, hour: str, table: pa.Table, keys: np.ndarray, content: np.ndarray, stem: str, stats: ConvertStats
     ) -> None:
-        order = pc.sort_indices(table, [("trace_id", "ascending"), ("start_time_unix_nano", "ascending")])
-        table = table.take(order)
-        o = order.to_numpy()
         evals = extract_evaluations(table)
         if evals.num_rows:
             write_atomic(evals, table_dir(self.data, "evaluations") / f"recv_hour={hour}" / f"{stem}.parquet")
             stats.evaluations += evals.num_rows
         path = write_atomic(table, table_dir(self.data, "spans") / f"recv_hour={hour}" / f"{stem}.parquet")
-        write_sidecar(path, keys[o], content[o])
+        write_sidecar(path, keys, content)
         self._loaded.add(path)
-        self.index.add(hour, keys[o], content[o])
+        self.index.add(hour, keys, content)
         stats.spans_stored += table.num_rows
         stats.files_written += 1
 

@@ -165,16 +165,17 @@ def family(entries: Entries, prefix: str, pattern: str) -> pa.Table:
     Returns a table ``row``, ``idx`` (int64), ``field``, ``value``: the indexed attribute families
     such as ``llm.input_messages.{i}.message.content`` or ``gen_ai.prompt.{i}.role``.
     """
-    mask = pc.fill_null(pc.starts_with(entries.keys, prefix), False)
-    if not true_mask(mask).any():  # the usual case for all but one dialect: no regex to compile
+    hit = true_mask(pc.starts_with(entries.keys, prefix))
+    if not hit.any():  # the usual case for all but one dialect: no regex to compile
         return _EMPTY_FAMILY
+    mask = pa.array(hit)
     keys = entries.keys.filter(mask)
     parts = pc.extract_regex(keys, pattern)
     ok = pc.is_valid(parts)
     parts = parts.filter(ok)
     return pa.table(
         {
-            "row": pa.array(entries.rows[np.asarray(mask, dtype=bool)]).filter(ok),
+            "row": pa.array(entries.rows[hit]).filter(ok),
             "idx": pc.cast(parts.field("idx"), pa.int64()),
             "field": parts.field("field"),
             "value": entries.values.filter(mask).filter(ok),

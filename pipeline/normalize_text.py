@@ -99,9 +99,7 @@ class Assembly:
         if not self.rows:
             return pa.nulls(self.n, pa.string())
         texts = pa.concat_arrays(self.texts) if len(self.texts) > 1 else self.texts[0]
-        index = np.full(self.n, -1, dtype=np.int64)
-        index[np.concatenate(self.rows)] = np.arange(len(texts))
-        return texts.take(pa.array(index, mask=index < 0))
+        return scatter(texts, np.concatenate(self.rows), self.n)
 
 
 Filler = Callable[[Assembly, Sparse, pa.Array, Reducer], None]

@@ -133,10 +133,10 @@ def walk(buf: np.ndarray, start: np.ndarray, end: np.ndarray, wanted: dict[int, 
         length = np.where(is_len, val, np.uint64(0))
         if (length > np.uint64(1 << 31)).any():
             raise Unusual("malformed or unexpected field in a span")
-        size = _BASE_SIZE[wire] + np.where((wire & 5) == 0, vn, 0) + length.astype(np.int64)
-        nxt = p + size
+        base = _BASE_SIZE[wire]
+        nxt = p + base + np.where((wire & 5) == 0, vn, 0) + length.astype(np.int64)
         expected = table[np.minimum(number, 17)]
-        bad = (_BASE_SIZE[wire] < 0) | (number == 0) | (nxt > stop) | (~vok & ((wire & 5) == 0))
+        bad = (base < 0) | (number == 0) | (nxt > stop) | (~vok & ((wire & 5) == 0))
         if (bad | ((expected >= 0) & (expected != wire))).any():
             raise Unusual("malformed or unexpected field in a span")
         seen.append((active, number, p, vn, val))
