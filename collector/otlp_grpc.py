@@ -30,6 +30,7 @@ from tracedag.collector.service import (
     Overloaded,
     TlsFiles,
     Tokens,
+    internal_error,
 )
 from tracedag.collector.spool import SpoolUnavailable
 
@@ -146,6 +147,8 @@ class OtlpGrpcServer:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         except SpoolUnavailable as exc:
             context.abort_with_status(unavailable(f"{exc}; retry later"))
+        except Exception:  # a bug: INTERNAL with an id to find in the log, never grpc's bare UNKNOWN
+            _abort(context, grpc.StatusCode.INTERNAL, internal_error("grpc"))
         finally:
             self.admission.release(len(request))
         resp = ExportTraceServiceResponse()

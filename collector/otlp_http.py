@@ -36,6 +36,7 @@ from tracedag.collector.service import (
     Ingestor,
     Overloaded,
     Tokens,
+    internal_error,
 )
 from tracedag.collector.spool import SpoolUnavailable
 
@@ -50,10 +51,10 @@ STREAM_LIMIT = 128 * 1024  # reader buffer: the socket pauses at 2x (memory per 
 _MEDIA = {"application/x-protobuf": "protobuf", "application/protobuf": "protobuf", "application/json": "json"}
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 413: "Content Too Large", 415: "Unsupported Media Type",
+    408: "Request Timeout", 411: "Length Required", 413: "Content Too Large", 415: "Unsupported Media Type",
     431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
 }
-_GRPC_CODE = {400: 3, 401: 16, 404: 12, 405: 12, 408: 4, 413: 8, 415: 3, 431: 3, 500: 13, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 404: 12, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 431: 3, 500: 13, 503: 14}
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,8 @@ class OtlpHttpServer:
             started = time.monotonic()
             try:
                 reply = await self._traces(head, reader)
+            except Exception:  # a bug must still answer: a dropped connection makes exporters retry forever
+                reply = status_reply(500, internal_error("http"), media_encoding(head.get("content-type")), close=True)
             finally:
                 self.active -= 1
             REQUESTS.inc(transport="http", status=str(reply.status))
@@ -355,6 +358,9 @@ class OtlpHttpServer:
             fr = framing(head)
         except HttpError as exc:
             return status_reply(exc.status, exc.message, enc, close=True)
+        if not fr.chunked and not head.get("content-length"):
+            # no framing: the body would be read as the next request (HTTP/1.0) or taken as empty
+            return status_reply(411, "Content-Length or chunked Transfer-Encoding required", enc, close=True)
         if fr.length > self._wire_limit(coding == "gzip"):
             return status_reply(413, f"request body exceeds {self.settings.max_body_bytes} bytes", enc, close=True)
         reason = "shutting down" if self._closing else self.admission.admit()

@@ -139,7 +139,7 @@ def _fill_object(msg: Message, value: Any, ctx: JsonContext, path: str, depth: i
 def _scalar(msg: Message, fd: FieldDescriptor, value: Any, ctx: JsonContext, path: str) -> Any:
     t = fd.type
     if t == _T.TYPE_STRING:
-        return _expect(value, str, path, "a string")
+        return _text(value, path)
     if t == _T.TYPE_BOOL:
         return _expect(value, bool, path, "true or false")
     if t == _T.TYPE_BYTES:
@@ -159,6 +159,21 @@ def _expect(value: Any, kind: type, path: str, what: str) -> Any:
     if not isinstance(value, kind):
         raise JsonDecodeError(f"{path}: expected {what}")
     return value
+
+
+def _text(value: Any, path: str) -> str:
+    """A string field's value: protobuf strings are UTF-8, so an escaped lone surrogate is refused."""
+    text: str = _expect(value, str, path, "a string")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = ord(text[exc.start])
+            raise JsonDecodeError(
+                f"{path}: string holds a lone UTF-16 surrogate (\\u{bad:04x} at character {exc.start}), "
+                "which is not Unicode text"
+            ) from exc
+    return text
 
 
 def _hex_id(value: Any, ctx: JsonContext, path: str) -> bytes:

@@ -7,8 +7,12 @@ so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight requests, se
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
 from tracedag.collector.service import Admission, Ingestor, TlsFiles, Tokens
 from tracedag.collector.spool import SEAL_AGE_SECONDS, SEGMENT_BYTES, SpoolWriter
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
+from tracedag.collector.storelock import StoreLock
+from tracedag.pipeline.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +75,12 @@ class RunningCollector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.data = Path(config.data)
-        self.spool = SpoolWriter(self.data, config.segment_bytes, config.seal_age)
+        self.lock = StoreLock(self.data).acquire()  # before recovery touches another collector's segments
+        try:
+            self.spool = SpoolWriter(self.data, config.segment_bytes, config.seal_age)
+        except BaseException:
+            self.lock.release()
+            raise
         self.admission = Admission(self.spool, config.max_inflight_bytes, config.max_backlog_bytes)
         self.tokens = Tokens(config.tokens, config.token_file)
         limits = Limits(config.max_attribute_bytes, config.max_span_attributes, config.max_span_events)
@@ -105,8 +116,16 @@ class RunningCollector:
     # -- start -------------------------------------------------------------------------
 
     def start(self) -> RunningCollector:
-        """Start the spool sealer, the converter and the receivers."""
+        """Start the spool sealer, the receivers, the converter and the builder.
+
+        The receivers bind first, so a port in use stops the start before any converter runs.
+        """
         self.spool.start()
+        try:
+            self._start_receivers()
+        except BaseException:
+            self.stop(0)
+            raise
         if self.config.convert and self.config.convert_process:
             self._child = ConverterProcess(self.data, self.config.convert_interval,
                                            retention=self.config.spool_retention)
@@ -118,6 +137,11 @@ class RunningCollector:
             self._spawn("spool-converter", self._convert_loop)
         if self.config.build:
             self._spawn("dag-builder", self._build_loop)
+        self.lock.announce(host=self.config.host, http_port=self.http_port, grpc_port=self.grpc_port)
+        logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
+        return self
+
+    def _start_receivers(self) -> None:
         cfg = self.config
         tls = TlsFiles(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca) if cfg.tls_cert and cfg.tls_key else None
         if cfg.http_port is not None:
@@ -126,14 +150,17 @@ class RunningCollector:
                 idle_timeout=cfg.idle_timeout, max_connections=cfg.max_connections, workers=cfg.workers,
                 tls=tls.ssl_context if tls else None,
             )
-            self.http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
-            self.http_port = self.http.start()
+            http = OtlpHttpServer(settings, self.ingestor, self.admission, self.tokens, self.readiness)
+            with _port_error("OTLP/HTTP", cfg.host, cfg.http_port, "--http-port"):
+                self.http_port = http.start()
+            self.http = http
         if cfg.grpc_port is not None:
             gsettings = GrpcSettings(cfg.host, cfg.grpc_port, cfg.max_body_bytes, cfg.workers, tls)
-            self.grpc = OtlpGrpcServer(gsettings, self.ingestor, self.admission, self.tokens)
-            self.grpc_port = self.grpc.start()
-        logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
-        return self
+            grpc = OtlpGrpcServer(gsettings, self.ingestor, self.admission, self.tokens)
+            with _port_error("OTLP/gRPC", cfg.host, cfg.grpc_port, "--grpc-port"):
+                _probe_bind(cfg.host, cfg.grpc_port)  # grpc's own bind failure also logs a C-core error line
+                self.grpc_port = grpc.start()
+            self.grpc = grpc
 
     def _spawn(self, name: str, target: Any) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -206,7 +233,41 @@ class RunningCollector:
             self.convert_once()
         except Exception:
             logger.exception("final conversion failed; the spool keeps the data for the next start")
+        self.lock.release()
         logger.info("collector stopped")
+
+
+class PortUnavailable(TracedagError):  # type: ignore[misc,unused-ignore]
+    """A receiver could not bind its port."""
+
+    def __init__(self, what: str, host: str, port: int, option: str, reason: str) -> None:
+        super().__init__(
+            f"{what} port {port} on {host} is not available ({reason}); choose another with {option} "
+            "(0 picks a free port)"
+        )
+        self.port = port
+
+
+@contextmanager
+def _port_error(what: str, host: str, port: int, option: str) -> Iterator[None]:
+    """Turn a failed bind into ``PortUnavailable`` naming the port and the option that sets it."""
+    try:
+        yield
+    except OSError as exc:
+        reason = "already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise PortUnavailable(what, host, port, option, reason) from exc
+    except RuntimeError as exc:  # grpc: "Failed to bind to address ..."
+        raise PortUnavailable(what, host, port, option, "already in use or not bindable") from exc
+
+
+def _probe_bind(host: str, port: int) -> None:
+    """Raise ``OSError`` when ``host:port`` cannot be bound (as grpc binds it: SO_REUSEADDR, no reuseport)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def start_collector(config: CollectorConfig) -> RunningCollector:

@@ -14,9 +14,11 @@ import os
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from tracedag.collector import faults
 from tracedag.collector.decode import NO_LIMITS, Decoded, DecodeError, Encoding, Limits, decode_request
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spool import SpoolUnavailable, SpoolWriter
@@ -39,6 +41,17 @@ TRUNCATED = REGISTRY.counter(
     "tracedag_attributes_truncated_total", "Attribute values cut to max_attribute_bytes (spans kept)."
 )
 REFUSED = REGISTRY.counter("tracedag_overload_refusals_total", "Requests refused with 503/UNAVAILABLE.", ("reason",))
+INTERNAL_ERRORS = REGISTRY.counter(
+    "tracedag_internal_errors_total", "Requests answered 500/INTERNAL after an unexpected exception.", ("transport",)
+)
+
+
+def internal_error(transport: str) -> str:
+    """Log the exception being handled under a fresh id, count it, and return the message for the client."""
+    error_id = uuid.uuid4().hex[:12]
+    logger.exception("internal error %s while handling an export request (%s)", error_id, transport)
+    INTERNAL_ERRORS.inc(transport=transport)
+    return f"internal error {error_id} in the collector (see its log); the batch was not stored"
 
 
 class Overloaded(TracedagError, Retryable):  # type: ignore[misc,unused-ignore]
@@ -241,6 +254,7 @@ class Ingestor:
     def export(self, body: bytes, encoding: Encoding) -> Decoded:
         """Store the valid spans of ``body`` durably; raise ``DecodeError``/``SpoolUnavailable``."""
         started = time.monotonic()
+        faults.fail("export")
         try:
             decoded = decode_request(body, encoding, self.limits)
         except DecodeError as exc:

@@ -89,3 +89,15 @@ def test_truncated_protobuf_dump_keeps_the_complete_records(data: Path, tmp_path
     out = _ingest(data, f)
     assert "truncated" in out
     assert stored_ids(data) == request_ids(reqs[:1])
+
+
+def test_a_line_with_a_lone_surrogate_is_reported_and_the_others_stored(data: Path, tmp_path: Path) -> None:
+    reqs = _reqs(3000, 46)
+    assert len(reqs) >= 3
+    poisoned = otlp_json_line(reqs[1]).replace('"name": "', '"name": "\\ud800', 1).replace('"name":"', '"name":"\\ud800', 1)
+    assert "\\ud800" in poisoned
+    f = tmp_path / "surrogate.jsonl"
+    f.write_text("\n".join([otlp_json_line(reqs[0]), poisoned, otlp_json_line(reqs[2])]) + "\n")
+    out = _ingest(data, f)
+    assert "line 2" in out and "surrogate" in out
+    assert stored_ids(data) == request_ids([reqs[0], reqs[2]])
