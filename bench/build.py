@@ -44,7 +44,7 @@ import json, sys, time
 from pathlib import Path
 import pyarrow.dataset as ds
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS
-from tracedag.pipeline.store import parquet_files
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.schemas.spans import SPANS_V1
 t = time.perf_counter()
 files = [str(f) for f in parquet_files(Path(sys.argv[1]), "spans")]
@@ -58,7 +58,7 @@ from collections import defaultdict
 from pathlib import Path
 import networkx as nx
 import pyarrow.dataset as ds
-from tracedag.pipeline.store import parquet_files
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.schemas.spans import SPANS_V1
 t = time.perf_counter()
 files = [str(f) for f in parquet_files(Path(sys.argv[1]), "spans")]
@@ -149,7 +149,7 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic
 
     for k in range(copies):
         for i, f in enumerate(parquet_files(src, "spans")):
@@ -166,7 +166,7 @@ VIEW_SQL = {name: f"select count(*) from {name}" for name in ("dag_nodes", "dag_
 
 def view_costs(data: Path, runs: int) -> dict[str, tuple[float, int, int]]:
     """Per view: (median seconds of ``count(*)``, live rows, rows of the raw ``*_all`` view)."""
-    from tracedag.pipeline.views import connect
+    from tracedag.pipeline.store.views import connect
 
     out = {}
     for name, sql in VIEW_SQL.items():
@@ -187,9 +187,9 @@ def view_costs(data: Path, runs: int) -> dict[str, tuple[float, int, int]]:
 def gc_bench(root: Path, n_spans: int, builds: int, runs: int) -> None:
     """K full builds without collection, then the view cost before and after one collection."""
     from tracedag.pipeline.dag import build_store
-    from tracedag.pipeline.dag.gc import GcSettings
-    from tracedag.pipeline.dag.swap import collect
-    from tracedag.pipeline.store import parquet_files
+    from tracedag.pipeline.store.files import parquet_files
+    from tracedag.pipeline.store.gc import GcSettings
+    from tracedag.pipeline.store.swap import collect
 
     src, data = ensure_store(root, n_spans), root / f"gc-{n_spans}"
     if data.exists():
@@ -221,7 +221,7 @@ def late_spans(data: Path, k: int, per_build: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic
 
     files = [f for f in parquet_files(data, "spans") if "late" not in f.parts]
     t = pq.read_table(max(files, key=lambda p: p.stat().st_size))
@@ -235,9 +235,9 @@ def late_spans(data: Path, k: int, per_build: int) -> None:
 def incremental_bench(root: Path, n_spans: int, builds: int, runs: int) -> None:
     """``builds`` incremental builds of 50 traces each without compaction, then one forced compaction."""
     from tracedag.pipeline.dag import build_store
-    from tracedag.pipeline.dag.gc import GcSettings
-    from tracedag.pipeline.dag.swap import collect
-    from tracedag.pipeline.store import parquet_files
+    from tracedag.pipeline.store.files import parquet_files
+    from tracedag.pipeline.store.gc import GcSettings
+    from tracedag.pipeline.store.swap import collect
 
     data = root / f"gc-{n_spans}"
     build_store(data, idle_seconds=0, full=True)

@@ -4,8 +4,8 @@ All figures are measured in the same run on the same generated batches (``bench/
 512 spans and about 1.3 KB per span): medians of ``--runs`` runs, spans per second.
 
 - parse-only: ``ExportTraceServiceRequest.FromString`` of every batch (the ceiling);
-- naive: parse + ``convert.requests_to_table`` (the reference loop: rows, ``from_pydict``);
-- fast: ``convert.convert_records`` (spans decoded in lockstep from the wire, attributes decoded
+- naive: parse + ``reference.requests_to_table`` (the reference loop: rows, ``from_pydict``);
+- fast: ``records.convert_records`` (spans decoded in lockstep from the wire, attributes decoded
   for the whole batch, keys and content hashes too), in 1 process and in 2 worker processes; the
   base columns alone for the lockstep decoder, the per-span wire builder and the object-based
   columnar builder;
@@ -36,10 +36,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gen import payloads
-from tracedag.pipeline import convert
-from tracedag.pipeline.columnar import ColumnBuilder, WireBuilder
-from tracedag.pipeline.convert_pool import shutdown
-from tracedag.pipeline.wirespans import SpanBuilder
+from tracedag.pipeline.convert import reference
+from tracedag.pipeline.convert.columnar import ColumnBuilder, WireBuilder
+from tracedag.pipeline.convert.pool import convert_parallel, shutdown
+from tracedag.pipeline.convert.records import convert_records
+from tracedag.pipeline.convert.wirespans import SpanBuilder
 from tracedag.schemas.spans import BASE_SCHEMA
 
 Bodies = list[bytes]
@@ -53,21 +54,25 @@ def parse_only(bodies: Bodies) -> None:
 
 def naive(bodies: Bodies) -> None:
     """The reference loop plus normalization."""
-    convert.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in bodies)
+    reference.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in bodies)
 
 
 def naive_base(bodies: Bodies) -> None:
     """The reference loop, base columns only."""
     cols: dict[str, list[object]] = {f.name: [] for f in BASE_SCHEMA}
     for b in bodies:
-        for k, v in convert.request_to_rows(ExportTraceServiceRequest.FromString(b), 1, "bench").items():
+        for k, v in reference.request_to_rows(ExportTraceServiceRequest.FromString(b), 1, "bench").items():
             cols[k].extend(v)
     pa.Table.from_pydict(cols, schema=BASE_SCHEMA)
 
 
 def fast(bodies: Bodies, workers: int = 1) -> None:
     """The production conversion (``convert_records``)."""
-    convert.convert_records([(b, 1) for b in bodies], "bench", workers)
+    pairs = [(b, 1) for b in bodies]
+    if workers > 1:
+        convert_parallel(pairs, "bench", workers)
+    else:
+        convert_records(pairs, "bench")
 
 
 def fast_base(bodies: Bodies) -> None:
@@ -98,7 +103,7 @@ def spool_to_parquet(bodies: Bodies, workers: int) -> tuple[float, float]:  # th
     """Wall and CPU seconds (this process and its workers) for ``SpoolConverter.run_once`` to turn
     the batches (in 16 MB segments) into Parquet; writing the spool first is not counted."""
     from tracedag.collector.spool import SpoolWriter
-    from tracedag.pipeline.ingest import SpoolConverter
+    from tracedag.pipeline.ingest.segments import SpoolConverter
 
     with tempfile.TemporaryDirectory() as tmp:
         writer = SpoolWriter(Path(tmp))
@@ -115,7 +120,7 @@ def spool_to_parquet(bodies: Bodies, workers: int) -> tuple[float, float]:  # th
 
 def _pool_cpu() -> float:
     """CPU seconds used so far by the live conversion worker processes (from /proc)."""
-    from tracedag.pipeline import convert_pool
+    from tracedag.pipeline.convert import pool as convert_pool
 
     pool = convert_pool._POOL
     total = 0.0

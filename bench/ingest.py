@@ -16,7 +16,7 @@ concurrency 1-8) and reports, as medians of ``--runs`` runs:
   per process) and PSS (shared pages split between the processes sharing them: the memory the
   collector really occupies, roughly what a cgroup/container limit counts);
 - the ceiling: ``ExportTraceServiceRequest.FromString`` over the same batches, spans/s on one core;
-- the naive baseline: the reference per-span Python loop (``convert.requests_to_table``, with
+- the naive baseline: the reference per-span Python loop (``reference.requests_to_table``, with
   normalization) over the same batches, spans per CPU-second on one core. The issue's targets were
   set on a machine where it made about 20,000; queryable spans/s divided by it compares machines
   whose speed differs (this VM's varies up to 2x within a day).
@@ -88,11 +88,11 @@ def span_count(body: bytes) -> int:
 
 def naive_rate(bodies: list[bytes], counts: list[int], batches: int = 16) -> float:
     """Spans per CPU-second of the reference per-span conversion (with normalization), one core."""
-    from tracedag.pipeline import convert
+    from tracedag.pipeline.convert import reference
 
     some = bodies[:batches]
     c = time.process_time()
-    convert.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in some)
+    reference.requests_to_table((ExportTraceServiceRequest.FromString(b), 1, "bench") for b in some)
     return sum(counts[:batches]) / (time.process_time() - c)
 
 
@@ -290,7 +290,7 @@ def _count(data: Path) -> int:
     """Spans DuckDB counts through the ``spans`` view. One connection is kept once files exist (its
     views re-glob the files on every query) and caches the Parquet footers: reading ~250 footers
     afresh at every poll cost 0.3 CPU-s, stolen from the collector being measured."""
-    from tracedag.pipeline.views import connect
+    from tracedag.pipeline.store.views import connect
 
     try:
         con = _CONNECTIONS.get(data)

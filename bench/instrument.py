@@ -94,7 +94,8 @@ def bench_instrument(steps: int, runs: int) -> Table:
 
 def bench_demo(runs: int) -> Table:
     """Wall time of each demo stage (seconds), median of ``runs`` demo runs."""
-    from tracedag.pipeline.demo import DemoConfig, run_demo
+    from tracedag.pipeline.demo.config import DemoConfig
+    from tracedag.pipeline.demo.run import run_demo
 
     per_stage: dict[str, list[float]] = {}
     totals = []

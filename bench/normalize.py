@@ -1,4 +1,4 @@
-"""Benchmark: the cost per span of normalization (``tracedag.pipeline.normalize.normalize``).
+"""Benchmark: the cost per span of normalization (``tracedag.pipeline.normalize.spans.normalize``).
 
 Inputs, ``--spans`` rows each:
 - ``captured``: spans captured from the real libraries (tests/realspans.py: LangGraph +
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from tracedag.pipeline.normalize import normalize  # noqa: E402
+from tracedag.pipeline.normalize.spans import normalize  # noqa: E402
 from tracedag.schemas.spans import AGENT_FIELDS, BASE_SCHEMA, SPANS_V1  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def generated_base(n: int) -> pa.Table:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from bench.gen import requests
-    from tracedag.pipeline.columnar import ColumnBuilder
+    from tracedag.pipeline.convert.columnar import ColumnBuilder
 
     builder = ColumnBuilder()
     for req in requests(n):

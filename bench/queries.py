@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import gen  # noqa: E402
 
-from tracedag.pipeline.querying import bind_params, query_doc  # noqa: E402
-from tracedag.pipeline.store import parquet_files, table_dir, write_parquet_atomic  # noqa: E402
-from tracedag.pipeline.views import connect  # noqa: E402
+from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic  # noqa: E402
+from tracedag.pipeline.store.querying import bind_params, query_doc  # noqa: E402
+from tracedag.pipeline.store.views import connect  # noqa: E402
 from tracedag.queries import load  # noqa: E402
 from tracedag.schemas.tables import STEP_SCORES_V1  # noqa: E402
 
@@ -112,7 +112,7 @@ def ensure_store(data: Path, n_spans: int, synthetic: bool) -> None:
 
 def derive_store(src: Path, dst: Path, fraction: float) -> None:
     """Fill ``dst`` with the traces of ``src`` whose id hashes into the first ``fraction`` (all tables)."""
-    from tracedag.pipeline.views import SCHEMAS
+    from tracedag.pipeline.store.views import SCHEMAS
 
     if parquet_files(dst, "traces"):
         return

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gen
 
-from tracedag.pipeline import store
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import inputs, score_store
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.views import connect
 
 
 def _median(fn: Callable[[], int], runs: int) -> tuple[float, int]:

@@ -26,7 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tracedag.collector.otlp_json import JsonContext, JsonDecodeError, parse_json_request
 from tracedag.collector.wire import parse_request
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 Encoding = Literal["protobuf", "json"]
 

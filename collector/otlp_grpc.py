@@ -21,8 +21,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tracedag.collector.decode import DecodeError
-from tracedag.collector.service import (
+from tracedag.collector.admission import (
     REQUESTS,
     RETRY_AFTER_SECONDS,
     Admission,
@@ -32,6 +31,7 @@ from tracedag.collector.service import (
     Tokens,
     internal_error,
 )
+from tracedag.collector.decode import DecodeError
 from tracedag.collector.spool import SpoolUnavailable
 
 logger = logging.getLogger(__name__)

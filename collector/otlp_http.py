@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tracedag.collector.decode import Decoded, DecodeError, Encoding
-from tracedag.collector.http_wire import BodySink, Head, HttpError, body_chunks, framing, read_head
-from tracedag.collector.metrics import REGISTRY
-from tracedag.collector.service import (
+from tracedag.collector.admission import (
     BYTES_RECEIVED,
     REFUSED,
     REQUESTS,
@@ -38,6 +35,9 @@ from tracedag.collector.service import (
     Tokens,
     internal_error,
 )
+from tracedag.collector.decode import Decoded, DecodeError, Encoding
+from tracedag.collector.http_wire import BodySink, Head, HttpError, body_chunks, framing, read_head
+from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spool import SpoolUnavailable
 
 logger = logging.getLogger(__name__)

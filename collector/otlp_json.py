@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracedag.collector.wire import MAX_DEPTH
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 
 class JsonDecodeError(TracedagError):  # type: ignore[misc,unused-ignore]

@@ -1,8 +1,10 @@
-"""Run the collector in-process: OTLP/HTTP + OTLP/gRPC receivers, spool, background conversion.
+"""The request path in-process: OTLP/HTTP + OTLP/gRPC receivers in front of the durable spool.
 
-``start_collector(CollectorConfig(data=...))`` returns a ``RunningCollector`` with the bound
-ports (port 0 picks free ones), ``flush()`` (seal the spool and convert everything acknowledged
-so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight requests, seal, convert).
+``start_receivers(ReceiverConfig(data=...))`` takes the store's collector lock, recovers the
+spool, binds the receivers (port 0 picks free ones) and returns ``Receivers`` with the bound
+ports, ``flush()`` (seal the open segment now) and ``stop(grace_seconds)`` (drain in-flight
+requests, seal). Converting the spool to Parquet is not done here: ``tracedag.pipeline.service``
+runs the converters beside these receivers.
 """
 
 from __future__ import annotations
@@ -10,23 +12,19 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from tracedag.collector.convert_proc import ConverterProcess
+from tracedag.collector.admission import Admission, Ingestor, TlsFiles, Tokens
 from tracedag.collector.decode import Limits
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.otlp_grpc import GrpcSettings, OtlpGrpcServer
 from tracedag.collector.otlp_http import HttpSettings, OtlpHttpServer
-from tracedag.collector.service import Admission, Ingestor, TlsFiles, Tokens
 from tracedag.collector.spool import SEAL_AGE_SECONDS, SEGMENT_BYTES, SpoolWriter
-from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.collector.storelock import StoreLock
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +32,8 @@ MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
-class CollectorConfig:
-    """Everything ``start_collector`` needs; ports 0 pick free ones, None disables a transport."""
+class ReceiverConfig:
+    """Everything the request path needs; ports 0 pick free ones, None disables a transport."""
 
     data: Path
     host: str = "127.0.0.1"
@@ -59,20 +57,12 @@ class CollectorConfig:
     body_timeout: float = 30.0
     idle_timeout: float = 60.0  # keep-alive connections silent this long are closed
     max_connections: int = 0  # HTTP connections at once (0: no cap); over it: 503 and close
-    convert: bool = True
-    convert_process: bool = False  # convert in a child process (off this interpreter's GIL)
-    convert_interval: float = 0.25
-    spool_retention: float = DONE_RETENTION_SECONDS  # seconds converted segments stay in spool/done/
-    build: bool = False
-    build_idle_seconds: float = 30.0
-    build_interval: float = 5.0
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
-class RunningCollector:
-    """A started collector; see ``start_collector``."""
+class Receivers:
+    """The started request path of one data directory; see ``start_receivers``."""
 
-    def __init__(self, config: CollectorConfig) -> None:
+    def __init__(self, config: ReceiverConfig) -> None:
         self.config = config
         self.data = Path(config.data)
         self.lock = StoreLock(self.data).acquire()  # before recovery touches another collector's segments
@@ -89,11 +79,6 @@ class RunningCollector:
         self.grpc: OtlpGrpcServer | None = None
         self.http_port = 0
         self.grpc_port = 0
-        self._stop = threading.Event()
-        self._convert_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._converter: Any = None
-        self._child: ConverterProcess | None = None
         self._stopped = False
         self._register_gauges()
 
@@ -113,32 +98,17 @@ class RunningCollector:
         reason: str | None = self.admission.refusal()
         return reason
 
-    # -- start -------------------------------------------------------------------------
-
-    def start(self) -> RunningCollector:
-        """Start the spool sealer, the receivers, the converter and the builder.
-
-        The receivers bind first, so a port in use stops the start before any converter runs.
-        """
+    def start(self) -> Receivers:
+        """Start the spool sealer and bind the receivers; on failure release everything and raise."""
         self.spool.start()
         try:
             self._start_receivers()
         except BaseException:
             self.stop(0)
+            self.release()
             raise
-        if self.config.convert and self.config.convert_process:
-            self._child = ConverterProcess(self.data, self.config.convert_interval,
-                                           retention=self.config.spool_retention)
-            self._child.start()
-            REGISTRY.add_source(self._child.metrics_text)
-            self._spawn("converter-supervisor", self._supervise)
-        elif self.config.convert:
-            self._converter = _make_converter(self.data, self.config.spool_retention)
-            self._spawn("spool-converter", self._convert_loop)
-        if self.config.build:
-            self._spawn("dag-builder", self._build_loop)
         self.lock.announce(host=self.config.host, http_port=self.http_port, grpc_port=self.grpc_port)
-        logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
+        logger.info("receivers up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
         return self
 
     def _start_receivers(self) -> None:
@@ -162,54 +132,16 @@ class RunningCollector:
                 self.grpc_port = grpc.start()
             self.grpc = grpc
 
-    def _spawn(self, name: str, target: Any) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    # -- background work ---------------------------------------------------------------
-
-    def convert_once(self) -> Any:
-        """Convert every sealed segment now (serialized with the background loop)."""
-        if self._converter is None:
-            return None
-        with self._convert_lock:
-            return self._converter.run_once()
-
-    def _convert_loop(self) -> None:
-        while not self._stop.wait(self.config.convert_interval):
-            try:
-                self.convert_once()
-            except Exception:
-                logger.exception("spool conversion round failed; retrying")
-
-    def _supervise(self) -> None:
-        while not self._stop.wait(1.0):
-            if self._child is not None:
-                self._child.ensure_alive()
-
-    def _build_loop(self) -> None:
-        build = _build_function()
-        if build is None:
-            logger.warning("--build requested but tracedag.pipeline.dag.build_store is not available")
-            return
-        while not self._stop.wait(self.config.build_interval):
-            try:
-                build(self.data, idle_seconds=self.config.build_idle_seconds)
-            except Exception:
-                logger.exception("DAG build round failed; retrying")
-
-    # -- public control ----------------------------------------------------------------
-
     def flush(self) -> None:
-        """Seal the spool and convert everything acknowledged so far, synchronously."""
+        """Seal the open spool segment now (everything acknowledged so far becomes convertible)."""
         self.spool.flush()
-        if self._child is not None:
-            self._child.flush()
-        self.convert_once()
 
     def stop(self, grace_seconds: float = 10.0) -> None:
-        """Drain in-flight requests, seal the spool and run a final conversion."""
+        """Drain in-flight requests (up to ``grace_seconds``), then seal and close the spool.
+
+        The store lock stays held: ``release()`` drops it once the caller's own work on the
+        store (a final conversion) is done.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -221,20 +153,10 @@ class RunningCollector:
         if self.http is not None:
             self.http.stop(grace_seconds)
         self.spool.close()
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(grace_seconds + 30)
-        if self._child is not None:
-            self._child.stop(grace_seconds + 60)
-            REGISTRY.remove_source(self._child.metrics_text)
-            if self._child.pending():
-                self._converter = _make_converter(self.data, self.config.spool_retention)  # the child is gone: finish here
-        try:
-            self.convert_once()
-        except Exception:
-            logger.exception("final conversion failed; the spool keeps the data for the next start")
+
+    def release(self) -> None:
+        """Drop the store's collector lock (after ``stop``)."""
         self.lock.release()
-        logger.info("collector stopped")
 
 
 class PortUnavailable(TracedagError):  # type: ignore[misc,unused-ignore]
@@ -270,20 +192,6 @@ def _probe_bind(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def start_collector(config: CollectorConfig) -> RunningCollector:
-    """Start a collector in this process (threads) and return it."""
-    return RunningCollector(config).start()
-
-
-def _make_converter(data: Path, retention: float) -> Any:
-    from tracedag.pipeline.ingest import SpoolConverter
-
-    return SpoolConverter(data, done_retention=retention)
-
-
-def _build_function() -> Any:
-    try:
-        from tracedag.pipeline import dag
-    except ImportError:
-        return None
-    return getattr(dag, "build_store", None)
+def start_receivers(config: ReceiverConfig) -> Receivers:
+    """Take the store, recover the spool and start the receivers in this process (threads)."""
+    return Receivers(config).start()

@@ -31,8 +31,8 @@ from tracedag.collector.spoolfmt import (
     segment_name,
     segment_seq,
 )
-from tracedag.pipeline.errors import Retryable, TracedagError
-from tracedag.pipeline.fsutil import fsync_dir
+from tracedag.schemas.errors import Retryable, TracedagError
+from tracedag.schemas.fsio import fsync_dir
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

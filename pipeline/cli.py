@@ -8,7 +8,7 @@ from importlib.metadata import version
 import click
 
 from tracedag.pipeline.commands import analysis, build, collect, demo, ingest, query, score
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 
 class _Group(click.Group):

@@ -5,7 +5,7 @@ parameter lines read ``--   $name  type  = default  help text`` (type: double, b
 varchar or boolean; ``''`` is the empty string; ``one of a|b|c`` in the help text restricts the
 values). The body refers to parameters as ``$name`` and they are always bound, never formatted in.
 Files whose name starts with ``_`` are not named queries: they define DuckDB table macros shared
-by the named queries (created on every connection by ``tracedag.pipeline.views``).
+by the named queries (created on every connection by ``tracedag.pipeline.store.views``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``spans`` table: one flat row per span (ClickHouse-exporter shape) plus agent columns.
 
 Base columns come from the OTLP request as it was received. The agent columns after
-``attributes`` are filled by normalization (``tracedag.pipeline.normalize``) and are copies:
+``attributes`` are filled by normalization (``tracedag.pipeline.normalize.spans``) and are copies:
 ``attributes`` and ``resource_attributes`` always stay complete.
 """
 

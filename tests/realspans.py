@@ -10,7 +10,7 @@ through ``tests/normalize/conftest.py`` or the importing area's own conftest):
   ``opentelemetry-instrumentation-openai-v2`` against a local chat-completions server;
 - ``traceloop_spans()``: OpenLLMetry (traceloop) decorators workflow/task/agent/tool;
 - ``genai_plain_spans()``: plain OTel SDK spans with GenAI attributes, old and new names;
-- ``to_table(spans)``: OTLP-encode and convert with ``tracedag.pipeline.convert.requests_to_table``.
+- ``to_table(spans)``: OTLP-encode and convert with ``tracedag.pipeline.convert.records.requests_to_table``.
 
 Caveat: OpenLLMetry's LangChain instrumentation does not fully uninstrument (its callback
 handler survives, so a later OpenInference capture in the same process gets a foreign parent on
@@ -63,7 +63,7 @@ def capture(
 
 def to_table(spans: Sequence[ReadableSpan], received_unix_nano: int = 1, batch_id: str = "b1") -> pa.Table:
     """OTLP-encode ``spans`` and convert them into a normalized ``spans`` table."""
-    from tracedag.pipeline.convert import requests_to_table
+    from tracedag.pipeline.convert.reference import requests_to_table
 
     return requests_to_table([(encode_spans(list(spans)), received_unix_nano, batch_id)])
 

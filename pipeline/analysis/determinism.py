@@ -28,9 +28,9 @@ from tracedag.pipeline.analysis.response import (
     variant_consistency,
 )
 from tracedag.pipeline.analysis.trajectories import Run, load_runs, runs_table, visits_table
-from tracedag.pipeline.errors import QueryFailed
-from tracedag.pipeline.store import write_parquet_atomic
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.files import write_parquet_atomic
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.spans import SCHEMA_KEY
 
 logger = logging.getLogger(__name__)

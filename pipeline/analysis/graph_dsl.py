@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

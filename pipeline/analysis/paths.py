@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tracedag.pipeline.analysis.graph_dsl import AgentGraph
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import re
 from collections import Counter
 from typing import Protocol
 
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tracedag import queries
 from tracedag.pipeline.analysis.graph_dsl import AgentGraph, GraphInvalid, from_workflow_attributes
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 logger = logging.getLogger(__name__)
 

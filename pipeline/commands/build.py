@@ -45,7 +45,7 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
     from rich.table import Table
 
     from tracedag.pipeline.dag import build_store
-    from tracedag.pipeline.dag.gc import GcSettings
+    from tracedag.pipeline.store.gc import GcSettings
 
     stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
                         tolerance_ns=int(tolerance_ms * 1e6), compact=compact,

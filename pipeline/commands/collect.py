@@ -81,7 +81,7 @@ def collect(
     build_idle: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
-    from tracedag.collector.server import CollectorConfig, start_collector
+    from tracedag.pipeline.service import CollectorConfig, start_collector
 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")

@@ -23,8 +23,9 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tracedag.pipeline.demo import DemoConfig, run_demo
-    from tracedag.pipeline.demo_report import print_demo
+    from tracedag.pipeline.demo.config import DemoConfig
+    from tracedag.pipeline.demo.report import print_demo
+    from tracedag.pipeline.demo.run import run_demo
 
     console = Console()
     console.print(f"[bold]tracedag demo[/bold]  seed {seed}, data {data}")
@@ -58,8 +59,8 @@ def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], 
     """
     from rich.progress import Progress
 
-    from tracedag.pipeline import simulate as sim
-    from tracedag.pipeline.demo_stages import conversation_paths
+    from tracedag.pipeline.demo import simulate as sim
+    from tracedag.pipeline.demo.stages import conversation_paths
 
     config = sim.SimulationConfig(endpoint=endpoint, protocol=protocol,
                                   seed=seed, replays=replays, variants=variants, fault_rate=fault_rate)

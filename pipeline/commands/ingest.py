@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-    from tracedag.pipeline.dumps import FileResult
+    from tracedag.pipeline.ingest.dumps import FileResult
 
 
 @click.command("ingest")
@@ -29,8 +29,8 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from tracedag.pipeline.dumps import ingest_dump
-    from tracedag.pipeline.ingest import StoreWriter
+    from tracedag.pipeline.ingest.dumps import ingest_dump
+    from tracedag.pipeline.ingest.segments import StoreWriter
 
     console = Console(stderr=True)
     writer = StoreWriter(data)

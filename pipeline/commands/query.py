@@ -37,8 +37,8 @@ TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everyth
 def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...], since: str | None,
                   fmt: str, output: Path | None, data: Path) -> None:
     """Run the named query NAME (or --sql) over the store and print or write the result."""
-    from tracedag.pipeline import querying
-    from tracedag.pipeline.errors import QueryFailed
+    from tracedag.pipeline.store import querying
+    from tracedag.schemas.errors import QueryFailed
 
     if (name is None) == (sql_text is None):
         raise click.UsageError("give either a query NAME or --sql, not both")
@@ -52,7 +52,7 @@ def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...
 
 
 def _emit(table: Any, fmt: str, output: Path | None) -> None:
-    from tracedag.pipeline import querying
+    from tracedag.pipeline.store import querying
 
     if fmt == "table":
         _print_table(table, output)
@@ -117,7 +117,7 @@ def queries_command() -> None:
 @_with_data
 def sql_command(print_only: bool, data: Path) -> None:
     """Open the duckdb shell with the tracedag views defined (or print how to attach)."""
-    from tracedag.pipeline import querying
+    from tracedag.pipeline.store import querying
 
     init = querying.write_init_file(data)
     duckdb_bin = shutil.which("duckdb")
@@ -128,7 +128,7 @@ def sql_command(print_only: bool, data: Path) -> None:
         click.echo("No `duckdb` binary on PATH (install it from https://duckdb.org/docs/installation).")
     click.echo(f"Shell:  duckdb -init {init}")
     click.echo("Python:")
-    click.echo("    from tracedag.pipeline.views import connect")
+    click.echo("    from tracedag.pipeline.store.views import connect")
     click.echo(f"    con = connect({str(data)!r})")
     click.echo("    con.sql('select * from traces limit 10').show()")
 

@@ -27,14 +27,14 @@ import pyarrow as pa
 
 from tracedag.collector import faults
 from tracedag.pipeline.dag.chunks import chunk_tables
-from tracedag.pipeline.dag.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
-from tracedag.pipeline.dag.swap import collect
 from tracedag.pipeline.dag.timing import stage
-from tracedag.pipeline.store import file_lock, parquet_files, table_dir, write_parquet_atomic
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.files import file_lock, parquet_files, table_dir, write_parquet_atomic
+from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
+from tracedag.pipeline.store.swap import collect
+from tracedag.pipeline.store.views import connect
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def build_store(
     """Rebuild the DAGs of the complete traces that are new or changed since the last build.
 
     Then (same lock) remove the rows of superseded builds and merge small files when due (``compact``:
-    merge the small files of every derived table now); see ``tracedag.pipeline.dag.gc``.
+    merge the small files of every derived table now); see ``tracedag.pipeline.store.gc``.
     """
     t0 = time.perf_counter()
     workflow = load_spec(spec) if spec is not None else None

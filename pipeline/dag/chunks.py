@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS
-from tracedag.pipeline.store import parquet_files
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)

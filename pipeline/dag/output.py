@@ -3,62 +3,22 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.dag.explicit import Resolved
+from tracedag.pipeline.dag.graph import Graph
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec
 from tracedag.pipeline.dag.traces import traces_table
-from tracedag.pipeline.dag.tree import BoolArray, IntArray
+from tracedag.pipeline.dag.tree import IntArray
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
 
 logger = logging.getLogger(__name__)
 
 EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit"])
-
-
-@dataclass
-class Graph:
-    """Per-row results (row = prep idx) and edge lists of one reconstruction."""
-
-    trace: IntArray
-    parent: IntArray
-    depth: IntArray
-    left: IntArray
-    right: IntArray
-    topo: IntArray
-    branch: IntArray
-    key: IntArray
-    key_texts: list[str]
-    iteration: IntArray
-    retry: BoolArray
-    orphan: BoolArray
-    attached: BoolArray
-    skew: BoolArray
-    true_root: BoolArray
-    eff_s: IntArray
-    eff_e: IntArray
-    seq_src: IntArray
-    seq_dst: IntArray
-    step_mode: BoolArray
-    x_src: list[int] = field(default_factory=list)
-    x_dst: list[int] = field(default_factory=list)
-    flat: dict[int, str] = field(default_factory=dict)  # trace_no -> fallback reason
-
-    def record_explicit(self, trace_no: int, rows: list[int], res: Resolved) -> None:
-        """Store the outcome of one trace resolved with explicit edges."""
-        if res.fallback_reason is not None:
-            self.flat[trace_no] = res.fallback_reason
-            self.branch[rows] = 0
-            return
-        self.x_src += [a for a, _ in res.explicit]
-        self.x_dst += [b for _, b in res.explicit]
-        self.topo[res.topo] = np.arange(len(res.topo), dtype=np.int64)
 
 
 def _ids(prep: pa.Table, rows: IntArray) -> pa.Array:

@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.dag import loops, tree
 from tracedag.pipeline.dag.explicit import TraceGraph, explicit_edges, resolve
-from tracedag.pipeline.dag.output import Graph, assemble
+from tracedag.pipeline.dag.graph import Graph
+from tracedag.pipeline.dag.output import assemble
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS, prepare_table
 from tracedag.pipeline.dag.siblings import SiblingOrder, sibling_order
 from tracedag.pipeline.dag.spec import WorkflowSpec

@@ -10,8 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tracedag.pipeline.errors import TracedagError
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.dag.graph import Graph
 from tracedag.pipeline.dag.tree import IntArray
 from tracedag.schemas.tables import TRACES_V1
-
-if TYPE_CHECKING:
-    from tracedag.pipeline.dag.output import Graph
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tracedag.pipeline.score.rows import is_failed
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 from tracedag.queries import load
 
 CLASSES = (1, 2, 3, 4, 5)

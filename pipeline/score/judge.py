@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.errors import TracedagError
+from tracedag.schemas.errors import TracedagError
 
 # USD per million (input, output) tokens; the longest matching model-name prefix wins.
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {

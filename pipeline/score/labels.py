@@ -20,13 +20,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracedag.pipeline import store
-from tracedag.pipeline.errors import TracedagError
 from tracedag.pipeline.score.evaluations_map import label_score
 from tracedag.pipeline.score.rows import ScoreRow, categorize, to_table
 from tracedag.pipeline.score.runner import score_lock
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.tables import HUMAN_LABELS_V1
 
 REQUIRED = ("trace_id", "span_id", "metric")

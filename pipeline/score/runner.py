@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import duckdb
 import pyarrow as pa
 
-from tracedag.pipeline import store
 from tracedag.pipeline.score import inputs
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
@@ -29,7 +28,8 @@ from tracedag.pipeline.score.judge_cache import JudgeCache
 from tracedag.pipeline.score.rows import ScoreRow, passing_table, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.rules import PASS_EXPLANATION, PASS_RULE, PASS_SCORE, score_step
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.views import connect
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
     from tracedag.pipeline.score.judge_client import JudgeTask

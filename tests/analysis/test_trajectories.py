@@ -11,9 +11,9 @@ from realspans import langgraph_spans, to_table
 
 from tracedag.pipeline.analysis.trajectories import is_subsequence, load_runs
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.errors import QueryFailed
-from tracedag.pipeline.store import table_dir, write_parquet_atomic
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.tables import STEP_SCORES_V1
 
 

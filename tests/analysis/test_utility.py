@@ -172,7 +172,7 @@ def test_named_queries_run_again_over_the_written_tables(store):
     data = fill(store)
     res = CliRunner().invoke(cli, ["determinism", "--data", str(data)])
     assert res.exit_code == 0, res.output
-    from tracedag.pipeline.querying import run_named
+    from tracedag.pipeline.store.querying import run_named
 
     for name in ("node_utility", "edge_utility", "agent_utility", "determinism_agent"):
         again = run_named(data, name).to_pylist()

@@ -18,8 +18,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tracedag.collector.server import CollectorConfig, RunningCollector, start_collector
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
+from tracedag.pipeline.store.views import connect
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE_JSON = (HERE / "trace_example.json").read_bytes()

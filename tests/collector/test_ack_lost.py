@@ -20,7 +20,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from test_exporters import _finished_spans
 
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 
 def _read_message(sock: socket.socket) -> bytes:

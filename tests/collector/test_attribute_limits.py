@@ -9,9 +9,9 @@ import pytest
 from collector_support import PB, make_request, make_span, post
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.collector.service import TRUNCATED
-from tracedag.pipeline.views import connect
+from tracedag.collector.admission import TRUNCATED
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 MiB = 1024 * 1024
 LIMIT = 20 * MiB

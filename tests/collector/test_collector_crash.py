@@ -1,7 +1,7 @@
 """Crash safety of the real collector process (RELIABILITY.md E37, E38 a/b) and graceful SIGTERM (E42).
 
 Invariant: every span whose export returned SUCCESS is stored exactly once after a restart
-("stored" = visible in ``tracedag.pipeline.views.connect(data)`` after conversion).
+("stored" = visible in ``tracedag.pipeline.store.views.connect(data)`` after conversion).
 
 E37 drives the four client flavours of the test plan at once, each a real exporter in its own
 process: HTTP/protobuf and gRPC from this project's SDK (1.45.2), the HTTP exporter of SDK 1.44.0
@@ -22,8 +22,8 @@ import pytest
 from collector_support import PB, make_request, make_span, post, start_process, stop_process
 from pinned_venv import PinnedVenv, client_env
 
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 HERE = Path(__file__).resolve().parent
 SDK_1_44 = PinnedVenv("otel-sdk-venv", HERE / "otel_sdk_1_44_requirements.txt", "opentelemetry-exporter-otlp-proto-http",

@@ -15,8 +15,8 @@ import time
 import pytest
 from collector_support import PB, make_request, make_span, post, spool_files
 
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.collector.service import REFUSED
+from tracedag.collector.admission import REFUSED
+from tracedag.pipeline.service import CollectorConfig, start_collector
 
 HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
 

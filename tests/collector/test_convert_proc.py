@@ -13,8 +13,8 @@ from pathlib import Path
 
 from collector_support import make_request, make_span, stored, wait_until
 
-from tracedag.collector.convert_proc import ConverterProcess
 from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name
+from tracedag.pipeline.ingest.processes import ConverterProcess
 
 
 def _segment(data: Path, seq: int, first: int, n: int, tail: bytes = b"") -> int:
@@ -57,7 +57,7 @@ def test_two_children_convert_their_shards_and_metrics_are_summed(tmp_path: Path
         assert len(set(pids)) == 2 and all(pid and _alive(pid) for pid in pids)
         # the kernel closes the exec status pipe (Popen returns) before it sets the new argv up:
         # for a moment after start, /proc/<pid>/cmdline reads empty
-        wait_until(lambda: all("-m tracedag.collector.convert_child" in _cmdline(pid) for pid in pids if pid))
+        wait_until(lambda: all("-m tracedag.pipeline.ingest.child" in _cmdline(pid) for pid in pids if pid))
         started = set(_children()) - before
         assert started == set(pids)  # the two converters and nothing else: no resource tracker
         assert conv.flush(60) and conv.pending() == 0
@@ -90,8 +90,8 @@ def test_dead_child_is_restarted_and_children_get_the_parents_environment(tmp_pa
         assert first is not None
         wait_until(lambda: not _alive(first))
         monkeypatch.delenv("TRACEDAG_FAULT")
-        monkeypatch.setattr(logging.getLogger("tracedag.collector.convert_proc"), "disabled", False)  # another test may have disabled it
-        with caplog.at_level(logging.ERROR, logger="tracedag.collector.convert_proc"):
+        monkeypatch.setattr(logging.getLogger("tracedag.pipeline.ingest.processes"), "disabled", False)  # another test may have disabled it
+        with caplog.at_level(logging.ERROR, logger="tracedag.pipeline.ingest.processes"):
             # /proc shows the exited leader as a zombie while the child's other threads still end;
             # waitpid, and so the supervisor, sees the exit only after them
             wait_until(lambda: conv.ensure_alive() or conv.pids()[0] != first)
@@ -119,7 +119,7 @@ def test_children_outlive_the_thread_that_started_them(tmp_path: Path) -> None:
 _PARENT = """
 import sys, time
 from pathlib import Path
-from tracedag.collector.convert_proc import ConverterProcess
+from tracedag.pipeline.ingest.processes import ConverterProcess
 conv = ConverterProcess(Path(sys.argv[1]), interval=0.1, processes=2)
 conv.start()
 print(*conv.pids(), flush=True)
@@ -152,7 +152,7 @@ def test_child_logging_reaches_the_parents_stderr(tmp_path: Path, capfd) -> None
 
 
 def test_child_module_imports_only_the_standard_library_before_the_work_starts() -> None:
-    code = ("import sys, tracedag.collector.convert_child; "
+    code = ("import sys, tracedag.pipeline.ingest.child; "
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
             "{'pyarrow', 'numpy', 'duckdb', 'google', 'multiprocessing', 'subprocess'})))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tracedag.collector import service
-from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.collector import admission as service
+from tracedag.pipeline.service import CollectorConfig, start_collector
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from collector_support import PB, make_request, make_span
 
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 STRACE = "/usr/bin/strace"
 SYSCALLS = "fsync,fdatasync,write,writev,sendto,sendmsg,rename,renameat,renameat2,openat"

@@ -21,8 +21,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from tracedag.collector import otlp_http
 from tracedag.collector.spoolfmt import read_records
-from tracedag.pipeline.convert import attributes_text
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.convert.values import attributes_text
+from tracedag.pipeline.store.views import connect
 
 
 def _all_types_span(i: int):

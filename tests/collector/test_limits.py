@@ -11,8 +11,8 @@ import pytest
 from collector_support import JSON, make_request, make_span, post, rss_bytes, spool_files, stored
 from google.rpc import status_pb2
 
-from tracedag.collector import service
-from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.collector import admission as service
+from tracedag.pipeline.service import CollectorConfig, start_collector
 
 MiB = 1024 * 1024
 L = MiB  # small_collector's body limit

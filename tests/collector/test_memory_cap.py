@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
 
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 CLIENTS = 50
 BODY_MIB = 4

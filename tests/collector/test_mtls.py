@@ -23,7 +23,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from test_exporters import _finished_spans, _ids, _stored_ids
 
-from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.pipeline.service import CollectorConfig, start_collector
 
 
 @pytest.fixture(scope="module")

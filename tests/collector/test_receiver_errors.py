@@ -20,7 +20,7 @@ from collector_support import (
     stop_process,
 )
 
-from tracedag.collector.service import INTERNAL_ERRORS
+from tracedag.collector.admission import INTERNAL_ERRORS
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TRACE = "0102030405060708090a0b0c0d0e0f10"

@@ -4,10 +4,10 @@
 from click.testing import CliRunner
 from collector_support import make_request, make_span, post, stored, wait_until
 
-from tracedag.collector.server import CollectorConfig, start_collector
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.commands.collect import parse_size
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 
 def test_build_true_builds_dags_of_idle_traces(tmp_path):

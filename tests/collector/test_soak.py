@@ -23,7 +23,7 @@ import pytest
 from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
 from pinned_venv import client_env
 
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 HERE = Path(__file__).resolve().parent
 SOAK_SECONDS = float(os.environ.get("TRACEDAG_SOAK_SECONDS", "7200"))

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from test_exporters import _finished_spans, _ids, _stored_ids
 
 from tracedag.collector import spool as spool_mod
-from tracedag.collector.server import CollectorConfig, start_collector
+from tracedag.pipeline.service import CollectorConfig, start_collector
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tracedag.collector.server import CollectorConfig, RunningCollector, start_collector
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
+from tracedag.pipeline.store.views import connect
 
 ATTRIBUTES = 1_000_000
 SPANS, EVENTS = 10_000, 100

@@ -7,8 +7,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracedag.pipeline.store import table_dir, write_parquet_atomic
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.views import connect
 from tracedag.schemas.spans import SPANS_V1
 
 MS = 1_000_000

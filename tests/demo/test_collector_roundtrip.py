@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tracedag import instrument as td
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.pipeline.querying import run_sql
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.querying import run_sql
 
 EXAMPLE = Path(__file__).with_name("readme_example.py")
 

@@ -9,9 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from tracedag.pipeline import demo as demo_mod
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.querying import run_named, run_sql
+from tracedag.pipeline.demo import run as demo_mod
+from tracedag.pipeline.demo.config import DemoConfig
+from tracedag.pipeline.store.querying import run_named, run_sql
 
 SEED = 7
 
@@ -123,8 +124,13 @@ def test_pictures_graphs_and_next_commands(demo_run):
     assert shown.exit_code == 0 and "calendar_search" in shown.output
 
 
-def test_missing_upstream_stage_is_reported_not_faked(tmp_path, monkeypatch):
-    monkeypatch.setitem(demo_mod.UPSTREAM, "build_store", [("tracedag.pipeline.dag", "no_such_build")])
+def test_failed_stage_is_reported_not_faked(tmp_path, monkeypatch):
+    from tracedag.pipeline.demo import stages
+
+    def broken_build(data):
+        raise RuntimeError("no DAG today")
+
+    monkeypatch.setattr(stages, "build", broken_build)
 
     class Silent:
         def add_task(self, description, total=None):
@@ -133,10 +139,10 @@ def test_missing_upstream_stage_is_reported_not_faked(tmp_path, monkeypatch):
         def update(self, task_id, **kw):
             pass
 
-    config = demo_mod.DemoConfig(data=tmp_path / "d", replays=1, variants=0, latency_scale=0.0)
+    config = DemoConfig(data=tmp_path / "d", replays=1, variants=0, latency_scale=0.0)
     result = demo_mod.run_demo(config, Silent())
     assert result.ok("simulate") and result.ok("flush")
-    assert result.stages["build"] == "unavailable (tracedag.pipeline.dag.no_such_build not found)"
+    assert result.stages["build"] == "failed: RuntimeError: no DAG today"
     assert result.stages["score"].startswith("skipped") and result.stages["determinism"].startswith("skipped")
     assert "root_causes" not in result.tables
 

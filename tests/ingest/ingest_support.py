@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name  # noqa: E402
-from tracedag.pipeline.views import connect  # noqa: E402
+from tracedag.pipeline.store.views import connect  # noqa: E402
 
 
 def write_segment(data: Path, seq: int, records: list[tuple[bytes, int]]) -> Path:

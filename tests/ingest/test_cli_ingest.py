@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.gen import requests
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.dumps import read_dump
+from tracedag.pipeline.ingest.dumps import read_dump
 
 
 def _reqs(n: int, seed: int) -> list[ExportTraceServiceRequest]:

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 from ingest_support import request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
-from tracedag.pipeline.compact import Compactor, hour_closed
-from tracedag.pipeline.convert import convert_records
-from tracedag.pipeline.dedupe import write_sidecar
-from tracedag.pipeline.ingest import SpoolConverter, hour_of, write_atomic
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.convert.records import convert_records
+from tracedag.pipeline.ingest.segments import SpoolConverter, hour_of, write_atomic
+from tracedag.pipeline.store.compact import Compactor, hour_closed
+from tracedag.pipeline.store.dedupe import write_sidecar
+from tracedag.pipeline.store.views import connect
 
 HOUR = 3600 * 10**9
 
@@ -160,7 +160,7 @@ def test_compaction_yields_to_conversion_but_not_forever(data: Path) -> None:
 
 
 def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows(data: Path) -> None:
-    from tracedag.pipeline.dedupe import keys_from_hex, read_sidecar
+    from tracedag.pipeline.store.dedupe import keys_from_hex, read_sidecar
 
     reqs, received = _closed_hour_of_segments(data, 512 * 10, seed=35)
     write_segment(data, 100, [(reqs[3].SerializeToString(), received)])  # a duplicate file's worth
@@ -168,7 +168,7 @@ def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows
     conv.run_once()
     part = next((data / "tables" / "spans").iterdir())
     conv.compactor.target_rows = 2000  # several output files: each sidecar must describe its own rows
-    import tracedag.pipeline.compact as compact
+    import tracedag.pipeline.store.compact as compact
 
     real = compact._Merger.__init__
     compact._Merger.__init__ = lambda self, out, target, dedupe: real(self, out, target, dedupe, group_rows=700)

@@ -11,8 +11,8 @@ import pytest
 from ingest_support import write_segment
 
 from bench.gen import requests
-from tracedag.pipeline.ingest import SpoolConverter
-from tracedag.pipeline.querying import _file_vanished, run_sql
+from tracedag.pipeline.ingest.segments import SpoolConverter
+from tracedag.pipeline.store.querying import _file_vanished, run_sql
 
 HOUR = 3600 * 10**9
 

@@ -13,14 +13,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from bench.gen import requests
-from tracedag.pipeline.convert import (
-    any_value_text,
-    convert_fast,
-    convert_records,
-    convert_reference,
-    convert_wire,
-)
-from tracedag.pipeline.ingest import write_atomic
+from tracedag.pipeline.convert.pool import convert_parallel
+from tracedag.pipeline.convert.records import convert_fast, convert_records, convert_wire
+from tracedag.pipeline.convert.reference import convert_reference
+from tracedag.pipeline.convert.values import any_value_text
+from tracedag.pipeline.ingest.segments import write_atomic
 
 _TEXT = st.text(max_size=12)
 _I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -120,7 +117,7 @@ def test_fast_equals_reference_on_generated_agent_traces() -> None:
 
 def test_parallel_conversion_equals_one_process() -> None:
     records = [(r.SerializeToString(), 1_000 + i) for i, r in enumerate(requests(2500, seed=4))]
-    one, two = convert_records(records, "b", 1), convert_records(records, "b", 2)
+    one, two = convert_records(records, "b"), convert_parallel(records, "b", 2)
     rows = sorted(zip(one.table.to_pylist(), one.keys.tolist(), one.content.tolist(), strict=True), key=repr)
     assert sorted(zip(two.table.to_pylist(), two.keys.tolist(), two.content.tolist(), strict=True), key=repr) == rows
 

@@ -20,7 +20,7 @@ from bench.gen import requests
 
 _CHILD = """
 import sys
-from tracedag.pipeline.ingest import SpoolConverter
+from tracedag.pipeline.ingest.segments import SpoolConverter
 conv = SpoolConverter(sys.argv[1], compact_interval=1e9)
 conv.run_once()
 if len(sys.argv) > 2:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracedag.pipeline.dedupe import DedupeIndex
+from tracedag.pipeline.store.dedupe import DedupeIndex
 
 
 def test_index_answers_like_a_set_and_keeps_logarithmic_runs():
@@ -48,7 +48,7 @@ def test_size_bound_forgets_oldest_runs_first():
 
 
 def test_merge_equals_a_stable_sort_of_both_runs():
-    from tracedag.pipeline.dedupe import _merge
+    from tracedag.pipeline.store.dedupe import _merge
 
     rng = np.random.default_rng(3)
     for na, nb in [(0, 5), (5, 0), (0, 0), (1000, 1000), (10, 3), (3, 400)]:
@@ -81,7 +81,7 @@ def test_runs_stop_growing_at_the_cap_and_the_oldest_are_forgotten_a_run_at_a_ti
 def test_a_reload_reads_only_the_newest_files_that_fit(tmp_path):
     import os
 
-    from tracedag.pipeline.dedupe import write_sidecar
+    from tracedag.pipeline.store.dedupe import write_sidecar
 
     root = tmp_path / "spans"
     files = []

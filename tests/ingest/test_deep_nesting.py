@@ -9,8 +9,8 @@ from pathlib import Path
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 DEPTH = 64
 

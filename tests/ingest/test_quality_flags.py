@@ -13,8 +13,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tracedag.pipeline.convert import convert_records, requests_to_table
-from tracedag.pipeline.wirecols import _has_repeats
+from tracedag.pipeline.convert.records import convert_records
+from tracedag.pipeline.convert.reference import requests_to_table
+from tracedag.pipeline.convert.wirecols import _has_repeats
 
 RECEIVED = 1_700_000_000_000_000_000
 

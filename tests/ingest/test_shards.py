@@ -12,9 +12,9 @@ from ingest_support import request_ids, span_count, stored, stored_ids, write_se
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests
-from tracedag.collector.convert_proc import merge_metrics
-from tracedag.pipeline.dedupe import DedupeIndex
-from tracedag.pipeline.ingest import SpoolConverter, claim
+from tracedag.pipeline.ingest.processes import merge_metrics
+from tracedag.pipeline.ingest.segments import SpoolConverter, claim
+from tracedag.pipeline.store.dedupe import DedupeIndex
 
 NOW = time.time_ns()
 

@@ -15,8 +15,8 @@ from bench.gen import requests
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spool import SpoolWriter
 from tracedag.collector.spoolfmt import HEADER_SIZE
-from tracedag.pipeline.ingest import SpoolConverter
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.ingest.segments import SpoolConverter
+from tracedag.pipeline.store.views import connect
 
 NOW = time.time_ns()
 
@@ -191,18 +191,18 @@ def test_receive_hours_split_a_segment_into_partitions(data: Path) -> None:
 def test_a_segment_that_keeps_failing_moves_to_failed_and_the_rest_goes_on(
     data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tracedag.pipeline.ingest as ingest
-    import tracedag.pipeline.ingest_stage as ingest_stage
+    import tracedag.pipeline.ingest.segments as ingest
+    import tracedag.pipeline.ingest.stage as ingest_stage
 
     reqs = _reqs(1024, 13)
     bad = write_segment(data, 1, [(reqs[0].SerializeToString(), NOW)])
     write_segment(data, 2, [(reqs[1].SerializeToString(), NOW)])
     real = ingest.convert_records
 
-    def flaky(records, stem, workers=1, **kw):  # injected fault: segment 1 always fails to convert
+    def flaky(records, stem, *args, **kw):  # injected fault: segment 1 always fails to convert
         if stem.endswith("1"):
             raise ValueError("injected conversion fault")
-        return real(records, stem, workers, **kw)
+        return real(records, stem, *args, **kw)
 
     monkeypatch.setattr(ingest, "convert_records", flaky)
     monkeypatch.setattr(ingest_stage, "convert_records", flaky)  # the staged (one-hour) path
@@ -227,8 +227,8 @@ def test_converted_segments_are_kept_in_done_then_pruned_after_the_retention(dat
 
 
 def test_intact_segment_is_read_chunk_by_chunk_not_whole(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracedag.pipeline.ingest as ingest
-    import tracedag.pipeline.ingest_stage as stage
+    import tracedag.pipeline.ingest.segments as ingest
+    import tracedag.pipeline.ingest.stage as stage
 
     reqs = _reqs(3000, 10)
     write_segment(data, 11, [(r.SerializeToString(), NOW) for r in reqs])
@@ -270,7 +270,7 @@ def test_done_segments_are_pruned_even_while_compaction_is_held_back(
         data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    import tracedag.pipeline.ingest as ingest
+    import tracedag.pipeline.ingest.segments as ingest
 
     reqs = _reqs(1024, 13)
     write_segment(data, 15, [(reqs[0].SerializeToString(), NOW)])

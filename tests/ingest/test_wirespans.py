@@ -9,8 +9,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from bench.gen import requests
-from tracedag.pipeline.convert import convert_records, convert_reference
-from tracedag.pipeline.wirespans import SpanBuilder, Unusual, walk
+from tracedag.pipeline.convert.records import convert_records
+from tracedag.pipeline.convert.reference import convert_reference
+from tracedag.pipeline.convert.wirespans import SpanBuilder, Unusual, walk
 
 RECEIVED = 1_700_000_000_000_000_000
 
@@ -61,7 +62,7 @@ def test_agent_traces_decode_in_lockstep_equal_to_the_reference():
         builder.add_payload(r.SerializeToString(), RECEIVED)
     table, keys, content = builder.finish("b")  # no Unusual: the common case takes the fast path
     ref = convert_reference([(r, RECEIVED) for r in reqs], "b")
-    from tracedag.pipeline.normalize import normalize
+    from tracedag.pipeline.normalize.spans import normalize
 
     assert normalize(table).to_pylist() == ref.table.to_pylist()
     assert keys.tolist() == ref.keys.tolist() and content.tolist() == ref.content.tolist()
@@ -146,7 +147,7 @@ def test_walk_reads_every_wire_type_and_refuses_truncation():
 
 
 def test_a_very_wide_span_goes_to_the_per_span_path_quickly():
-    from tracedag.pipeline.wirespans import MAX_STEPS
+    from tracedag.pipeline.convert.wirespans import MAX_STEPS
 
     wide = _span(12)
     for i in range(MAX_STEPS + 10):

@@ -181,7 +181,7 @@ def test_plain_genai_new_and_old_names(plain_table):
 
 
 def test_evaluations_from_events_annotations_and_evaluator_spans(plain_table):
-    from tracedag.pipeline.evaluations import extract_evaluations
+    from tracedag.pipeline.normalize.evaluations import extract_evaluations
 
     names = dict(zip(plain_table["span_id"].to_pylist(), plain_table["name"].to_pylist(), strict=True))
     got = {

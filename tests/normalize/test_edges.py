@@ -4,8 +4,8 @@ import pyarrow as pa
 import pytest
 from realspans import capture, genai_plain_spans, langgraph_spans, openai_spans, to_table
 
-from tracedag.pipeline.normalize import normalize
-from tracedag.pipeline.normalize_text import TEXT_CAP
+from tracedag.pipeline.normalize.spans import normalize
+from tracedag.pipeline.normalize.text import TEXT_CAP
 from tracedag.schemas.spans import BASE_SCHEMA, SPANS_V1
 
 
@@ -90,7 +90,7 @@ def test_resource_run_labels_and_span_label_precedence():
 def test_evaluator_span_without_annotations_links_its_target():
     from opentelemetry.trace import Link
 
-    from tracedag.pipeline.evaluations import extract_evaluations
+    from tracedag.pipeline.normalize.evaluations import extract_evaluations
 
     def emit(tracer):
         with tracer.start_as_current_span("answer", attributes={"openinference.span.kind": "LLM"}) as s:
@@ -109,7 +109,7 @@ def test_evaluator_span_without_annotations_links_its_target():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from tracedag.pipeline.store import table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
 
     data = tmp_path_factory.mktemp("data")
     for i, spans in enumerate(
@@ -125,7 +125,7 @@ def store(tmp_path_factory):
 
 
 def test_step_sql_gives_sensible_rows_for_every_dialect(store):
-    from tracedag.pipeline.views import connect
+    from tracedag.pipeline.store.views import connect
 
     con = connect(store)
     rows = con.execute(

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 
-from tracedag.pipeline import normalize_json, normalize_text
-from tracedag.pipeline.normalize import clean_name, normalize
-from tracedag.pipeline.normalize_extract import (
+from tracedag.pipeline.normalize import payloads as normalize_json
+from tracedag.pipeline.normalize import text as normalize_text
+from tracedag.pipeline.normalize.extract import (
     coalesce,
     first_present,
     key_value,
@@ -28,7 +28,8 @@ from tracedag.pipeline.normalize_extract import (
     pick_sparse,
     regex_field,
 )
-from tracedag.pipeline.normalize_rules import span_keys
+from tracedag.pipeline.normalize.rules import span_keys
+from tracedag.pipeline.normalize.spans import clean_name, normalize
 from tracedag.schemas.spans import BASE_SCHEMA
 
 REDUCERS = [normalize_text.readable, normalize_text.genai_input, normalize_text.genai_output]
@@ -283,7 +284,7 @@ def test_sparse_sources_equal_picked_columns_coalesced(maps, offset):
 
 
 def test_sparse_sources_on_captured_spans(captured):
-    from tracedag.pipeline.normalize import TEXT_KEYS
+    from tracedag.pipeline.normalize.spans import TEXT_KEYS
 
     entries = map_entries(captured["attributes"])
     dense, sparse = pick(entries, TEXT_KEYS), pick_sparse(entries, TEXT_KEYS)

@@ -21,8 +21,8 @@ import pytest
 from pinned_venv import PinnedVenv, client_env
 from realspans import chat_completion, fake_openai_server
 
-from tracedag.collector.server import CollectorConfig, start_collector
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "traceloop_requirements.txt"

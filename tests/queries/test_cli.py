@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.querying import since_to_ns
+from tracedag.pipeline.store.querying import since_to_ns
 from tracedag.queries import describe, load, names
 
 MINE = ("failures", "propagation", "root_causes", "amplification", "workflow_scores", "step_stats",

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tracedag.pipeline.querying import run_named
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.views import connect
 from tracedag.queries import load
 
 

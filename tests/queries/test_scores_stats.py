@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tracedag.pipeline.querying import run_named
+from tracedag.pipeline.store.querying import run_named
 
 
 def rows(store: Path, name: str, **params: str) -> list[dict[str, object]]:

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tracedag.pipeline import store
+from tracedag.pipeline.store import files as store
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, EVALUATIONS_V1, TRACES_V1
 

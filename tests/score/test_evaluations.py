@@ -9,7 +9,7 @@ from score_support import span
 
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.evaluations_map import MapStats, detect_scale, map_evaluations, map_one
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 T = "d" * 32
 
@@ -106,9 +106,9 @@ def test_evaluations_from_hand_built_store(builder):
 def test_evaluations_from_real_instrumentation(tmp_path):
     from realspans import genai_plain_spans, to_table
 
-    from tracedag.pipeline import store
     from tracedag.pipeline.dag import build_store
-    from tracedag.pipeline.evaluations import extract_evaluations
+    from tracedag.pipeline.normalize.evaluations import extract_evaluations
+    from tracedag.pipeline.store import files as store
 
     data = tmp_path / "data"
     spans = to_table(genai_plain_spans())

@@ -18,7 +18,7 @@ from score_support import span
 from tracedag.pipeline.score import JudgeConfig, score_store
 from tracedag.pipeline.score.judge import model_family, parse_verdict
 from tracedag.pipeline.score.judge_client import retry_after_seconds
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 T = "b" * 32
 SUNNY = "It is a sunny 24 degrees in Paris."

@@ -9,14 +9,14 @@ import pytest
 from click.testing import CliRunner
 from score_support import span
 
-from tracedag.pipeline import store
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.agreement import agreement, agreement_report, cohen_kappa, to_class
 from tracedag.pipeline.score.labels import BadLabelFile, import_labels
 from tracedag.pipeline.score.rows import ScoreRow, to_table
 from tracedag.pipeline.score.taxonomy import load_taxonomy
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.views import connect
 
 T = "c" * 32
 HUMAN = [1, 2, 5, 5, 3, 1]

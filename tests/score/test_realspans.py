@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tracedag.pipeline import store
 from tracedag.pipeline.dag import build_store
-from tracedag.pipeline.evaluations import extract_evaluations
+from tracedag.pipeline.normalize.evaluations import extract_evaluations
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.views import connect
 
 
 def _score(data, spans):

@@ -10,7 +10,7 @@ from score_support import span
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.rules import RULES, StepFacts, score_step
 from tracedag.pipeline.score.taxonomy import load_taxonomy
-from tracedag.pipeline.views import connect
+from tracedag.pipeline.store.views import connect
 
 T = "a" * 32
 WEATHER = {"type": "function", "name": "get_weather",

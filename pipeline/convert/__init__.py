@@ -1,0 +1,1 @@
+"""OTLP -> Arrow span rows: the ``records`` facade and its decoders below it."""

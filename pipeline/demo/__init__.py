@@ -1,0 +1,1 @@
+"""``tracedag demo``: its stages, its report, the simulator and the bundled example agent."""

@@ -1,0 +1,215 @@
+"""What ``tracedag demo`` prints: a few compact tables read from the store, then what to try next."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from tracedag.pipeline.demo.config import DemoResult
+
+logger = logging.getLogger(__name__)
+
+TOP = 5
+
+
+def _rows(result: DemoResult, name: str) -> list[dict[str, Any]]:
+    table: pa.Table | None = result.tables.get(name)
+    return table.to_pylist() if table is not None else []
+
+
+def _ms(value: Any) -> str:
+    """Milliseconds with one decimal."""
+    return "—" if value is None else f"{float(value):.1f}"
+
+
+def _table(title: str, columns: list[str]) -> Table:
+    t = Table(title=title, title_justify="left", pad_edge=False, box=box.SIMPLE_HEAD, title_style="bold")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return t
+
+
+def root_cause_summary(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, int, float]]:
+    """Failed traces per root-cause step: (step name, type, categories, failed traces, mean hops)."""
+    counts: Counter[tuple[str, str]] = Counter()
+    hops: Counter[tuple[str, str]] = Counter()
+    categories: dict[tuple[str, str], Counter[str]] = {}
+    for r in rows:
+        key = (str(r["root_step_name"]), str(r["root_step_type"]))
+        counts[key] += 1
+        hops[key] += int(r["hops"] or 0)
+        categories.setdefault(key, Counter())[str(r.get("root_taxonomy_l3") or "unclassified")] += 1
+    return [(*k, ", ".join(c for c, _ in categories[k].most_common()), n, hops[k] / n)
+            for k, n in counts.most_common()]
+
+
+def root_causes_table(result: DemoResult) -> Table:
+    """Root causes of the failed traces, grouped by step."""
+    rows = _rows(result, "root_causes")
+    t = _table(f"root causes of the {len(rows)} failed traces",
+               ["root-cause step", "type", "categories", "failed traces", "mean hops"])
+    for name, kind, category, n, mean_hops in root_cause_summary(rows)[:TOP]:
+        t.add_row(name, kind, category, str(n), f"{mean_hops:.1f}")
+    return t
+
+
+def propagation_line(result: DemoResult) -> str:
+    """One line: failed steps, how many originate a failure and how many inherit one, longest chain."""
+    rows = _rows(result, "propagation")
+    originating = sum(1 for r in rows if r["kind"] == "originating")
+    longest = max((int(r["chain_length"] or 0) for r in rows), default=0)
+    return (f"propagation: {len(rows)} failed steps: {originating} originating, "
+            f"{len(rows) - originating} propagated; longest chain {longest} hops")
+
+
+def amplification_table(result: DemoResult) -> Table:
+    """Per failure category: failures, share propagated, downstream failures per originating one."""
+    t = _table("amplification by failure category",
+               ["category", "failures", "originating", "propagated", "amplification"])
+    for r in _rows(result, "amplification")[:TOP]:
+        factor = r["amplification_factor"]
+        t.add_row(str(r["category"]), str(r["failures"]), str(r["originating"]),
+                  f"{100 * float(r['propagated_share'] or 0):.0f}%", "—" if factor is None else f"{factor:.2f}")
+    return t
+
+
+def slowest_table(result: DemoResult) -> Table:
+    """The steps with the highest p90 latency."""
+    rows = [r for r in _rows(result, "step_stats") if r["grain"] == "step" and r["step_type"] != "agent"]
+    rows.sort(key=lambda r: -(r["p90_ms"] or 0.0))
+    t = _table("slowest steps (p90)", ["step", "type", "runs", "failure rate", "p50 ms", "p90 ms"])
+    for r in rows[:TOP]:
+        t.add_row(str(r["step_name"]), str(r["step_type"]), str(r["runs"]),
+                  f"{100 * float(r['failure_rate'] or 0):.0f}%", _ms(r["p50_ms"]), _ms(r["p90_ms"]))
+    return t
+
+
+def _agent(row: dict[str, Any]) -> str:
+    """The agent variant's short name (``court_booking.constrained`` -> ``constrained``)."""
+    return str(row["agent"]).rsplit(".", 1)[-1]
+
+
+def _f2(value: Any) -> str:
+    return "—" if value is None else f"{float(value):.2f}"
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{100 * float(value):.0f}%"
+
+
+def determinism_table(result: DemoResult) -> Table:
+    """Determinism per agent: exact replays and variants against the base path."""
+    t = _table("determinism per agent (1 = all runs alike; reply on 1-4)",
+               ["agent", "vs", "runs", "nodes", "node cov", "tools", "args", "reply"])
+    for r in _rows(result, "determinism_agent"):
+        t.add_row(_agent(r), str(r["comparison"]), str(r["runs"]), _f2(r["node_consistency"]),
+                  _f2(r["node_coverage"]), _f2(r["action_consistency"]), _f2(r["action_input_consistency"]),
+                  _f2(r["response_consistency"]))
+    return t
+
+
+def design_takeaway(result: DemoResult) -> str | None:
+    """One line comparing the node consistency of the two variants over exact replays and variants."""
+    by = {(_agent(r), r["comparison"]): r["node_consistency"] for r in _rows(result, "determinism_agent")}
+    parts = [
+        f"{comparison}: constrained {_f2(by[('constrained', comparison)])} vs permissive "
+        f"{_f2(by[('permissive', comparison)])}"
+        for comparison in ("replays", "variants")
+        if ("constrained", comparison) in by and ("permissive", comparison) in by
+    ]
+    return "graph design -> node-path consistency, " + "; ".join(parts) if parts else None
+
+
+def agent_table(result: DemoResult) -> Table:
+    """Per agent: transitions per turn, adherence to the designed graph, convergence, completion."""
+    t = _table("agent graph per agent (adherence to the designed, constrained graph)",
+               ["agent", "conv", "moves/turn", "failed", "adherence", "converged", "completed"])
+    for r in _rows(result, "agent_utility"):
+        t.add_row(_agent(r), str(r["conversations"]), _f2(r["transitions_per_turn"]), str(r["failed_visits"]),
+                  _pct(r["adherence"]), _pct(r["convergence_rate"]), _pct(r["completion_rate"]))
+    return t
+
+
+def node_table(result: DemoResult) -> Table:
+    """Node utilization, one row per node, one column group per agent: conversations, visits, failures."""
+    rows = _rows(result, "node_utility")
+    agents = sorted({_agent(r) for r in rows})
+    cells = {(_agent(r), r["node"]): r for r in rows}
+    order = sorted({r["node"] for r in rows}, key=lambda n: -sum(int(r["visits"]) for r in rows if r["node"] == n))
+    t = _table("node utilization (conversations / visits / failed)",
+               ["node"] + [f"{a}" for a in agents])
+    for node in order:
+        t.add_row(node, *[_utility_cell(cells.get((a, node))) for a in agents])
+    return t
+
+
+def _utility_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "—"
+    return f"{_pct(r['conversation_share'])} / {r['visits']} / {r['failures']}"
+
+
+def headline(result: DemoResult) -> list[str]:
+    """Simulated conversations and what the store holds (one line each)."""
+    sim, c = result.simulation, result.counts
+    parts = []
+    if sim is not None:
+        parts.append(f"simulated {sim.runs} conversations ({sim.failed} failed, "
+                     f"{sim.calendar_faults} with a calendar fault)")
+    if c:
+        line = (f"store: {c['spans']} spans, {c['traces']} traces, {c['conversations']} conversations, "
+                f"{c['traces_with_errors']} traces with an error span")
+        if "root_causes" in result.tables:
+            recovered = c["traces_with_errors"] - result.tables["root_causes"].num_rows
+            line += f" ({recovered} of them recovered by a retry)"
+        parts.append(line)
+    return parts
+
+
+def example_trace(result: DemoResult) -> str | None:
+    """A failed trace whose root cause is the faulty calendar, else any failed trace."""
+    rows = _rows(result, "root_causes")
+    calendar = [r["trace_id"] for r in rows if r["root_step_name"] == "calendar_search"]
+    found = calendar or [r["trace_id"] for r in rows]
+    return str(found[0]) if found else None
+
+
+def print_demo(console: Console, result: DemoResult) -> None:
+    """Print the demo's findings, where the data is, and three commands to try next."""
+    for stage, status in result.stages.items():
+        if status != "ok":
+            console.print(f"[yellow]stage {stage}: {status}[/yellow]")
+    for line in headline(result):
+        console.print(line, soft_wrap=True)
+    if result.ok("queries"):
+        console.print(root_causes_table(result))
+        console.print(propagation_line(result), soft_wrap=True)
+        console.print(amplification_table(result))
+    if result.ok("determinism"):
+        console.print(determinism_table(result))
+        takeaway = design_takeaway(result)
+        if takeaway:
+            console.print(takeaway, soft_wrap=True)
+        console.print(agent_table(result))
+        console.print(node_table(result))
+    if result.ok("queries"):
+        console.print(slowest_table(result))
+    _print_next(console, result)
+
+
+def _print_next(console: Console, result: DemoResult) -> None:
+    data = shlex.quote(str(result.data))
+    console.print(f"data: {result.data}  (Parquet tables under {result.data}/tables)", soft_wrap=True)
+    for name, path in result.files.items():
+        console.print(f"{name}: {path}", soft_wrap=True)
+    trace = example_trace(result) or "TRACE_ID"
+    console.print("try next:")
+    for command in (f"query root_causes --data {data}", f"show {trace} --data {data}", f"sql --data {data}"):
+        console.print(f"  tracedag {command}", soft_wrap=True, highlight=False)

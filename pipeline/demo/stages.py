@@ -1,0 +1,119 @@
+"""The stages of ``tracedag demo``, each a thin call into the library that owns it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tracedag.pipeline.analysis.determinism import analyze, write_outputs
+from tracedag.pipeline.analysis.graph_dsl import parse_graph
+from tracedag.pipeline.analysis.paths import enumerate_paths
+from tracedag.pipeline.dag import build_store
+from tracedag.pipeline.demo import simulate as sim
+from tracedag.pipeline.demo.agent import booking_graph
+from tracedag.pipeline.demo.config import QUERIES, DemoConfig
+from tracedag.pipeline.score import score_store
+from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
+from tracedag.pipeline.store.querying import run_named, run_sql
+
+logger = logging.getLogger(__name__)
+
+# The designed graph: determinism's structural adherence and the picture are measured against it.
+DESIGN_VARIANT: booking_graph.Variant = "constrained"
+
+
+def design_graph() -> Any:
+    """The constrained agent graph, parsed by the agent-graph DSL."""
+    return parse_graph(booking_graph.agent_graph(DESIGN_VARIANT))
+
+
+def conversation_paths(max_visits: int) -> list[list[str]]:
+    """Every conversation path of the designed graph (DFS, each node at most ``max_visits`` times)."""
+    return [list(p) for p in enumerate_paths(design_graph(), max_visits)]
+
+
+def planned_runs(config: DemoConfig) -> int:
+    """How many conversations the simulation will hold (0 when the paths cannot be enumerated)."""
+    try:
+        paths = conversation_paths(config.max_visits)
+    except Exception:
+        logger.debug("paths not available yet", exc_info=True)
+        return 0
+    return len(sim.plan(sim_config(config, "unused"), sim.scenarios(paths)))
+
+
+def sim_config(config: DemoConfig, endpoint: str) -> sim.SimulationConfig:
+    """The simulation settings of a demo run."""
+    return sim.SimulationConfig(
+        endpoint=endpoint,
+        seed=config.seed,
+        replays=config.replays,
+        variants=config.variants,
+        fault_rate=config.fault_rate,
+        latency_scale=config.latency_scale,
+        simulation_id=f"demo-seed{config.seed}-{time.strftime('%Y%m%dT%H%M%S')}",
+    )
+
+
+def start(data: Path) -> RunningCollector:
+    """Start the collector on free loopback ports, storing under ``data``."""
+    return start_collector(CollectorConfig(data=data, host="127.0.0.1", http_port=0, grpc_port=0))
+
+
+def simulate(config: DemoConfig, collector: Any, progress: Callable[[int, int], None]) -> Any:
+    """Run the simulation against the collector's OTLP/HTTP port."""
+    endpoint = f"http://127.0.0.1:{collector.http_port}"
+    return sim.simulate(sim_config(config, endpoint), conversation_paths(config.max_visits), progress)
+
+
+def flush(collector: Any) -> None:
+    """Make every acknowledged span visible as Parquet."""
+    collector.flush()
+
+
+def stop(collector: Any) -> None:
+    """Stop the collector if it was started."""
+    if collector is not None:
+        collector.stop()
+
+
+def build(data: Path) -> None:
+    """Build the DAGs of every trace now (no idle wait: the simulation is over)."""
+    build_store(data, idle_seconds=0)
+
+
+def score(data: Path) -> None:
+    """Score every built step with the offline rules and the evaluations in the spans."""
+    score_store(data)
+
+
+def named_queries(data: Path) -> dict[str, pa.Table]:
+    """Run the named queries the demo prints."""
+    return {name: run_named(data, name) for name in QUERIES}
+
+
+_COUNTS_SQL = """
+select (select count(*) from spans) as spans,
+       (select count(*) from traces) as traces,
+       (select count(distinct run_id) from spans where run_id is not null) as conversations,
+       (select count(distinct trace_id) from spans where status_code = 2) as traces_with_errors
+"""
+
+
+def store_counts(data: Path) -> dict[str, int]:
+    """Spans, traces, conversations and traces with an error span, read back from the store."""
+    row = run_sql(data, _COUNTS_SQL).to_pylist()[0]
+    return {k: int(v or 0) for k, v in row.items()}
+
+
+def determinism(data: Path) -> tuple[dict[str, pa.Table], dict[str, Path]]:
+    """Determinism and utility tables, written as Parquet, and the pictures of the agent graph."""
+    result = analyze(data, graphs=[design_graph()])  # every agent against the designed (constrained) graph
+    written = write_outputs(result, data)
+    files = {name: Path(path) for name, path in written.items() if name.startswith("picture")}
+    return dict(result.tables), files

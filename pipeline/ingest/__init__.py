@@ -1,0 +1,1 @@
+"""Sealed spool segments and dump files -> spans Parquet; the converter child processes."""

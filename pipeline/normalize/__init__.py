@@ -1,0 +1,1 @@
+"""One agent vocabulary over the GenAI, OpenInference and OpenLLMetry dialects."""

@@ -1,0 +1,158 @@
+"""``tracedag collect`` in-process: the collector's receivers plus the stages that keep up with them.
+
+The only module that imports both ``tracedag.collector`` (the request path) and the stages.
+``start_collector(CollectorConfig(data=...))`` starts the receivers (``collector.server``), then
+the spool converters (child processes, or a thread) and, when asked, the continuous DAG builder.
+It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
+everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
+requests, seal, convert what is left, release the store).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tracedag.collector.metrics import REGISTRY
+from tracedag.collector.server import ReceiverConfig, Receivers
+from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
+from tracedag.pipeline.ingest.processes import ConverterProcess
+from tracedag.pipeline.ingest.segments import SpoolConverter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CollectorConfig(ReceiverConfig):
+    """The receivers' settings plus conversion and continuous build."""
+
+    convert: bool = True
+    convert_process: bool = False  # convert in child processes (off this interpreter's GIL)
+    convert_interval: float = 0.25
+    spool_retention: float = DONE_RETENTION_SECONDS  # seconds converted segments stay in spool/done/
+    build: bool = False
+    build_idle_seconds: float = 30.0
+    build_interval: float = 5.0
+
+
+class RunningCollector:
+    """A started collector; see ``start_collector``."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.receivers = Receivers(config)
+        self.data = self.receivers.data
+        self.spool = self.receivers.spool
+        self.admission = self.receivers.admission
+        self.ingestor = self.receivers.ingestor
+        self.lock = self.receivers.lock
+        self._stop = threading.Event()
+        self._convert_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._converter: SpoolConverter | None = None
+        self._child: ConverterProcess | None = None
+        self._stopped = False
+
+    @property
+    def http_port(self) -> int:
+        """The bound OTLP/HTTP port (0 when disabled)."""
+        return self.receivers.http_port
+
+    @property
+    def grpc_port(self) -> int:
+        """The bound OTLP/gRPC port (0 when disabled)."""
+        return self.receivers.grpc_port
+
+    def readiness(self) -> str | None:
+        """Return why the collector is not ready, or None when it is."""
+        return self.receivers.readiness()
+
+    def start(self) -> RunningCollector:
+        """Start the receivers (a port in use stops here, before any converter), then the stages."""
+        self.receivers.start()
+        cfg = self.config
+        if cfg.convert and cfg.convert_process:
+            self._child = ConverterProcess(self.data, cfg.convert_interval, retention=cfg.spool_retention)
+            self._child.start()
+            REGISTRY.add_source(self._child.metrics_text)
+            self._spawn("converter-supervisor", self._supervise)
+        elif cfg.convert:
+            self._converter = SpoolConverter(self.data, done_retention=cfg.spool_retention)
+            self._spawn("spool-converter", self._convert_loop)
+        if cfg.build:
+            self._spawn("dag-builder", self._build_loop)
+        logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
+        return self
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- background work ---------------------------------------------------------------
+
+    def convert_once(self) -> Any:
+        """Convert every sealed segment now (serialized with the background loop)."""
+        if self._converter is None:
+            return None
+        with self._convert_lock:
+            return self._converter.run_once()
+
+    def _convert_loop(self) -> None:
+        while not self._stop.wait(self.config.convert_interval):
+            try:
+                self.convert_once()
+            except Exception:
+                logger.exception("spool conversion round failed; retrying")
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(1.0):
+            if self._child is not None:
+                self._child.ensure_alive()
+
+    def _build_loop(self) -> None:
+        from tracedag.pipeline.dag import build_store
+
+        while not self._stop.wait(self.config.build_interval):
+            try:
+                build_store(self.data, idle_seconds=self.config.build_idle_seconds)
+            except Exception:
+                logger.exception("DAG build round failed; retrying")
+
+    # -- public control ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Seal the spool and convert everything acknowledged so far, synchronously."""
+        self.receivers.flush()
+        if self._child is not None:
+            self._child.flush()
+        self.convert_once()
+
+    def stop(self, grace_seconds: float = 10.0) -> None:
+        """Drain in-flight requests, seal the spool, run a final conversion, release the store."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.receivers.stop(grace_seconds)
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(grace_seconds + 30)
+        if self._child is not None:
+            self._child.stop(grace_seconds + 60)
+            REGISTRY.remove_source(self._child.metrics_text)
+            if self._child.pending():  # the child is gone: finish here
+                self._converter = SpoolConverter(self.data, done_retention=self.config.spool_retention)
+        try:
+            self.convert_once()
+        except Exception:
+            logger.exception("final conversion failed; the spool keeps the data for the next start")
+        self.receivers.release()
+        logger.info("collector stopped")
+
+
+def start_collector(config: CollectorConfig) -> RunningCollector:
+    """Start a collector in this process (threads, and converter child processes) and return it."""
+    return RunningCollector(config).start()

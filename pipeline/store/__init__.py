@@ -1,0 +1,1 @@
+"""The data directory: files and atomic Parquet, views, de-duplication, compaction, GC, swaps."""

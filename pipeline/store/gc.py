@@ -1,0 +1,236 @@
+"""Garbage collection of superseded builds and compaction of the small derived files.
+
+Every build writes new ``traces``/``dag_nodes``/``dag_edges`` files; the views show only the latest
+build of each trace (the arg_max row of ``traces_all``), so rows of older builds are dead weight.
+A row is *live* when its ``(trace_id, build_id)`` is the latest build of its trace (``step_scores``
+rows with a null ``build_id``, the human labels, are always live). After a build, inside the build
+lock, ``swap.collect`` (step_scores also inside the scorer's lock, skipped while a scorer runs):
+
+1. deletes every file whose rows are all dead (after a full rebuild: every older file; known from
+   the Parquet statistics of ``build_id`` and per-build counts of ``traces_all``, no file read);
+2. builds the new state of a table directory in ``<data>/state/dag-gc/<table>/`` when some file is
+   mostly dead (rewritten without its dead rows, new name) or when the table has too many small
+   files (merged, dead rows dropped, fresh names); the other files are hard-linked; then swaps the
+   staging and table directories with one ``renameat2(RENAME_EXCHANGE)`` (``compact.exchange``, the
+   spans compaction's mechanism), so a reader listing the table sees all old or all new files.
+
+Live rows are never removed and never duplicated: rewritten and merged files get new names that
+appear in the same swap that removes their inputs, and no path ever gets other content (a reader
+that listed the old files may find one gone: the query layer re-runs it). A crash leaves each table
+either old or new; staging left-overs are removed on the next
+run, and ``state/build-inflight`` names a build that crashed midway, whose chunk files without a
+``traces`` file are deleted before the next build.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracedag.pipeline.store.files import fsync_dir, table_dir
+from tracedag.pipeline.store.views import connect
+
+logger = logging.getLogger(__name__)
+
+TABLES = ("dag_nodes", "dag_edges", "step_scores", "traces")
+"""Collected in this order: ``traces`` last, so that a crash never loses which builds are known."""
+
+PROTECTED = frozenset({"human.parquet"})
+"""``step_scores/human.parquet`` is rewritten in place by the label import: never merged away."""
+
+
+@dataclass(frozen=True)
+class GcSettings:
+    """When to rewrite and when to compact."""
+
+    rewrite_share: float = 0.5  # rewrite a file when more than this share of its rows is dead
+    small_rows: int = 100_000  # a file with fewer rows is small
+    max_small_files: int = 16  # compact a table when it has more small files than this
+    target_rows: int = 500_000  # rows per merged file
+    enabled: bool = True  # False: builds leave superseded rows in place (``collect`` still works when called)
+
+
+@dataclass
+class GcStats:
+    """What one collection did, per table."""
+
+    deleted: dict[str, int] = field(default_factory=dict)
+    rewritten: dict[str, int] = field(default_factory=dict)
+    merged: dict[str, int] = field(default_factory=dict)  # small files merged
+    rows_dropped: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # tables left alone (a scorer held its lock)
+    seconds: float = 0.0
+
+    def add(self, what: dict[str, int], table: str, n: int) -> None:
+        """Add ``n`` to ``what[table]``."""
+        if n:
+            what[table] = what.get(table, 0) + n
+
+
+ROWS_PER_SPAN = {"dag_nodes": 1, "dag_edges": 3}
+"""Rows per span of a trace, at most (edges: parent + sequence + explicit, with room), to bound the
+dead rows of a file from per-build span counts without reading it."""
+
+_BUILDS_SQL = """
+with l as (select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as b from traces_all group by trace_id)
+select t.build_id, count(*) as total, count(l.trace_id) as live,
+       coalesce(sum(t.span_count) filter (where l.trace_id is null), 0) as dead_spans
+from traces_all t left join l on t.trace_id = l.trace_id and t.build_id = l.b
+group by t.build_id
+"""
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Which (trace, build) pairs are live, and per build how many of its traces are."""
+
+    keys: pa.Array  # "trace_id\x1fbuild_id" of every live pair
+    total: dict[str, int]  # build -> traces rows in traces_all
+    live: dict[str, int]  # build -> live traces rows
+    dead_spans: dict[str, int] = field(default_factory=dict)  # build -> spans of its superseded traces
+
+    def dead_bound(self, table: str, build: str) -> int | None:
+        """At most this many rows of ``build`` in ``table`` are dead (None: no bound known)."""
+        if table == "traces":
+            return self.total.get(build, 0) - self.live.get(build, 0)
+        per_span = ROWS_PER_SPAN.get(table)
+        return None if per_span is None else per_span * self.dead_spans.get(build, 0)
+
+    def status(self, build: str) -> str:
+        """``dead`` (no live trace), ``live`` (every trace live) or ``mixed``."""
+        live = self.live.get(build, 0)
+        if live == 0:
+            return "dead"
+        return "live" if live == self.total.get(build, 0) else "mixed"
+
+
+def liveness(data: Path) -> Liveness:
+    """Read the live pairs and per-build counts from the ``traces`` views."""
+    con = connect(data)
+    try:
+        con.execute("set enable_progress_bar = false")
+        # the pairs the ``traces`` view keeps, without reading the other columns of traces_all
+        live = con.sql("select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id "
+                       "from traces_all group by trace_id").to_arrow_table()
+        builds = con.sql(_BUILDS_SQL).fetchall()
+    finally:
+        con.close()
+    keys = pc.binary_join_element_wise(live.column("trace_id"), live.column("build_id"), "\x1f")
+    return Liveness(
+        keys=keys.combine_chunks(),
+        total={b: int(n) for b, n, _, _ in builds},
+        live={b: int(n) for b, _, n, _ in builds},
+        dead_spans={b: int(n) for b, _, _, n in builds},
+    )
+
+
+def single_build(path: Path) -> str | None:
+    """The one ``build_id`` of every row of ``path`` per its statistics, or None (several, nulls, unknown)."""
+    meta = pq.ParquetFile(path).metadata
+    col = meta.schema.names.index("build_id") if "build_id" in meta.schema.names else -1
+    if col < 0:
+        return None
+    seen: set[str] = set()
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max or st.null_count or st.min != st.max:
+            return None
+        seen.add(st.min if isinstance(st.min, str) else bytes(st.min).decode())
+    return seen.pop() if len(seen) == 1 else None
+
+
+def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:
+    """Per row of ``table``: whether it is live."""
+    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("build_id"), "\x1f")
+    return pc.or_(pc.is_in(keys, value_set=lv.keys), pc.is_null(table.column("build_id"))).combine_chunks()
+
+
+def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int]:
+    """(rows, dead rows) of ``path``: from the statistics when it holds one build, from its build ids
+    when every one of them is wholly live or wholly dead; else the file's keys are read.
+
+    A file of one partly superseded build is not read when even all of the build's dead rows could
+    not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
+    """
+    rows = pq.ParquetFile(path).metadata.num_rows
+    build = single_build(path)
+    if build is not None:
+        state = lv.status(build)
+        if state != "mixed":
+            return rows, rows if state == "dead" else 0
+        bound = lv.dead_bound(table, build)
+        if bound is not None and bound <= rewrite_share * rows:
+            return rows, 0
+    else:
+        states = {lv.status(b) if b is not None else "live" for b in builds_of(path)}
+        if len(states) == 1 and "mixed" not in states:  # several builds (scores, merged files)
+            return rows, rows if states == {"dead"} else 0
+    t = pq.read_table(path, columns=["trace_id", "build_id"])
+    return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0)
+
+
+_BUILDS_SEEN: dict[tuple[str, int, int], list[str | None]] = {}
+"""(path, size, mtime) -> the distinct build ids of a file: files never change in place, so a
+long-running builder (``collect --build``) reads each file's build ids once."""
+
+
+def builds_of(path: Path) -> list[str | None]:
+    """The distinct ``build_id`` values of ``path`` (None for rows without one)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _BUILDS_SEEN:
+        if len(_BUILDS_SEEN) > 10_000:
+            _BUILDS_SEEN.clear()  # stale versions of deleted or rewritten files
+        col = pq.read_table(path, columns=["build_id"]).column("build_id")
+        _BUILDS_SEEN[key] = pc.unique(col.combine_chunks()).to_pylist()
+    return _BUILDS_SEEN[key]
+
+
+def staging_root(data: Path) -> Path:
+    """``<data>/state/dag-gc``: where the new state of a table directory is built."""
+    return data / "state" / "dag-gc"
+
+
+def remove_staging(data: Path) -> None:
+    """Remove staging directories a crash left (the tables themselves are complete)."""
+    if staging_root(data).exists():
+        shutil.rmtree(staging_root(data))
+
+
+def inflight_path(data: Path) -> Path:
+    """``state/build-inflight``: the id of the build writing files now."""
+    return data / "state" / "build-inflight"
+
+
+def mark_inflight(data: Path, build_id: str | None) -> None:
+    """Record (or clear, with None) the build whose files are being written."""
+    path = inflight_path(data)
+    if build_id is None:
+        path.unlink(missing_ok=True)
+        return
+    path.write_text(build_id, encoding="utf-8")
+    fsync_dir(path.parent)
+
+
+def remove_crashed_build(data: Path) -> int:
+    """Delete the chunk files of a build that crashed before writing their ``traces`` file."""
+    path = inflight_path(data)
+    if not path.exists():
+        return 0
+    build = path.read_text(encoding="utf-8").strip()
+    removed = 0
+    for table in ("dag_nodes", "dag_edges", "traces") if build else ():
+        for f in table_dir(data, table).glob(f"{build}-*.parquet*"):
+            if f.name.endswith(".tmp") or not (table_dir(data, "traces") / f.name).exists():
+                f.unlink()
+                removed += 1
+    mark_inflight(data, None)
+    if removed:
+        logger.info("removed %d files of crashed build %s", removed, build)
+    return removed

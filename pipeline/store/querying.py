@@ -1,0 +1,228 @@
+"""Run named queries (``queries/*.sql``) and ad-hoc SQL over the views, and write the results.
+
+Parameters are always bound (``$name``), never formatted into the SQL text. Values given on the
+command line are converted to the type the query header declares; a parameter the header does not
+declare but the body uses defaults to NULL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from tracedag import queries
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.errors import QueryFailed
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("table", "csv", "json", "parquet")
+SINCE_PARAM = "since_ns"
+_UNITS_NS = {"s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def since_to_ns(text: str, now_ns: int | None = None) -> int:
+    """Turn ``--since`` text (``90s``, ``15m``, ``1h``, ``2d``, ``1w``, or an ISO time) into ns since epoch."""
+    m = _DURATION.match(text)
+    if m:
+        now = time.time_ns() if now_ns is None else now_ns
+        return now - int(float(m[1]) * _UNITS_NS[m[2]])
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as e:
+        raise QueryFailed("--since", f"{text!r} is neither a duration like 1h/30m/2d nor an ISO time") from e
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp()) * 10**9 + when.microsecond * 1000
+
+
+def _convert(query: str, param: queries.Param, text: str) -> object:
+    """Convert a parameter value given as text to the declared type."""
+    if param.choices and text not in param.choices:
+        raise QueryFailed(query, f"param {param.name}: {text!r} is not one of {', '.join(param.choices)}")
+    try:
+        if param.type == "double":
+            return float(text)
+        if param.type in ("bigint", "integer"):
+            return int(text)
+    except ValueError as e:
+        raise QueryFailed(query, f"param {param.name}: {text!r} is not a {param.type}") from e
+    if param.type == "boolean":
+        if text.lower() not in _TRUE | _FALSE:
+            raise QueryFailed(query, f"param {param.name}: {text!r} is not a boolean")
+        return text.lower() in _TRUE
+    return text
+
+
+def bind_params(doc: queries.QueryDoc, given: Mapping[str, str]) -> dict[str, object]:
+    """Return the values of every parameter the query body uses: given ones converted, else defaults."""
+    declared = {p.name: p for p in doc.params}
+    unknown = sorted(set(given) - set(declared) - set(doc.used))
+    if unknown:
+        known = ", ".join(sorted(set(declared) | set(doc.used))) or "none"
+        raise QueryFailed(doc.name, f"unknown param {', '.join(unknown)} (params: {known})")
+    values: dict[str, object] = {}
+    for name in doc.used:
+        param = declared.get(name)
+        if param is None:
+            values[name] = given.get(name)
+        else:
+            values[name] = _convert(doc.name, param, given.get(name, param.default))
+    return values
+
+
+def parse_param_args(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Turn ``k=v`` strings into a dict (the value may contain ``=``)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise QueryFailed("--param", f"{pair!r} is not of the form name=value")
+        out[key.strip()] = value
+    return out
+
+
+def query_doc(name: str) -> queries.QueryDoc:
+    """Return the parsed header of a named query, or raise ``QueryFailed`` for an unknown name."""
+    if name not in queries.names():
+        raise QueryFailed(name, f"no such query (known: {', '.join(queries.names())})")
+    return queries.describe(name)
+
+
+def run_named(
+    data: Path, name: str, params: Mapping[str, str] | None = None, since: str | None = None,
+    threads: int | None = None,
+) -> pa.Table:
+    """Run the named query over the store at ``data`` and return its result."""
+    doc = query_doc(name)
+    given = dict(params or {})
+    if since is not None:
+        if SINCE_PARAM not in doc.used:
+            raise QueryFailed(name, "this query has no time filter, --since does not apply")
+        given[SINCE_PARAM] = str(since_to_ns(since))
+    values = bind_params(doc, given)
+    logger.info("query %s with %s", name, values)
+    return _execute(data, name, queries.load(name), values, threads)
+
+
+def run_sql(data: Path, sql: str, threads: int | None = None) -> pa.Table:
+    """Run ad-hoc SQL over the views of the store at ``data``."""
+    return _execute(data, "--sql", sql, {}, threads)
+
+
+# Compaction swaps a partition's files atomically; a query that listed the old files just before
+# the swap finds one missing. Listing again sees the new files, so such a query is simply re-run.
+_ATTEMPTS = 3
+
+
+def _execute(data: Path, label: str, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            return _execute_once(data, sql, values, threads)
+        except duckdb.IOException as e:
+            if attempt == _ATTEMPTS or not _file_vanished(e):
+                raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+            logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
+        except duckdb.Error as e:
+            raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+    raise AssertionError("unreachable")
+
+
+def _file_vanished(error: duckdb.Error) -> bool:
+    text = str(error).lower()
+    return "no such file" in text or "no files found" in text or "cannot open file" in text
+
+
+def _execute_once(data: Path, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
+    con = connect(data, threads=threads)
+    try:
+        relation = con.sql(sql, params=values or None)
+        return pa.table({}) if relation is None else _to_arrow(relation)
+    finally:
+        con.close()
+
+
+def _to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
+    """The relation as an Arrow table (``to_arrow_table`` in DuckDB 2, ``arrow`` before)."""
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
+    table: pa.Table = fetch()
+    return table
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def _flatten_nested(table: pa.Table) -> pa.Table:
+    """Replace list/struct/map columns by their JSON text, for CSV."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_nested(field.type):
+            texts = [None if v is None else json.dumps(v, default=_jsonable) for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(texts, pa.string()))
+    return table
+
+
+def encode(table: pa.Table, fmt: str) -> bytes:
+    """Encode a result as csv, json (an array of objects) or parquet bytes."""
+    if fmt == "json":
+        return (json.dumps(table.to_pylist(), default=_jsonable, indent=1) + "\n").encode()
+    sink = io.BytesIO()
+    if fmt == "csv":
+        pacsv.write_csv(_flatten_nested(table), sink)
+    elif fmt == "parquet":
+        pq.write_table(table, sink)
+    else:
+        raise QueryFailed("--format", f"{fmt!r} is not one of csv, json, parquet")
+    return sink.getvalue()
+
+
+def write_result(table: pa.Table, fmt: str, out: IO[bytes]) -> None:
+    """Write a result in ``fmt`` to a binary stream."""
+    out.write(encode(table, fmt))
+    out.flush()
+
+
+def init_sql(data: Path) -> str:
+    """Return SQL that defines every tracedag view over the Parquet files now in ``data``."""
+    con = connect(data)
+    try:
+        rows = con.execute(
+            "select sql from duckdb_views() where not internal and schema_name = 'main' order by view_oid"
+        ).fetchall()
+    finally:
+        con.close()
+    lines = [f"-- tracedag views over {data.resolve()} (regenerate with `tracedag sql` when tables appear)"]
+    lines += [str(sql).replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1) for (sql,) in rows]
+    # the table macros the named queries call (queries/_*.sql), so they run in the shell too
+    lines += [queries.load(name) for name in queries.macro_files()]
+    return "\n".join(lines) + "\n"
+
+
+def write_init_file(data: Path) -> Path:
+    """Write ``<data>/state/duckdb_init.sql`` (the views) and return its path."""
+    state = data / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "duckdb_init.sql"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(init_sql(data), encoding="utf-8")
+    tmp.replace(path)
+    return path

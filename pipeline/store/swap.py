@@ -1,0 +1,216 @@
+"""One derived table's collection: delete dead files, then rewrite/merge into a staging copy and swap it in.
+
+See ``tracedag.pipeline.store.gc`` for the rules; this module does the file work of one table.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracedag.collector import faults
+from tracedag.pipeline.store.compact import exchange
+from tracedag.pipeline.store.files import fsync_dir, table_dir
+from tracedag.pipeline.store.gc import (
+    PROTECTED,
+    TABLES,
+    GcSettings,
+    GcStats,
+    Liveness,
+    dead_share,
+    live_mask,
+    liveness,
+    remove_staging,
+    staging_root,
+)
+
+logger = logging.getLogger(__name__)
+
+ROW_GROUP = 64 * 1024
+
+
+@contextmanager
+def _try_lock(path: Path) -> Iterator[bool]:
+    """Take ``path``'s flock if free (yield True), else yield False at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def collect(data: Path, settings: GcSettings | None = None, compact: bool = False) -> GcStats:
+    """Remove superseded rows (and merge small files) of every derived table; call inside the build lock."""
+    t0 = time.perf_counter()
+    cfg = settings or GcSettings()
+    stats = GcStats()
+    remove_staging(data)
+    lv = liveness(data)
+    for table in TABLES:
+        if table != "step_scores":
+            collect_table(data, table, lv, cfg, compact, stats)
+            continue
+        with _try_lock(data / "state" / "score.lock") as free:  # the scorer's lock (score.runner.score_lock)
+            if free:
+                collect_table(data, table, lv, cfg, compact, stats)
+            else:
+                stats.skipped.append(table)
+    remove_staging(data)
+    stats.seconds = round(time.perf_counter() - t0, 3)
+    return stats
+
+
+@dataclass
+class TablePlan:
+    """What to do with the files of one table that are not deleted outright."""
+
+    rewrite: list[Path] = field(default_factory=list)
+    merge: list[Path] = field(default_factory=list)
+    link: list[Path] = field(default_factory=list)
+
+    @property
+    def swap_needed(self) -> bool:
+        """Whether the table directory has to be replaced by a staged copy."""
+        return bool(self.rewrite or self.merge)
+
+
+def collect_table(data: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> None:
+    """Delete the dead files of ``table``, then rewrite mostly-dead ones and merge small ones if due."""
+    d = table_dir(data, table)
+    if not d.is_dir() or any(p.is_dir() for p in d.iterdir()):
+        return  # no files yet, or a partitioned layout this collector does not handle
+    plan = plan_table(d, table, lv, cfg, compact, stats)
+    if plan.swap_needed:
+        swap_in(data, d, table, plan, lv, cfg, stats)
+
+
+def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> TablePlan:
+    """Delete every all-dead file now; sort the others into rewrite / merge / link."""
+    plan = TablePlan()
+    small: list[Path] = []
+    deleted = 0
+    for f in sorted(d.glob("*.parquet")):
+        if f.name in PROTECTED:
+            plan.link.append(f)
+            continue
+        rows, dead = dead_share(f, table, lv, cfg.rewrite_share)
+        if dead == rows:
+            f.unlink()
+            deleted += 1
+            stats.add(stats.deleted, table, 1)
+            stats.add(stats.rows_dropped, table, rows)
+            faults.hit("dag_gc.after_unlink")
+            continue
+        if rows - dead < cfg.small_rows:
+            small.append(f)
+        (plan.rewrite if dead > cfg.rewrite_share * rows else plan.link).append(f)
+    if len(small) > 1 and (compact or len(small) > cfg.max_small_files):
+        plan.merge = small
+        plan.rewrite = [f for f in plan.rewrite if f not in small]
+        plan.link = [f for f in plan.link if f not in small]
+    if deleted:
+        fsync_dir(d)
+    return plan
+
+
+def swap_in(data: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings, stats: GcStats) -> None:
+    """Build the new state of ``d`` in staging and exchange the two directories."""
+    stage = staging_root(data) / table
+    stage.mkdir(parents=True)
+    for i, f in enumerate(plan.rewrite):
+        # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
+        # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
+        stats.add(stats.rows_dropped, table, _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv))
+        stats.add(stats.rewritten, table, 1)
+    merger = Merger(stage, cfg.target_rows)
+    for f in plan.merge:
+        stats.add(stats.rows_dropped, table, merger.add(f, lv))
+    merger.close()
+    stats.add(stats.merged, table, len(plan.merge))
+    for f in plan.link:
+        os.link(f, stage / f.name)
+    fsync_dir(stage)
+    faults.hit("dag_gc.before_swap")
+    exchange(stage, d)
+    fsync_dir(d.parent)
+    fsync_dir(stage.parent)
+    faults.hit("dag_gc.after_swap")
+    shutil.rmtree(stage)
+    logger.info("%s: %d files rewritten, %d small files merged into %d", table, len(plan.rewrite),
+                len(plan.merge), merger.count)
+
+
+def _rewrite(src: Path, dst: Path, lv: Liveness) -> int:
+    """Write the live rows of ``src`` to ``dst``; return the rows dropped."""
+    t = pq.read_table(src)
+    live = t.filter(live_mask(t, lv))
+    if live.num_rows:
+        _write(live, dst)
+    return int(t.num_rows - live.num_rows)
+
+
+def _write(t: pa.Table, path: Path) -> None:
+    with pq.ParquetWriter(path, t.schema, compression="zstd") as w:
+        w.write_table(t, row_group_size=ROW_GROUP)
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+class Merger:
+    """Streams the live rows of small files into new files of at most ``target_rows`` rows."""
+
+    def __init__(self, out_dir: Path, target_rows: int) -> None:
+        self.out_dir = out_dir
+        self.target_rows = target_rows
+        self.count = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._path: Path | None = None
+        self._rows = 0
+
+    def add(self, f: Path, lv: Liveness) -> int:
+        """Append the live rows of ``f``; return the rows dropped."""
+        t = pq.read_table(f)
+        live = t.filter(live_mask(t, lv))
+        if live.num_rows:
+            self._append(live)
+        return int(t.num_rows - live.num_rows)
+
+    def _append(self, t: pa.Table) -> None:
+        if self._writer is None or self._rows >= self.target_rows or not self._writer.schema.equals(t.schema):
+            self._finish()
+            self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self.count:04d}.parquet"
+            self.count += 1
+            self._writer = pq.ParquetWriter(self._path, t.schema, compression="zstd")
+        self._writer.write_table(t, row_group_size=ROW_GROUP)
+        self._rows += t.num_rows
+
+    def _finish(self) -> None:
+        if self._writer is None or self._path is None:
+            return
+        self._writer.close()
+        _fsync(self._path)
+        self._writer, self._rows = None, 0
+
+    def close(self) -> None:
+        """Finish the last output file."""
+        self._finish()
