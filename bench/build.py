@@ -149,7 +149,9 @@ def replicate(src: Path, dst: Path, copies: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.files import parquet_files
+    from tracedag.pipeline.store.parquet import write_parquet_atomic
+    from tracedag.schemas.layout import table_dir
 
     for k in range(copies):
         for i, f in enumerate(parquet_files(src, "spans")):
@@ -221,7 +223,9 @@ def late_spans(data: Path, k: int, per_build: int) -> None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.files import parquet_files
+    from tracedag.pipeline.store.parquet import write_parquet_atomic
+    from tracedag.schemas.layout import table_dir
 
     files = [f for f in parquet_files(data, "spans") if "late" not in f.parts]
     t = pq.read_table(max(files, key=lambda p: p.stat().st_size))

@@ -39,8 +39,9 @@ from tracedag.pipeline.analysis.graph_dsl import parse_graph  # noqa: E402
 from tracedag.pipeline.analysis.paths import enumerate_paths  # noqa: E402
 from tracedag.pipeline.demo.agent import booking_graph  # noqa: E402
 from tracedag.pipeline.demo.simulate import SimulationConfig, simulate  # noqa: E402
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic  # noqa: E402
+from tracedag.pipeline.store.parquet import write_parquet_atomic  # noqa: E402
 from tracedag.pipeline.store.views import connect  # noqa: E402
+from tracedag.schemas.layout import table_dir  # noqa: E402
 
 BASELINE = "select trace_id, count(*), max(end_time_unix_nano) from spans group by trace_id"
 

@@ -36,10 +36,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import gen  # noqa: E402
 
-from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic  # noqa: E402
+from tracedag.pipeline.store.files import parquet_files  # noqa: E402
+from tracedag.pipeline.store.parquet import write_parquet_atomic  # noqa: E402
 from tracedag.pipeline.store.querying import bind_params, query_doc  # noqa: E402
 from tracedag.pipeline.store.views import connect  # noqa: E402
 from tracedag.queries import load  # noqa: E402
+from tracedag.schemas.layout import table_dir  # noqa: E402
 from tracedag.schemas.tables import STEP_SCORES_V1  # noqa: E402
 
 QUERIES = ["failures", "propagation", "root_causes", "amplification", "workflow_scores", "step_stats",

@@ -28,6 +28,7 @@ from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import inputs, score_store
 from tracedag.pipeline.store import files as store
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.layout import table_dir
 
 
 def _median(fn: Callable[[], int], runs: int) -> tuple[float, int]:
@@ -49,7 +50,7 @@ def _baseline(data: Path) -> int:
 
 
 def _score(data: Path) -> int:
-    shutil.rmtree(store.table_dir(data, "step_scores"), ignore_errors=True)
+    shutil.rmtree(table_dir(data, "step_scores"), ignore_errors=True)
     return score_store(data).steps
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         gen.make_store(args.data, args.spans)
     if not store.parquet_files(args.data, "traces"):
         build_store(args.data, idle_seconds=0, full=True)
-    shutil.rmtree(store.table_dir(args.data, "step_scores"), ignore_errors=True)
+    shutil.rmtree(table_dir(args.data, "step_scores"), ignore_errors=True)
     base, steps = _median(lambda: _baseline(args.data), args.runs)
     scored, _ = _median(lambda: _score(args.data), args.runs)
     t = Table(title=f"score_store, {steps} steps, median of {args.runs} runs")

@@ -33,6 +33,7 @@ from tracedag.collector.spoolfmt import (
 )
 from tracedag.schemas.errors import Retryable, TracedagError
 from tracedag.schemas.fsio import fsync_dir
+from tracedag.schemas.layout import quarantine_dir, spool_dir, spool_done_dir
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ _FSYNC = REGISTRY.histogram("tracedag_spool_fsync_seconds", "Latency of spool fd
 _GROUP = REGISTRY.histogram(
     "tracedag_spool_group_commit_records", "Records covered by one spool fsync.", (1, 2, 4, 8, 16, 32, 64)
 )
+
 _RECORDS = REGISTRY.counter("tracedag_spool_records_total", "Records appended durably to the spool.")
 _BYTES = REGISTRY.counter("tracedag_spool_bytes_total", "Bytes appended durably to the spool.")
 _SEALED = REGISTRY.counter("tracedag_spool_segments_sealed_total", "Spool segments sealed.")
@@ -62,8 +64,8 @@ class SpoolWriter:
         self, data: Path, segment_bytes: int = SEGMENT_BYTES, seal_age: float = SEAL_AGE_SECONDS
     ) -> None:
         self.data = Path(data)
-        self.dir = self.data / "spool"
-        self.quarantine = self.data / "quarantine"
+        self.dir = spool_dir(self.data)
+        self.quarantine = quarantine_dir(self.data)
         self.segment_bytes = segment_bytes
         self.seal_age = seal_age
         self._cond = threading.Condition(threading.Lock())
@@ -307,11 +309,11 @@ def _seal_path(path: Path) -> Path:
 
 def recover_spool(data: Path) -> int:
     """Seal leftover ``.open`` segments (truncating torn tails, quarantining corruption); return the max seq."""
-    spool = data / "spool"
+    spool = spool_dir(data)
     top = 0
     for path in sorted(spool.glob(f"*{OPEN_SUFFIX}")):
         _recover_open(data, path)
-    for folder in (spool, spool / "done", data / "quarantine"):
+    for folder in (spool, spool_done_dir(data), quarantine_dir(data)):
         for path in folder.glob("seg-*"):
             try:
                 top = max(top, segment_seq(path))
@@ -345,7 +347,7 @@ def _recover_open(data: Path, path: Path) -> None:
 
 def _quarantine_open(data: Path, path: Path, intact: bytes) -> None:
     """Keep the intact prefix as a sealed segment; move the corrupt file to quarantine."""
-    quarantine = data / "quarantine"
+    quarantine = quarantine_dir(data)
     quarantine.mkdir(parents=True, exist_ok=True)
     logger.error("spool segment %s is corrupt after byte %d: quarantined", path.name, len(intact))
     _QUARANTINED.inc()

@@ -11,7 +11,6 @@ processes lock two different inodes under the same name).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -21,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from tracedag.schemas.errors import TracedagError
+from tracedag.schemas.fsio import lock_fd, open_lock_file
+from tracedag.schemas.layout import COLLECTOR_LOCK, lock_path
 
 logger = logging.getLogger(__name__)
-
-LOCK_NAME = "collector.lock"
-
 
 class StoreInUse(TracedagError):  # type: ignore[misc,unused-ignore]
     """Another running collector holds the data directory."""
@@ -56,17 +54,14 @@ class StoreLock:
 
     def __init__(self, data: Path) -> None:
         self.data = Path(data)
-        self.path = self.data / "state" / LOCK_NAME
+        self.path = lock_path(self.data, COLLECTOR_LOCK)
         self._fd: int | None = None
         self._holder: dict[str, Any] = {}
 
     def acquire(self) -> StoreLock:
         """Take the lock or raise ``StoreInUse`` naming the running collector."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        fd = open_lock_file(self.path)
+        if not lock_fd(fd, wait=False):
             holder = _read_holder(fd)
             os.close(fd)
             raise StoreInUse(self.data, holder) from None

@@ -28,9 +28,10 @@ from tracedag.pipeline.analysis.response import (
     variant_consistency,
 )
 from tracedag.pipeline.analysis.trajectories import Run, load_runs, runs_table, visits_table
-from tracedag.pipeline.store.files import write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
+from tracedag.schemas.layout import pictures_dir, table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def _analyze_runs(
 def _out_path(data: Path, output: Path | None, name: str) -> tuple[Path, str]:
     if output is not None:
         return output, name
-    return data / "tables" / name, name
+    return table_dir(data, name), name
 
 
 def write_outputs(result: AnalysisResult, data: Path, output: Path | None = None) -> dict[str, Path]:
@@ -150,7 +151,7 @@ def write_outputs(result: AnalysisResult, data: Path, output: Path | None = None
         directory, stem = _out_path(data, output, name)
         tagged = table.replace_schema_metadata({SCHEMA_KEY: f"{name}/v1".encode()})
         written[name] = write_parquet_atomic(tagged, directory, stem=stem)
-    pictures_dir = output if output is not None else data / "pictures"
-    result.pictures = write_pictures(result, pictures_dir)
+    folder = output if output is not None else pictures_dir(data)
+    result.pictures = write_pictures(result, folder)
     written.update({f"picture {agent}": p for agent, p in result.pictures.items()})
     return written

@@ -30,7 +30,7 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from tracedag.pipeline.ingest.dumps import ingest_dump
-    from tracedag.pipeline.ingest.segments import StoreWriter
+    from tracedag.pipeline.ingest.writer import StoreWriter
 
     console = Console(stderr=True)
     writer = StoreWriter(data)

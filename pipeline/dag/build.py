@@ -31,10 +31,13 @@ from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
 from tracedag.pipeline.dag.timing import stage
-from tracedag.pipeline.store.files import file_lock, parquet_files, table_dir, write_parquet_atomic
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.fsio import file_lock
+from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, lock_path, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +115,8 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
     )
 
 
-def _lock(data: Path) -> AbstractContextManager[None]:
-    return file_lock(data / "state" / "build.lock")
+def _lock(data: Path) -> AbstractContextManager[bool]:
+    return file_lock(lock_path(data, BUILD_LOCK))
 
 
 def _files_hash(data: Path) -> str:
@@ -127,14 +130,14 @@ def _files_hash(data: Path) -> str:
 
 def _load_state(data: Path) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = json.loads((data / "state" / "build.json").read_text(encoding="utf-8"))
+        state: dict[str, Any] = json.loads(build_state_file(data).read_text(encoding="utf-8"))
         return state
     except (OSError, ValueError):
         return {}
 
 
 def _save_state(data: Path, stats: BuildStats, marks: dict[str, Any]) -> None:
-    path = data / "state" / "build.json"
+    path = build_state_file(data)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({**marks, "last_build": asdict(stats)}, indent=2), encoding="utf-8")
     os.replace(tmp, path)
@@ -213,7 +216,7 @@ def _run(
 ) -> None:
     if not plan.chunks:
         return
-    tmp = data / "state" / "build-tmp" / stats.build_id
+    tmp = build_tmp_dir(data, stats.build_id)
     mark_inflight(data, stats.build_id)
     with _progress(progress, plan.spans) as advance, closing(chunk_tables(data, plan.chunks, tmp)) as tables:
         for i in range(len(plan.chunks)):

@@ -23,11 +23,12 @@ from tracedag.pipeline.demo import stages
 from tracedag.pipeline.demo.agent import booking_graph
 from tracedag.pipeline.demo.config import DemoConfig, DemoResult, Progress
 from tracedag.schemas.errors import TracedagError
+from tracedag.schemas.layout import TOP_LEVEL, graphs_dir
 
 logger = logging.getLogger(__name__)
 
 MARKER = ".tracedag-demo"
-_STORE_DIRS = {"spool", "tables", "state", "quarantine", "pictures", "graphs", MARKER}
+_STORE_DIRS = {*TOP_LEVEL, MARKER}
 class DataDirNotEmpty(TracedagError):  # type: ignore[misc,unused-ignore]
     """The data directory holds files the demo did not write; it is never wiped."""
 
@@ -49,7 +50,7 @@ def prepare_data_dir(data: Path, keep: bool) -> None:
 
 def write_graphs(data: Path) -> dict[str, Path]:
     """Write the example agent's graphs (agent-graph DSL JSON) under ``<data>/graphs/``."""
-    out = data / "graphs"
+    out = graphs_dir(data)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     for variant in booking_graph.VARIANTS:

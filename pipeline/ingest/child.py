@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tracedag.schemas.layout import converter_metrics_file
+
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "converter.metrics"
@@ -70,11 +72,11 @@ def batch_scheduling() -> None:
 def write_metrics(registry: Any, data: Path, name: str) -> None:
     """Replace ``<data>/state/<name>`` with the registry's Prometheus text (atomically)."""
     try:
-        state = data / "state"
-        state.mkdir(parents=True, exist_ok=True)
-        tmp = state / f"{name}.tmp"
+        final = converter_metrics_file(data, name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{name}.tmp")
         tmp.write_text(registry.render())
-        os.replace(tmp, state / name)
+        os.replace(tmp, final)
     except OSError as exc:
         logger.debug("cannot write converter metrics: %s", exc)
 

@@ -26,7 +26,7 @@ from typing import BinaryIO, Literal
 
 from tracedag.collector.decode import DecodeError, decode_request
 from tracedag.pipeline.convert.records import convert_records
-from tracedag.pipeline.ingest.segments import ConvertStats, StoreWriter
+from tracedag.pipeline.ingest.writer import ConvertStats, StoreWriter
 
 logger = logging.getLogger(__name__)
 

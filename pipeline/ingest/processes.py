@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS, SEALED_SUFFIX
 from tracedag.pipeline.ingest.child import METRICS_FILE, metrics_name
+from tracedag.schemas.layout import converter_metrics_file, spool_dir
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class ConverterProcess:
 
     def pending(self) -> int:
         """Return how many sealed segments wait for conversion."""
-        return sum(1 for _ in (self.data / "spool").glob(f"*{SEALED_SUFFIX}"))
+        return sum(1 for _ in spool_dir(self.data).glob(f"*{SEALED_SUFFIX}"))
 
     def flush(self, timeout: float = 120.0) -> bool:
         """Wait until every sealed segment is converted; return False on timeout."""
@@ -171,7 +172,7 @@ class ConverterProcess:
         texts = []
         for w in range(self.processes):
             try:
-                texts.append((self.data / "state" / metrics_name(w)).read_text())
+                texts.append(converter_metrics_file(self.data, metrics_name(w)).read_text())
             except OSError:
                 continue
         return merge_metrics(texts)

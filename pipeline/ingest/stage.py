@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 from tracedag.pipeline.convert.converted import Converted
 from tracedag.pipeline.convert.records import convert_records
 from tracedag.pipeline.normalize.evaluations import extract_evaluations
-from tracedag.pipeline.store.compact import parquet_options
 from tracedag.pipeline.store.dedupe import DedupeIndex
+from tracedag.pipeline.store.parquet import parquet_options
+from tracedag.schemas.layout import converter_stage_dir, state_dir
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class Staged:
 
 def stage_dir(data: Path, shard: int) -> Path:
     """Return (and create) the private staging directory of converter ``shard``."""
-    d = data / "state" / f"convert-{shard}"
+    d = converter_stage_dir(data, shard)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -60,7 +61,7 @@ def clean_stage_dir(data: Path, shard: int, shards: int = 1) -> None:
     """
     dirs = [stage_dir(data, shard)]
     if shard == 0:
-        dirs += [d for d in (data / "state").glob("convert-*") if not d.name[8:].isdigit() or int(d.name[8:]) >= shards]
+        dirs += [d for d in state_dir(data).glob("convert-*") if not d.name[8:].isdigit() or int(d.name[8:]) >= shards]
     for d in dirs:
         for f in d.iterdir():
             f.unlink(missing_ok=True)

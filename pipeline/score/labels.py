@@ -24,9 +24,10 @@ from tracedag.pipeline.score.evaluations_map import label_score
 from tracedag.pipeline.score.rows import ScoreRow, categorize, to_table
 from tracedag.pipeline.score.runner import score_lock
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
-from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.tables import HUMAN_LABELS_V1
 
 REQUIRED = ("trace_id", "span_id", "metric")
@@ -154,7 +155,7 @@ def _store_labels(data: Path, good: list[dict[str, Any]], result: ImportResult) 
         for r in fresh:
             r["imported_unix_nano"] = now
         table = pa.Table.from_pylist(fresh, schema=HUMAN_LABELS_V1)
-        result.path = store.write_parquet_atomic(table, store.table_dir(data, "human_labels"))
+        result.path = write_parquet_atomic(table, table_dir(data, "human_labels"))
         result.imported = len(fresh)
         write_human_scores(data)
     result.not_built = _count_not_built(data, fresh)
@@ -203,5 +204,5 @@ def write_human_scores(data: Path) -> Path:
     finally:
         con.close()
     table = to_table(_human_row(r) for r in rows)
-    path: Path = store.write_parquet_atomic(table, store.table_dir(data, "step_scores"), stem=HUMAN_FILE_STEM)
+    path: Path = write_parquet_atomic(table, table_dir(data, "step_scores"), stem=HUMAN_FILE_STEM)
     return path

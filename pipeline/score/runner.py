@@ -28,8 +28,10 @@ from tracedag.pipeline.score.judge_cache import JudgeCache
 from tracedag.pipeline.score.rows import ScoreRow, passing_table, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.rules import PASS_EXPLANATION, PASS_RULE, PASS_SCORE, score_step
-from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.fsio import file_lock
+from tracedag.schemas.layout import SCORE_LOCK, judge_cache_file, lock_path, table_dir
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
     from tracedag.pipeline.score.judge_client import JudgeTask
@@ -71,7 +73,7 @@ Advance = Callable[[str, int, int], None]  # (phase, steps done, total or -1 to 
 def _write(data: Path, rows: list[ScoreRow], stats: ScoreStats) -> None:
     if not rows:
         return
-    stats.files.append(store.write_parquet_atomic(to_table(rows), store.table_dir(data, "step_scores")))
+    stats.files.append(write_parquet_atomic(to_table(rows), table_dir(data, "step_scores")))
     stats.count(rows)
 
 
@@ -85,7 +87,7 @@ def _write_quiet(data: Path, keys: pa.Table, stats: ScoreStats) -> int:
     if keys.num_rows == 0:
         return 0
     table = passing_table(keys, PASS_RULE, PASS_EXPLANATION, PASS_SCORE)
-    stats.files.append(store.write_parquet_atomic(table, store.table_dir(data, "step_scores")))
+    stats.files.append(write_parquet_atomic(table, table_dir(data, "step_scores")))
     steps = len(set(zip(keys.column("trace_id").to_pylist(), keys.column("span_id").to_pylist(), strict=True)))
     stats.rows_by_source["rule"] += keys.num_rows
     stats.steps_by_source["rule"] += steps
@@ -154,7 +156,7 @@ def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, st
     if jstats.same_family_models:
         logger.warning("judge %s is of the same model family (%s) as the agent's %s: its grades may be biased",
                        cfg.model, family, ", ".join(jstats.same_family_models))
-    cache = JudgeCache(data / "state" / CACHE_FILE)
+    cache = JudgeCache(judge_cache_file(data, CACHE_FILE))
     judge = Judge(cfg, cache, jstats)
     try:
         advance("judge", 0, len(tasks))
@@ -185,9 +187,9 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
     return stats
 
 
-def score_lock(data: Path) -> AbstractContextManager[None]:
+def score_lock(data: Path) -> AbstractContextManager[bool]:
     """One scorer at a time per data directory (two would score the same builds twice)."""
-    return store.file_lock(data / "state" / "score.lock")
+    return file_lock(lock_path(data, SCORE_LOCK))
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,

@@ -34,45 +34,11 @@ import pyarrow.parquet as pq
 
 from tracedag.collector import faults
 from tracedag.pipeline.store.dedupe import DedupeIndex, read_sidecar, sidecar_path, write_sidecar
-from tracedag.pipeline.store.files import file_lock, fsync_dir, table_dir
+from tracedag.pipeline.store.parquet import parquet_options
+from tracedag.schemas.fsio import file_lock, fsync_dir
+from tracedag.schemas.layout import COMPACT_LOCK, compact_staging_dir, lock_path, table_dir
 
 logger = logging.getLogger(__name__)
-
-DICTIONARY_COLUMNS = [
-    "trace_id", "parent_span_id", "name", "service_name", "scope_name", "scope_version", "kind",
-    "status_code", "status_message", "batch_id", "quality_flags.list.element", "attributes.key_value.key",
-    "resource_attributes.key_value.key", "resource_attributes.key_value.value", "step_type", "step_name",
-    "agent_name", "tool_name", "model", "provider", "finish_reason", "error_type", "service_version",
-]
-"""Low-cardinality spans columns worth Parquet dictionary encoding; trying it on the large text
-columns (attribute values, input/output text) costs about half of the write time for nothing."""
-
-
-def parquet_options(table: pa.Table, fast: bool = False) -> dict[str, object]:
-    """Writer options: zstd (snappy when ``fast``), dictionary encoding only where it pays (spans).
-
-    The converters write ``fast`` files: snappy, and min/max statistics only on the columns
-    queries filter on (``STATISTICS_COLUMNS``); on agent spans that writes in 0.45x zstd's time
-    and 0.78x lz4's, and its files are 0.8x lz4's size. Compaction rewrites them with zstd and
-    full statistics.
-    """
-    names = set(table.schema.names)
-    use_dict: bool | list[str] = True
-    spans = "span_id" in names and "attributes" in names
-    if spans:
-        use_dict = [c for c in DICTIONARY_COLUMNS if c.split(".")[0] in names]
-    opts: dict[str, object] = {"compression": "snappy" if fast else "zstd", "use_dictionary": use_dict}
-    if fast and spans:
-        opts["write_statistics"] = [c for c in STATISTICS_COLUMNS if c in names]
-    return opts
-
-
-STATISTICS_COLUMNS = [
-    "trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "end_time_unix_nano", "received_unix_nano",
-    "name", "service_name", "status_code", "step_type", "step_name", "conversation_id", "run_id", "scenario_id",
-    "variant_id", "service_version", "batch_id",
-]
-"""Columns whose row-group min/max fresh (``fast``) files keep: the ones queries prune on."""
 
 GROUP_ROWS = 4096
 """Rows buffered per row group of a compacted file (the converters' row groups are 4096-span
@@ -125,12 +91,12 @@ class Compactor:
         self.data = data
         self.target_rows = target_rows
         self.max_open_files = max_open_files
-        self.staging_root = data / "state" / "compact"
+        self.staging_root = compact_staging_dir(data)
         self._clean: dict[Path, tuple[int, bool, int, int]] = {}  # partition -> state when not due
 
     def cleanup(self) -> None:
         """Remove staging directories left by a crash (the partitions themselves are complete)."""
-        with file_lock(self.data / "state" / "compact.lock"):
+        with file_lock(lock_path(self.data, COMPACT_LOCK)):
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -168,7 +134,7 @@ class Compactor:
         """
         now = time.time() if now_unix is None else now_unix
         stats = CompactStats()
-        with file_lock(self.data / "state" / "compact.lock"):
+        with file_lock(lock_path(self.data, COMPACT_LOCK)):
             self._cleanup()
             work = [(table, part) for table in ("spans", "evaluations") for part in self.due(table, now)]
             if work and prepare is not None:

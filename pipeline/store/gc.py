@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,8 +34,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store.files import fsync_dir, table_dir
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.fsio import fsync_dir
+from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +196,7 @@ def builds_of(path: Path) -> list[str | None]:
 
 def staging_root(data: Path) -> Path:
     """``<data>/state/dag-gc``: where the new state of a table directory is built."""
-    return data / "state" / "dag-gc"
+    return dag_gc_dir(data)
 
 
 def remove_staging(data: Path) -> None:
@@ -205,7 +207,7 @@ def remove_staging(data: Path) -> None:
 
 def inflight_path(data: Path) -> Path:
     """``state/build-inflight``: the id of the build writing files now."""
-    return data / "state" / "build-inflight"
+    return build_inflight_dir(data)
 
 
 def mark_inflight(data: Path, build_id: str | None) -> None:
@@ -234,3 +236,17 @@ def remove_crashed_build(data: Path) -> int:
     if removed:
         logger.info("removed %d files of crashed build %s", removed, build)
     return removed
+
+
+def prune_spool_done(data: Path, retention: float, now_unix: float | None = None) -> int:
+    """Delete converted segments older than ``retention`` seconds from ``spool/done/``; return how many."""
+    limit = (time.time() if now_unix is None else now_unix) - retention
+    pruned = 0
+    for seg in spool_done_dir(data).glob("seg-*"):
+        try:
+            if seg.stat().st_mtime < limit:
+                seg.unlink()
+                pruned += 1
+        except FileNotFoundError:
+            continue
+    return pruned

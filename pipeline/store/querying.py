@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
+from tracedag.schemas.layout import state_dir
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def init_sql(data: Path) -> str:
 
 def write_init_file(data: Path) -> Path:
     """Write ``<data>/state/duckdb_init.sql`` (the views) and return its path."""
-    state = data / "state"
+    state = state_dir(data)
     state.mkdir(parents=True, exist_ok=True)
     path = state / "duckdb_init.sql"
     tmp = path.with_name(path.name + ".tmp")

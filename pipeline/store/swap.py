@@ -5,13 +5,10 @@ See ``tracedag.pipeline.store.gc`` for the rules; this module does the file work
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +17,6 @@ import pyarrow.parquet as pq
 
 from tracedag.collector import faults
 from tracedag.pipeline.store.compact import exchange
-from tracedag.pipeline.store.files import fsync_dir, table_dir
 from tracedag.pipeline.store.gc import (
     PROTECTED,
     TABLES,
@@ -33,26 +29,12 @@ from tracedag.pipeline.store.gc import (
     remove_staging,
     staging_root,
 )
+from tracedag.schemas.fsio import file_lock, fsync_dir
+from tracedag.schemas.layout import SCORE_LOCK, lock_path, table_dir
 
 logger = logging.getLogger(__name__)
 
 ROW_GROUP = 64 * 1024
-
-
-@contextmanager
-def _try_lock(path: Path) -> Iterator[bool]:
-    """Take ``path``'s flock if free (yield True), else yield False at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
 
 
 def collect(data: Path, settings: GcSettings | None = None, compact: bool = False) -> GcStats:
@@ -66,7 +48,7 @@ def collect(data: Path, settings: GcSettings | None = None, compact: bool = Fals
         if table != "step_scores":
             collect_table(data, table, lv, cfg, compact, stats)
             continue
-        with _try_lock(data / "state" / "score.lock") as free:  # the scorer's lock (score.runner.score_lock)
+        with file_lock(lock_path(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.runner.score_lock)
             if free:
                 collect_table(data, table, lv, cfg, compact, stats)
             else:

@@ -19,7 +19,8 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
-from tracedag.pipeline.store.files import parquet_files, table_dir
+from tracedag.pipeline.store.files import parquet_files
+from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import (
     DAG_EDGES_V1,
@@ -112,7 +113,7 @@ _DERIVED_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 def _derived_tables(data: Path) -> list[str]:
     """Table directories other than the core tables (analysis outputs) that hold Parquet files."""
-    root = data / "tables"
+    root = tables_dir(data)
     if not root.is_dir():
         return []
     reserved = set(SCHEMAS) | {f"{t}_all" for t in _LATEST}

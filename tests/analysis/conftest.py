@@ -11,7 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 
 # tests/ on sys.path for the shared capture module (``from realspans import ...``)

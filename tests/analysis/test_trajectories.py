@@ -11,9 +11,10 @@ from realspans import langgraph_spans, to_table
 
 from tracedag.pipeline.analysis.trajectories import is_subsequence, load_runs
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.tables import STEP_SCORES_V1
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 
 MS = 1_000_000

@@ -19,11 +19,13 @@ from spanbuild import q, span, table, write_spans
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
-from tracedag.pipeline.store.files import parquet_files, table_dir, write_parquet_atomic
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.gc import GcSettings, staging_root
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import run_sql
 from tracedag.pipeline.store.swap import collect
 from tracedag.schemas.errors import QueryFailed
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.tables import STEP_SCORES_V1
 
 N_TRACES = 30

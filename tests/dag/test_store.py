@@ -10,7 +10,8 @@ from spanbuild import q, span, write_spans
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.schemas.layout import table_dir
 
 
 def test_trace_split_across_batches_arriving_root_last(tmp_path):

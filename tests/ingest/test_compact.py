@@ -14,9 +14,11 @@ from ingest_support import request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
 from tracedag.pipeline.convert.records import convert_records
-from tracedag.pipeline.ingest.segments import SpoolConverter, hour_of, write_atomic
+from tracedag.pipeline.ingest.segments import SpoolConverter
+from tracedag.pipeline.ingest.writer import hour_of
 from tracedag.pipeline.store.compact import Compactor, hour_closed
 from tracedag.pipeline.store.dedupe import write_sidecar
+from tracedag.pipeline.store.parquet import write_atomic
 from tracedag.pipeline.store.views import connect
 
 HOUR = 3600 * 10**9

@@ -17,7 +17,7 @@ from tracedag.pipeline.convert.pool import convert_parallel
 from tracedag.pipeline.convert.records import convert_fast, convert_records, convert_wire
 from tracedag.pipeline.convert.reference import convert_reference
 from tracedag.pipeline.convert.values import any_value_text
-from tracedag.pipeline.ingest.segments import write_atomic
+from tracedag.pipeline.store.parquet import write_atomic
 
 _TEXT = st.text(max_size=12)
 _I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

@@ -109,7 +109,8 @@ def test_evaluator_span_without_annotations_links_its_target():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+    from tracedag.pipeline.store.parquet import write_parquet_atomic
+    from tracedag.schemas.layout import table_dir
 
     data = tmp_path_factory.mktemp("data")
     for i, spans in enumerate(

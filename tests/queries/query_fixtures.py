@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tracedag.pipeline.store.files import table_dir, write_parquet_atomic
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, STEP_SCORES_V1, TRACES_V1
 

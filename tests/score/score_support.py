@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, EVALUATIONS_V1, TRACES_V1
 
@@ -43,10 +44,10 @@ class StoreBuilder:
         self.data = data
 
     def spans(self, rows: list[dict[str, Any]]) -> None:
-        store.write_parquet_atomic(_rows(SPANS_V1, rows), store.table_dir(self.data, "spans"))
+        write_parquet_atomic(_rows(SPANS_V1, rows), table_dir(self.data, "spans"))
 
     def evaluations(self, rows: list[dict[str, Any]]) -> None:
-        store.write_parquet_atomic(_rows(EVALUATIONS_V1, rows), store.table_dir(self.data, "evaluations"))
+        write_parquet_atomic(_rows(EVALUATIONS_V1, rows), table_dir(self.data, "evaluations"))
 
     def build(self, spans: list[dict[str, Any]], build_id: str = "b1", built: int = 10,
               edges: list[tuple[str, str]] = ()) -> None:
@@ -67,10 +68,10 @@ class StoreBuilder:
         tid0 = spans[0]["trace_id"]
         edge_rows = [{"trace_id": tid0, "build_id": build_id, "src_span_id": u, "dst_span_id": d,
                       "edge_kind": "sequence", "upstream_span_id": u, "downstream_span_id": d} for u, d in edges]
-        store.write_parquet_atomic(_rows(TRACES_V1, traces), store.table_dir(self.data, "traces"))
-        store.write_parquet_atomic(_rows(DAG_NODES_V1, nodes), store.table_dir(self.data, "dag_nodes"))
+        write_parquet_atomic(_rows(TRACES_V1, traces), table_dir(self.data, "traces"))
+        write_parquet_atomic(_rows(DAG_NODES_V1, nodes), table_dir(self.data, "dag_nodes"))
         if edge_rows:
-            store.write_parquet_atomic(_rows(DAG_EDGES_V1, edge_rows), store.table_dir(self.data, "dag_edges"))
+            write_parquet_atomic(_rows(DAG_EDGES_V1, edge_rows), table_dir(self.data, "dag_edges"))
 
 
 @pytest.fixture

@@ -108,12 +108,13 @@ def test_evaluations_from_real_instrumentation(tmp_path):
 
     from tracedag.pipeline.dag import build_store
     from tracedag.pipeline.normalize.evaluations import extract_evaluations
-    from tracedag.pipeline.store import files as store
+    from tracedag.pipeline.store.parquet import write_parquet_atomic
+    from tracedag.schemas.layout import table_dir
 
     data = tmp_path / "data"
     spans = to_table(genai_plain_spans())
-    store.write_parquet_atomic(spans, store.table_dir(data, "spans"))
-    store.write_parquet_atomic(extract_evaluations(spans), store.table_dir(data, "evaluations"))
+    write_parquet_atomic(spans, table_dir(data, "spans"))
+    write_parquet_atomic(extract_evaluations(spans), table_dir(data, "evaluations"))
     build_store(data, idle_seconds=0)
     stats = score_store(data)
     con = connect(data)

@@ -16,7 +16,9 @@ from tracedag.pipeline.score.labels import BadLabelFile, import_labels
 from tracedag.pipeline.score.rows import ScoreRow, to_table
 from tracedag.pipeline.score.taxonomy import load_taxonomy
 from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.layout import table_dir
 
 T = "c" * 32
 HUMAN = [1, 2, 5, 5, 3, 1]
@@ -49,7 +51,7 @@ def labelled(builder, tmp_path):
     cats = {0: tax.leaves["unfaithful_output"], 1: tax.leaves["timeout"]}
     judge_rows = [ScoreRow(T, f"s{i}", "b1", "quality", float(s), "judge", judge_model="m", category=cats.get(i))
                   for i, s in enumerate(JUDGE)]
-    store.write_parquet_atomic(to_table(judge_rows), store.table_dir(builder.data, "step_scores"))
+    write_parquet_atomic(to_table(judge_rows), table_dir(builder.data, "step_scores"))
     path = tmp_path / "labels.csv"
     path.write_text(CSV, encoding="utf-8")
     return builder.data, path

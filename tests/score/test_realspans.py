@@ -8,16 +8,17 @@ import pytest
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.normalize.evaluations import extract_evaluations
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.store import files as store
+from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.layout import table_dir
 
 
 def _score(data, spans):
     from realspans import to_table
 
     table = to_table(spans)
-    store.write_parquet_atomic(table, store.table_dir(data, "spans"))
-    store.write_parquet_atomic(extract_evaluations(table), store.table_dir(data, "evaluations"))
+    write_parquet_atomic(table, table_dir(data, "spans"))
+    write_parquet_atomic(extract_evaluations(table), table_dir(data, "evaluations"))
     build_store(data, idle_seconds=0)
     stats = score_store(data)
     con = connect(data)
