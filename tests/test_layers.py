@@ -46,3 +46,15 @@ def test_a_wrong_import_breaks_the_contracts(tmp_path):
     assert r.returncode == 1
     assert "tracedag.collector.spool -> tracedag.pipeline.dag" in r.stdout, r.stdout
     assert "tracedag.pipeline.normalize.rules -> tracedag.pipeline.ingest.segments" in r.stdout, r.stdout
+
+
+def test_tests_mirror_the_package_and_never_edit_sys_path():
+    tests = ROOT / "tests"
+    packages = {p.name for p in (ROOT / "pipeline").iterdir() if (p / "__init__.py").exists()}
+    packages |= {"collector", "queries", "schemas"}
+    areas = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert areas <= packages, sorted(areas - packages)
+    assert sorted(p.relative_to(tests).as_posix() for p in tests.rglob("conftest.py")) == ["conftest.py"]
+    edits = [p.relative_to(ROOT).as_posix() for p in tests.rglob("*.py")
+             if p.name != "test_layers.py" and ("sys.path.insert" in p.read_text() or "sys.path.append" in p.read_text())]
+    assert edits == []

@@ -39,6 +39,6 @@ def test_cli_imports_and_shows_help():
 
 
 def test_test_module_basenames_are_unique():
-    # tests/ has no __init__.py files, so pytest imports test modules by basename
+    # one name per test module keeps -k selections and reports unambiguous (tests/ has no __init__.py)
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

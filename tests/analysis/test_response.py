@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from realspans import chat_completion, fake_openai_server
 
+from tests.realspans import chat_completion, fake_openai_server
 from tracedag.pipeline.analysis.determinism import analyze_runs
 from tracedag.pipeline.analysis.response import (
     JudgeFailed,

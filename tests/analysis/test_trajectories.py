@@ -7,8 +7,8 @@ import json
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from realspans import langgraph_spans, to_table
 
+from tests.realspans import langgraph_spans, to_table
 from tracedag.pipeline.analysis.trajectories import is_subsequence, load_runs
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.parquet import write_parquet_atomic

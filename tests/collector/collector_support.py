@@ -144,18 +144,6 @@ def json_doc(spans: list[dict]) -> bytes:
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
 
 
-def pytest_collection_modifyitems(config, items):
-    """Slow soak/crash-loop tests of this folder run only when asked for with ``-m slow``."""
-    if "slow" in (config.getoption("-m") or ""):
-        return
-    keep, drop = [], []
-    for item in items:
-        (drop if item.get_closest_marker("slow") and HERE in Path(str(item.fspath)).parents else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 @dataclass
 class Issued:
     """A certificate and its key, as PEM files."""

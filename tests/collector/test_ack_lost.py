@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from test_exporters import _finished_spans
 
+from tests.collector.test_exporters import _finished_spans
 from tracedag.pipeline.store.views import connect
 
 

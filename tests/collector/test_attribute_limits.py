@@ -6,9 +6,9 @@ import hashlib
 
 import grpc
 import pytest
-from collector_support import PB, make_request, make_span, post
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from tests.collector.collector_support import PB, make_request, make_span, post
 from tracedag.collector.admission import TRUNCATED
 from tracedag.pipeline.service import CollectorConfig, start_collector
 from tracedag.pipeline.store.views import connect

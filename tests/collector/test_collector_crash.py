@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from collector_support import PB, make_request, make_span, post, start_process, stop_process
-from pinned_venv import PinnedVenv, client_env
 
+from tests.collector.collector_support import PB, make_request, make_span, post, start_process, stop_process
+from tests.pinned_venv import PinnedVenv, client_env
 from tracedag.pipeline.service import CollectorConfig, start_collector
 from tracedag.pipeline.store.views import connect
 

@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from collector_support import PB, make_request, make_span, post, spool_files
 
+from tests.collector.collector_support import PB, make_request, make_span, post, spool_files
 from tracedag.collector.admission import REFUSED
 from tracedag.pipeline.service import CollectorConfig, start_collector
 

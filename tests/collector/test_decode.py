@@ -6,12 +6,12 @@ import json
 import time
 
 import pytest
-from collector_support import EXAMPLE_JSON, make_request, make_span
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.collector.collector_support import EXAMPLE_JSON, make_request, make_span
 from tracedag.collector.decode import DecodeError, decode_request
 
 

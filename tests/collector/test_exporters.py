@@ -5,7 +5,6 @@ import time
 
 import grpc
 import pytest
-from collector_support import make_request, make_span, spool_files, stored
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -16,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.collector.collector_support import make_request, make_span, spool_files, stored
 from tracedag.collector import admission as service
 from tracedag.pipeline.service import CollectorConfig, start_collector
 

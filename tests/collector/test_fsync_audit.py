@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector_support import PB, make_request, make_span
-
+from tests.collector.collector_support import PB, make_request, make_span
 from tracedag.pipeline.store.views import connect
 
 STRACE = "/usr/bin/strace"

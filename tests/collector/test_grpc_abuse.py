@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from test_exporters import _finished_spans
 
+from tests.collector.test_exporters import _finished_spans
 from tracedag.collector.otlp_grpc import GrpcSettings, server_options
 
 # CVE-2023-44487 in gRPC core (which grpcio wraps): the chttp2 rollup of Rapid Reset fixes

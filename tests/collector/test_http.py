@@ -4,7 +4,11 @@ import gzip
 import http.client
 import json
 
-from collector_support import (
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from tests.collector.collector_support import (
     EXAMPLE_JSON,
     JSON,
     PB,
@@ -15,10 +19,6 @@ from collector_support import (
     spool_files,
     stored,
 )
-from google.rpc import status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-
 from tracedag.collector import otlp_http
 from tracedag.collector.spoolfmt import read_records
 from tracedag.pipeline.convert.values import attributes_text

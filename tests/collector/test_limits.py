@@ -8,9 +8,17 @@ import time
 import zlib
 
 import pytest
-from collector_support import JSON, make_request, make_span, post, rss_bytes, spool_files, stored
 from google.rpc import status_pb2
 
+from tests.collector.collector_support import (
+    JSON,
+    make_request,
+    make_span,
+    post,
+    rss_bytes,
+    spool_files,
+    stored,
+)
 from tracedag.collector import admission as service
 from tracedag.pipeline.service import CollectorConfig, start_collector
 

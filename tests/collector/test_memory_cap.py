@@ -7,8 +7,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
-
+from tests.collector.collector_support import (
+    make_request,
+    make_span,
+    post,
+    rss_bytes,
+    start_process,
+    stop_process,
+)
 from tracedag.pipeline.store.views import connect
 
 CLIENTS = 50

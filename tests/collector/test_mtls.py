@@ -16,13 +16,13 @@ import warnings
 
 import grpc
 import pytest
-from collector_support import issue_cert, make_ca
 from cryptography import x509
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from test_exporters import _finished_spans, _ids, _stored_ids
 
+from tests.collector.collector_support import issue_cert, make_ca
+from tests.collector.test_exporters import _finished_spans, _ids, _stored_ids
 from tracedag.pipeline.service import CollectorConfig, start_collector
 
 

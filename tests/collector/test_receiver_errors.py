@@ -9,7 +9,8 @@ import socket
 
 import grpc
 import pytest
-from collector_support import (
+
+from tests.collector.collector_support import (
     JSON,
     PB,
     make_request,
@@ -19,7 +20,6 @@ from collector_support import (
     start_process,
     stop_process,
 )
-
 from tracedag.collector.admission import INTERNAL_ERRORS
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

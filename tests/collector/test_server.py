@@ -2,8 +2,8 @@
 
 
 from click.testing import CliRunner
-from collector_support import make_request, make_span, post, stored, wait_until
 
+from tests.collector.collector_support import make_request, make_span, post, stored, wait_until
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.commands.collect import parse_size
 from tracedag.pipeline.service import CollectorConfig, start_collector

@@ -20,9 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from collector_support import make_request, make_span, post, rss_bytes, start_process, stop_process
-from pinned_venv import client_env
 
+from tests.collector.collector_support import (
+    make_request,
+    make_span,
+    post,
+    rss_bytes,
+    start_process,
+    stop_process,
+)
+from tests.pinned_venv import client_env
 from tracedag.pipeline.store.views import connect
 
 HERE = Path(__file__).resolve().parent

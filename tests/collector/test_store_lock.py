@@ -10,7 +10,8 @@ import sys
 import threading
 
 import pytest
-from collector_support import (
+
+from tests.collector.collector_support import (
     PB,
     make_request,
     make_span,
@@ -19,7 +20,6 @@ from collector_support import (
     stop_process,
     stored,
 )
-
 from tracedag.collector.server import PortUnavailable
 from tracedag.collector.storelock import StoreInUse
 from tracedag.pipeline.service import CollectorConfig, start_collector

@@ -11,14 +11,14 @@ import time
 
 import grpc
 import pytest
-from collector_support import JSON, PB, make_request, make_span, post, stored
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-from test_exporters import _finished_spans, _ids, _stored_ids
 
+from tests.collector.collector_support import JSON, PB, make_request, make_span, post, stored
+from tests.collector.test_exporters import _finished_spans, _ids, _stored_ids
 from tracedag.collector import spool as spool_mod
 from tracedag.pipeline.service import CollectorConfig, start_collector
 

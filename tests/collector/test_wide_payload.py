@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from collector_support import PB, make_request, make_span, post
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from tests.collector.collector_support import PB, make_request, make_span, post
 from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
 from tracedag.pipeline.store.views import connect
 

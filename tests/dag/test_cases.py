@@ -2,7 +2,8 @@
 
 import networkx as nx
 import pytest
-from spanbuild import Built, run, span
+
+from tests.dag.spanbuild import Built, run, span
 
 
 def check_invariants(b: Built) -> None:

@@ -8,8 +8,8 @@ each task's super-step; the reconstructed DAG must agree with it: order, loop it
 import json
 
 import pytest
-from realspans import langgraph_spans, to_table
 
+from tests.realspans import langgraph_spans, to_table
 from tracedag.pipeline.dag.reconstruct import reconstruct
 
 

@@ -4,9 +4,9 @@ the order of the input rows nor on how a trace was split into batches (duplicate
 import networkx as nx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from spanbuild import Built, span, table
-from test_cases import check_invariants
 
+from tests.dag.spanbuild import Built, span, table
+from tests.dag.test_cases import check_invariants
 from tracedag.pipeline.dag.reconstruct import reconstruct
 from tracedag.schemas.spans import SPANS_V1
 

@@ -6,8 +6,8 @@ import time
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from spanbuild import q, span, write_spans
 
+from tests.dag.spanbuild import q, span, write_spans
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.store.parquet import write_parquet_atomic

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +12,10 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name
+from tracedag.pipeline.store.views import connect
 
-from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name  # noqa: E402
-from tracedag.pipeline.store.views import connect  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_segment(data: Path, seq: int, records: list[tuple[bytes, int]]) -> Path:

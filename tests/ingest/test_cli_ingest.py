@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from ingest_support import otlp_json, otlp_json_line, request_ids, span_count, stored, stored_ids
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests
+from tests.ingest.ingest_support import otlp_json, otlp_json_line, request_ids, span_count, stored, stored_ids
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.ingest.dumps import read_dump
 

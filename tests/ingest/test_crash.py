@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from ingest_support import ROOT, request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
+from tests.ingest.ingest_support import ROOT, request_ids, stored, stored_ids, write_segment
 
 _CHILD = """
 import sys

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests
+from tests.ingest.ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from tracedag.pipeline.ingest.processes import merge_metrics
 from tracedag.pipeline.ingest.segments import SpoolConverter, claim
 from tracedag.pipeline.store.dedupe import DedupeIndex

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.gen import requests
+from tests.ingest.ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.spool import SpoolWriter
 from tracedag.collector.spoolfmt import HEADER_SIZE

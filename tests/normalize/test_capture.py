@@ -1,6 +1,6 @@
 """The shared capture fixtures (tests/realspans.py) really run the libraries and record ground truth."""
 
-from realspans import TOPICS, fake_openai_server, langgraph_spans
+from tests.realspans import TOPICS, fake_openai_server, langgraph_spans
 
 
 def test_langgraph_run_has_router_loop_fanout_and_validator_loop():

@@ -7,7 +7,8 @@ tool, which conversation, how many tokens, what went in and out.
 import json
 
 import pytest
-from realspans import TOPICS, genai_plain_spans, langgraph_spans, openai_spans, to_table
+
+from tests.realspans import TOPICS, genai_plain_spans, langgraph_spans, openai_spans, to_table
 
 NODE_NAMES = {"classify", "smalltalk", "agent", "tools", "write_section", "validator", "fixer"}
 

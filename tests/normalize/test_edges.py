@@ -2,8 +2,8 @@
 
 import pyarrow as pa
 import pytest
-from realspans import capture, genai_plain_spans, langgraph_spans, openai_spans, to_table
 
+from tests.realspans import capture, genai_plain_spans, langgraph_spans, openai_spans, to_table
 from tracedag.pipeline.normalize.spans import normalize
 from tracedag.pipeline.normalize.text import TEXT_CAP
 from tracedag.schemas.spans import BASE_SCHEMA, SPANS_V1

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 
+from tests.realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 from tracedag.pipeline.normalize import payloads as normalize_json
 from tracedag.pipeline.normalize import text as normalize_text
 from tracedag.pipeline.normalize.extract import (

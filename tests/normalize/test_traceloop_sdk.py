@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pinned_venv import PinnedVenv, client_env
-from realspans import chat_completion, fake_openai_server
 
+from tests.pinned_venv import PinnedVenv, client_env
+from tests.realspans import chat_completion, fake_openai_server
 from tracedag.pipeline.service import CollectorConfig, start_collector
 from tracedag.pipeline.store.views import connect
 

@@ -19,21 +19,21 @@ MINE = ("failures", "propagation", "root_causes", "amplification", "workflow_sco
         "trace_summary")
 
 
-def run(store: Path, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, [*args, "--data", str(store)])
+def run(query_store: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, [*args, "--data", str(query_store)])
     return result.exit_code, result.output
 
 
-def test_json_output_and_param_binding(store: Path) -> None:
-    code, out = run(store, "query", "root_causes", "--param", "strategy=weighted", "-p", "trace_id=t2-converge",
+def test_json_output_and_param_binding(query_store: Path) -> None:
+    code, out = run(query_store, "query", "root_causes", "--param", "strategy=weighted", "-p", "trace_id=t2-converge",
                     "--format", "json")
     assert code == 0, out
     got = json.loads(out)
     assert [(r["failed_span_id"], r["root_span_id"], r["strategy"]) for r in got] == [("j", "b1", "weighted")]
 
 
-def test_csv_output_flattens_lists(store: Path) -> None:
-    code, out = run(store, "query", "propagation", "-p", "trace_id=t2-converge", "--format", "csv")
+def test_csv_output_flattens_lists(query_store: Path) -> None:
+    code, out = run(query_store, "query", "propagation", "-p", "trace_id=t2-converge", "--format", "csv")
     assert code == 0, out
     got = {r["span_id"]: r for r in csv.DictReader(io.StringIO(out))}
     assert json.loads(got["j"]["nearest_failing_upstream"]) == ["a2", "b2"]
@@ -41,31 +41,31 @@ def test_csv_output_flattens_lists(store: Path) -> None:
     assert len(got) == 5
 
 
-def test_parquet_to_file(store: Path, tmp_path: Path) -> None:
+def test_parquet_to_file(query_store: Path, tmp_path: Path) -> None:
     target = tmp_path / "fail.parquet"
-    code, out = run(store, "query", "failures", "--format", "parquet", "--output", str(target))
+    code, out = run(query_store, "query", "failures", "--format", "parquet", "--output", str(target))
     assert code == 0, out
     assert pq.read_table(target).num_rows == 17
 
 
-def test_table_output(store: Path) -> None:
-    code, out = run(store, "query", "workflow_scores")
+def test_table_output(query_store: Path) -> None:
+    code, out = run(query_store, "query", "workflow_scores")
     assert code == 0, out
     assert "t5-clean" in out and "4.615" in out and "6 rows" in out
 
 
-def test_ad_hoc_sql(store: Path) -> None:
-    code, out = run(store, "query", "--sql", "select count(*) as n from spans", "--format", "csv")
+def test_ad_hoc_sql(query_store: Path) -> None:
+    code, out = run(query_store, "query", "--sql", "select count(*) as n from spans", "--format", "csv")
     assert code == 0, out
     assert list(csv.reader(io.StringIO(out))) == [["n"], ["25"]]
 
 
-def test_since_filters_by_trace_start(store: Path) -> None:
+def test_since_filters_by_trace_start(query_store: Path) -> None:
     # the fixture traces start at 2023-11-14T22:13:20Z plus 0, 1, ..., 5 s
-    code, out = run(store, "query", "trace_summary", "--since", "2023-11-14T22:13:22.500Z", "--format", "json")
+    code, out = run(query_store, "query", "trace_summary", "--since", "2023-11-14T22:13:22.500Z", "--format", "json")
     assert code == 0, out
     assert [r["trace_id"] for r in json.loads(out)] == ["t4-ties", "t5-clean", "t6-flat"]
-    code, out = run(store, "query", "failures", "--since", "1h", "--format", "json")
+    code, out = run(query_store, "query", "failures", "--since", "1h", "--format", "json")
     assert code == 0, out
     assert json.loads(out) == []
 
@@ -91,25 +91,25 @@ def test_since_parsing() -> None:
         (("query", "--sql", "select 1", "--since", "1h"), "named queries only"),
     ],
 )
-def test_errors_are_clean_messages(store: Path, args: tuple[str, ...], message: str) -> None:
-    code, out = run(store, *args)
+def test_errors_are_clean_messages(query_store: Path, args: tuple[str, ...], message: str) -> None:
+    code, out = run(query_store, *args)
     assert code != 0
     assert message in out
     assert "Traceback" not in out
 
 
-def test_injection_in_a_param_returns_no_extra_rows(store: Path) -> None:
-    code, out = run(store, "query", "failures", "-p", "trace_id=t1-chain' or '1'='1", "--format", "json")
+def test_injection_in_a_param_returns_no_extra_rows(query_store: Path) -> None:
+    code, out = run(query_store, "query", "failures", "-p", "trace_id=t1-chain' or '1'='1", "--format", "json")
     assert code == 0, out
     assert json.loads(out) == []
-    code, out = run(store, "query", "trace_summary", "-p", "trace_id=x'; drop view spans; --", "--format", "json")
+    code, out = run(query_store, "query", "trace_summary", "-p", "trace_id=x'; drop view spans; --", "--format", "json")
     assert code == 0, out
     assert json.loads(out) == []
-    code, out = run(store, "query", "--sql", "select count(*) as n from spans", "--format", "csv")
+    code, out = run(query_store, "query", "--sql", "select count(*) as n from spans", "--format", "csv")
     assert list(csv.reader(io.StringIO(out))) == [["n"], ["25"]]
 
 
-def test_queries_lists_descriptions(store: Path) -> None:
+def test_queries_lists_descriptions(query_store: Path) -> None:
     result = CliRunner().invoke(cli, ["queries"])
     assert result.exit_code == 0, result.output
     for name in MINE:
@@ -118,14 +118,14 @@ def test_queries_lists_descriptions(store: Path) -> None:
 
 
 def test_sql_prints_how_to_attach_and_the_init_file_defines_the_views(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    query_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import duckdb
 
     monkeypatch.setenv("PATH", "")  # no duckdb binary: print how to attach
-    code, out = run(store, "sql")
+    code, out = run(query_store, "sql")
     assert code == 0, out
-    init = store / "state" / "duckdb_init.sql"
+    init = query_store / "state" / "duckdb_init.sql"
     assert f"duckdb -init {init}" in out and "connect(" in out
     con = duckdb.connect()
     con.execute(init.read_text())

@@ -15,8 +15,8 @@ from tracedag.pipeline.store.views import connect
 from tracedag.queries import load
 
 
-def rows(store: Path, name: str, **params: str) -> list[dict[str, object]]:
-    return run_named(store, name, params).to_pylist()
+def rows(query_store: Path, name: str, **params: str) -> list[dict[str, object]]:
+    return run_named(query_store, name, params).to_pylist()
 
 
 def pick(result: list[dict[str, object]], *cols: str) -> list[tuple[object, ...]]:
@@ -27,8 +27,8 @@ def by_step(result: list[dict[str, object]], *cols: str) -> dict[str, tuple[obje
     return {str(r["span_id"]): tuple(r[c] for c in cols) for r in result}
 
 
-def test_failures_lists_every_failed_step_with_aggregated_score(store: Path) -> None:
-    got = pick(rows(store, "failures"), "trace_id", "span_id", "score", "source", "taxonomy_l1", "recovered")
+def test_failures_lists_every_failed_step_with_aggregated_score(query_store: Path) -> None:
+    got = pick(rows(query_store, "failures"), "trace_id", "span_id", "score", "source", "taxonomy_l1", "recovered")
     assert got == [
         ("t1-chain", "r", 2.0, "judge", "planning", False),
         ("t1-chain", "s1", 1.0, "rule", "tool_execution", False),
@@ -52,21 +52,21 @@ def test_failures_lists_every_failed_step_with_aggregated_score(store: Path) -> 
     ]
 
 
-def test_failures_carry_conversation_and_time(store: Path) -> None:
-    first = rows(store, "failures", trace_id="t3-retry")[0]
+def test_failures_carry_conversation_and_time(query_store: Path) -> None:
+    first = rows(query_store, "failures", trace_id="t3-retry")[0]
     assert (first["conversation_id"], first["taxonomy_l2"], first["duration_ms"]) == ("c2", "rate_limit", 10.0)
     assert str(first["start_time"]) == "2023-11-14 22:13:22.010000"
 
 
-def test_fail_threshold_is_a_parameter(store: Path) -> None:
+def test_fail_threshold_is_a_parameter(query_store: Path) -> None:
     # at threshold 1.0 only the steps scored 1.0 fail
-    got = {(r["trace_id"], r["span_id"]) for r in rows(store, "failures", fail_threshold="1.0")}
+    got = {(r["trace_id"], r["span_id"]) for r in rows(query_store, "failures", fail_threshold="1.0")}
     assert got == {("t1-chain", "s1"), ("t2-converge", "a2"), ("t2-converge", "j"), ("t3-retry", "c1"),
                    ("t4-ties", "x"), ("t4-ties", "y"), ("t6-flat", "f1")}
 
 
-def test_linear_chain_one_root_rest_propagated_chain_lengths(store: Path) -> None:
-    got = by_step(rows(store, "propagation", trace_id="t1-chain"),
+def test_linear_chain_one_root_rest_propagated_chain_lengths(query_store: Path) -> None:
+    got = by_step(rows(query_store, "propagation", trace_id="t1-chain"),
                   "kind", "nearest_failing_upstream", "failing_upstream", "chain_length")
     assert got == {
         "s1": ("originating", [], [], 0),
@@ -78,8 +78,8 @@ def test_linear_chain_one_root_rest_propagated_chain_lengths(store: Path) -> Non
     }
 
 
-def test_two_failing_branches_converge_in_a_join(store: Path) -> None:
-    got = by_step(rows(store, "propagation", trace_id="t2-converge"),
+def test_two_failing_branches_converge_in_a_join(query_store: Path) -> None:
+    got = by_step(rows(query_store, "propagation", trace_id="t2-converge"),
                   "kind", "nearest_failing_upstream", "failing_upstream", "chain_length")
     assert got == {
         "a1": ("originating", [], [], 0),
@@ -90,20 +90,20 @@ def test_two_failing_branches_converge_in_a_join(store: Path) -> None:
     }
 
 
-def test_failure_recovered_by_retry_does_not_propagate(store: Path) -> None:
+def test_failure_recovered_by_retry_does_not_propagate(query_store: Path) -> None:
     # m is downstream of c1 (c1 -> c2 -> m) but c1 was recovered by c2, so m originates
-    got = by_step(rows(store, "propagation", trace_id="t3-retry"), "kind", "recovered", "failing_upstream")
+    got = by_step(rows(query_store, "propagation", trace_id="t3-retry"), "kind", "recovered", "failing_upstream")
     assert got == {"c1": ("originating", True, []), "m": ("originating", False, [])}
 
 
-def test_flat_trace_failures_are_all_originating(store: Path) -> None:
-    got = by_step(rows(store, "propagation", trace_id="t6-flat"), "kind", "chain_length")
+def test_flat_trace_failures_are_all_originating(query_store: Path) -> None:
+    got = by_step(rows(query_store, "propagation", trace_id="t6-flat"), "kind", "chain_length")
     assert got == {"f1": ("originating", 0), "f2": ("originating", 0)}
 
 
-def test_trace_without_failures_has_no_rows(store: Path) -> None:
+def test_trace_without_failures_has_no_rows(query_store: Path) -> None:
     for name in ("failures", "propagation", "root_causes"):
-        assert rows(store, name, trace_id="t5-clean") == []
+        assert rows(query_store, name, trace_id="t5-clean") == []
 
 
 ROOT_COLS = ("trace_id", "failed_span_id", "root_span_id", "root_score", "hops")
@@ -121,14 +121,14 @@ ROOT_COLS = ("trace_id", "failed_span_id", "root_span_id", "root_score", "hops")
     ],
 )
 def test_the_three_strategies_differ_on_the_convergence_trace(
-    store: Path, strategy: str, expected: tuple[object, ...]
+    query_store: Path, strategy: str, expected: tuple[object, ...]
 ) -> None:
-    got = pick(rows(store, "root_causes", trace_id="t2-converge", strategy=strategy), *ROOT_COLS)
+    got = pick(rows(query_store, "root_causes", trace_id="t2-converge", strategy=strategy), *ROOT_COLS)
     assert got == [expected]
 
 
-def test_root_causes_per_trace_greedy(store: Path) -> None:
-    got = pick(rows(store, "root_causes"), *ROOT_COLS, "kind", "failed_steps_in_trace")
+def test_root_causes_per_trace_greedy(query_store: Path) -> None:
+    got = pick(rows(query_store, "root_causes"), *ROOT_COLS, "kind", "failed_steps_in_trace")
     assert got == [
         # r's failing predecessors s1 (1.0), s2, s3 (2.0), s4 (1.5): lowest is s1, one hop
         ("t1-chain", "r", "s1", 1.0, 1, "propagated", 5),
@@ -142,40 +142,40 @@ def test_root_causes_per_trace_greedy(store: Path) -> None:
     ]
 
 
-def test_root_causes_per_step_follow_the_chain(store: Path) -> None:
+def test_root_causes_per_step_follow_the_chain(query_store: Path) -> None:
     got = by_step([dict(r, span_id=r["failed_span_id"]) for r in
-                   rows(store, "root_causes", trace_id="t1-chain", per="step")], "root_span_id", "hops")
+                   rows(query_store, "root_causes", trace_id="t1-chain", per="step")], "root_span_id", "hops")
     assert got == {"r": ("s1", 1), "s1": ("s1", 0), "s2": ("s1", 1), "s3": ("s1", 2), "s4": ("s1", 3)}
 
 
-def test_root_causes_per_step_full_path_min_on_chain_uses_longest_path_hops(store: Path) -> None:
+def test_root_causes_per_step_full_path_min_on_chain_uses_longest_path_hops(query_store: Path) -> None:
     got = {r["failed_span_id"]: (r["root_span_id"], r["hops"]) for r in
-           rows(store, "root_causes", trace_id="t1-chain", per="step", strategy="full_path_min")}
+           rows(query_store, "root_causes", trace_id="t1-chain", per="step", strategy="full_path_min")}
     assert got == {"r": ("s1", 4), "s1": ("s1", 0), "s2": ("s1", 1), "s3": ("s1", 2), "s4": ("s1", 3)}
 
 
-def test_ties_resolved_by_earliest_start_in_every_strategy(store: Path) -> None:
+def test_ties_resolved_by_earliest_start_in_every_strategy(query_store: Path) -> None:
     for strategy in ("greedy", "full_path_min", "weighted"):
-        got = pick(rows(store, "root_causes", trace_id="t4-ties", strategy=strategy), "root_span_id")
+        got = pick(rows(query_store, "root_causes", trace_id="t4-ties", strategy=strategy), "root_span_id")
         assert got == [("x",)], strategy
 
 
-def test_recovered_failure_is_its_own_root_per_step(store: Path) -> None:
+def test_recovered_failure_is_its_own_root_per_step(query_store: Path) -> None:
     got = {r["failed_span_id"]: (r["root_span_id"], r["recovered"]) for r in
-           rows(store, "root_causes", trace_id="t3-retry", per="step")}
+           rows(query_store, "root_causes", trace_id="t3-retry", per="step")}
     assert got == {"c1": ("c1", True), "m": ("m", False)}
 
 
-def test_sql_guards_the_strategy_when_run_directly(store: Path) -> None:
-    con = connect(store)
+def test_sql_guards_the_strategy_when_run_directly(query_store: Path) -> None:
+    con = connect(query_store)
     params = {"fail_threshold": 2.0, "since_ns": 0, "trace_id": "", "strategy": "bogus", "per": "trace",
               "max_hops": 1000}
     with pytest.raises(duckdb.Error, match="strategy must be"):
         con.execute(load("root_causes"), params).fetchall()
 
 
-def test_amplification_per_category(store: Path) -> None:
-    got = pick(rows(store, "amplification"), "category", "failures", "originating", "propagated", "recovered",
+def test_amplification_per_category(query_store: Path) -> None:
+    got = pick(rows(query_store, "amplification"), "category", "failures", "originating", "propagated", "recovered",
                "propagated_share", "downstream_failures", "amplification_factor")
     assert got == [
         # s1 reaches s2, s3, s4, r; a1 reaches a2, j; b1 reaches b2, j; c1 was recovered: (4+2+2)/3
@@ -190,6 +190,6 @@ def test_amplification_per_category(store: Path) -> None:
     ]
 
 
-def test_amplification_level_two(store: Path) -> None:
-    got = {r["category"]: r["failures"] for r in rows(store, "amplification", level="2")}
+def test_amplification_level_two(query_store: Path) -> None:
+    got = {r["category"]: r["failures"] for r in rows(query_store, "amplification", level="2")}
     assert got == {"rate_limit": 1, "unfaithful": 1, "unclassified": 15}

@@ -9,8 +9,8 @@ import pytest
 from tracedag.pipeline.store.querying import run_named
 
 
-def rows(store: Path, name: str, **params: str) -> list[dict[str, object]]:
-    return run_named(store, name, params).to_pylist()
+def rows(query_store: Path, name: str, **params: str) -> list[dict[str, object]]:
+    return run_named(query_store, name, params).to_pylist()
 
 
 # weight = 1 + call-tree descendants; score = sum(w) / sum(w / s); unscored steps count as 5.
@@ -30,14 +30,14 @@ WORKFLOW = {
 }
 
 
-def test_workflow_scores_weighted_harmonic_mean(store: Path) -> None:
+def test_workflow_scores_weighted_harmonic_mean(query_store: Path) -> None:
     got = {r["trace_id"]: (r["steps"], r["scored_steps"], r["failed_steps"], r["workflow_score"], r["passed"])
-           for r in rows(store, "workflow_scores")}
+           for r in rows(query_store, "workflow_scores")}
     assert got == {k: (*v[:3], pytest.approx(v[3]), v[4]) for k, v in WORKFLOW.items()}
 
 
-def test_workflow_scores_leave_unscored_steps_out_when_asked(store: Path) -> None:
-    got = {r["trace_id"]: r["workflow_score"] for r in rows(store, "workflow_scores", unscored_score="-1")}
+def test_workflow_scores_leave_unscored_steps_out_when_asked(query_store: Path) -> None:
+    got = {r["trace_id"]: r["workflow_score"] for r in rows(query_store, "workflow_scores", unscored_score="-1")}
     # t2 without r2: 5 / (1/2 + 1 + 2/3 + 1/2 + 1) = 15/11; t4 without r4: 4 / 2.75; t6 without f0: 2 / 1.5
     assert got["t2-converge"] == pytest.approx(15 / 11)
     assert got["t4-ties"] == pytest.approx(4 / 2.75)
@@ -45,13 +45,13 @@ def test_workflow_scores_leave_unscored_steps_out_when_asked(store: Path) -> Non
     assert got["t1-chain"] == pytest.approx(54 / 31)
 
 
-def test_pass_threshold_is_a_parameter(store: Path) -> None:
-    got = {r["trace_id"] for r in rows(store, "workflow_scores", pass_threshold="2.3") if r["passed"]}
+def test_pass_threshold_is_a_parameter(query_store: Path) -> None:
+    got = {r["trace_id"] for r in rows(query_store, "workflow_scores", pass_threshold="2.3") if r["passed"]}
     assert got == {"t3-retry", "t4-ties", "t5-clean"}  # 2.545, 2.4, 4.615 >= 2.3; t2's 2.260 is not
 
 
-def test_step_stats_per_step(store: Path) -> None:
-    got = {(r["step_type"], r["step_name"]): r for r in rows(store, "step_stats") if r["grain"] == "step"}
+def test_step_stats_per_step(query_store: Path) -> None:
+    got = {(r["step_type"], r["step_name"]): r for r in rows(query_store, "step_stats") if r["grain"] == "step"}
     answer = got[("llm", "answer")]  # s3 (9 ms, failed, gpt-4o 1000/200) and q (20 ms, ok, gpt-4o 500/100)
     assert (answer["runs"], answer["failures"], answer["failure_rate"]) == (2, 1, 0.5)
     assert answer["p50_ms"] == pytest.approx(14.5)
@@ -65,8 +65,8 @@ def test_step_stats_per_step(store: Path) -> None:
     assert len(got) == 22
 
 
-def test_step_stats_turn_latency(store: Path) -> None:
-    turn = [r for r in rows(store, "step_stats") if r["grain"] == "turn"]
+def test_step_stats_turn_latency(query_store: Path) -> None:
+    turn = [r for r in rows(query_store, "step_stats") if r["grain"] == "turn"]
     assert len(turn) == 1
     t = turn[0]
     # trace durations 100, 50, 60, 50, 30, 40 ms -> sorted 30 40 50 50 60 100
@@ -77,16 +77,16 @@ def test_step_stats_turn_latency(store: Path) -> None:
     assert t["cost_usd"] == pytest.approx((1500 * 2.5 + 300 * 10 + 2000 * 0.15 + 1000 * 0.6) / 1e6)
 
 
-def test_step_stats_default_price_for_unknown_models(store: Path) -> None:
-    got = {r["step_name"]: r["cost_usd"] for r in rows(store, "step_stats", default_input_per_mtok="1000")}
+def test_step_stats_default_price_for_unknown_models(query_store: Path) -> None:
+    got = {r["step_name"]: r["cost_usd"] for r in rows(query_store, "step_stats", default_input_per_mtok="1000")}
     assert got["answer"] == pytest.approx((1500 * 2.50 + 300 * 10.00) / 1e6)  # known model: list price
     assert got["search"] == 0.0  # no tokens, nothing to pay
 
 
-def test_trace_summary_one_row_per_trace(store: Path) -> None:
+def test_trace_summary_one_row_per_trace(query_store: Path) -> None:
     got = {r["trace_id"]: (r["failed_steps"], r["unrecovered_failures"], r["originating_failures"],
                            r["root_cause_span_id"], r["root_cause_category"], r["passed"], r["method"])
-           for r in rows(store, "trace_summary")}
+           for r in rows(query_store, "trace_summary")}
     assert got == {
         "t1-chain": (5, 5, 1, "s1", "tool_execution", False, "inferred"),
         "t2-converge": (5, 5, 2, "a1", "tool_execution", False, "inferred"),
@@ -95,5 +95,5 @@ def test_trace_summary_one_row_per_trace(store: Path) -> None:
         "t5-clean": (0, 0, 0, None, None, True, "inferred"),
         "t6-flat": (2, 2, 2, "f2", "unclassified", False, "flat"),
     }
-    scores = {r["trace_id"]: r["workflow_score"] for r in rows(store, "trace_summary")}
+    scores = {r["trace_id"]: r["workflow_score"] for r in rows(query_store, "trace_summary")}
     assert scores == {k: pytest.approx(v[3]) for k, v in WORKFLOW.items()}

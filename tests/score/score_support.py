@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,6 @@ from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, EVALUATIONS_V1, TRACES_V1
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/realspans.py
 
 
 def _rows(schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Table:

@@ -5,8 +5,8 @@ through the real normalization, evaluation extraction and DAG build."""
 from __future__ import annotations
 
 import pytest
-from score_support import span
 
+from tests.score.score_support import span
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.evaluations_map import MapStats, detect_scale, map_evaluations, map_one
 from tracedag.pipeline.store.views import connect
@@ -104,8 +104,7 @@ def test_evaluations_from_hand_built_store(builder):
 
 
 def test_evaluations_from_real_instrumentation(tmp_path):
-    from realspans import genai_plain_spans, to_table
-
+    from tests.realspans import genai_plain_spans, to_table
     from tracedag.pipeline.dag import build_store
     from tracedag.pipeline.normalize.evaluations import extract_evaluations
     from tracedag.pipeline.store.parquet import write_parquet_atomic

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from score_support import span
 
+from tests.score.score_support import span
 from tracedag.pipeline.score import JudgeConfig, score_store
 from tracedag.pipeline.score.judge import model_family, parse_verdict
 from tracedag.pipeline.score.judge_client import retry_after_seconds

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from score_support import span
 
+from tests.score.score_support import span
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.agreement import agreement, agreement_report, cohen_kappa, to_class

@@ -14,7 +14,7 @@ from tracedag.schemas.layout import table_dir
 
 
 def _score(data, spans):
-    from realspans import to_table
+    from tests.realspans import to_table
 
     table = to_table(spans)
     write_parquet_atomic(table, table_dir(data, "spans"))
@@ -31,7 +31,7 @@ def _score(data, spans):
 
 
 def test_langgraph_openinference_run_has_no_false_failures(tmp_path):
-    from realspans import langgraph_spans
+    from tests.realspans import langgraph_spans
 
     stats, rows, nodes = _score(tmp_path / "data", langgraph_spans().spans)
     assert rows == []  # a healthy graph run (router, tools, loops, fan-out): no rule fires
@@ -40,7 +40,7 @@ def test_langgraph_openinference_run_has_no_false_failures(tmp_path):
 
 @pytest.mark.parametrize("latest", [True, False])
 def test_openai_instrumentation_failure_is_an_http_error(tmp_path, latest):
-    from realspans import openai_spans
+    from tests.realspans import openai_spans
 
     stats, rows, _ = _score(tmp_path / "data", openai_spans(latest=latest))
     # the scripted 500 "upstream overloaded" completion; the tool-calling turn stays healthy
@@ -55,7 +55,8 @@ def _looping_graph_spans():
     from langgraph.errors import GraphRecursionError
     from langgraph.graph import END, START, StateGraph
     from openinference.instrumentation.langchain import LangChainInstrumentor
-    from realspans import capture
+
+    from tests.realspans import capture
 
     class State(TypedDict):
         n: int

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from score_support import span
 
+from tests.score.score_support import span
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.rules import RULES, StepFacts, score_step
 from tracedag.pipeline.score.taxonomy import load_taxonomy

@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from spanbuild import q, span, table, write_spans
 
+from tests.dag.spanbuild import q, span, table, write_spans
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.store.files import parquet_files

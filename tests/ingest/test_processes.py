@@ -11,8 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from collector_support import make_request, make_span, stored, wait_until
-
+from tests.collector.collector_support import make_request, make_span, stored, wait_until
 from tracedag.collector.spoolfmt import SEALED_SUFFIX, encode_record, segment_name
 from tracedag.pipeline.ingest.processes import ConverterProcess
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow.parquet as pq
-from ingest_support import request_ids, stored, stored_ids, write_segment
 
 from bench.gen import requests
+from tests.ingest.ingest_support import request_ids, stored, stored_ids, write_segment
 from tracedag.pipeline.convert.records import convert_records
 from tracedag.pipeline.ingest.segments import SpoolConverter
 from tracedag.pipeline.ingest.writer import hour_of

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,11 +13,6 @@ import pytest
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
-
-# tests/ on sys.path for the shared capture module (``from realspans import ...``)
-_TESTS = str(Path(__file__).resolve().parents[1])
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
 
 _ids = itertools.count(1)
 

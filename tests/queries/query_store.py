@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from query_fixtures import Score, Step, Trace, write_store
+
+from tests.queries.query_fixtures import Score, Step, Trace, write_store
 
 # T1 chain: s1 -> s2 -> s3 -> s4 under agent r; every step fails, s1 first.
 CHAIN = Trace(
@@ -87,6 +88,6 @@ ALL = [CHAIN, CONVERGE, RETRY, TIES, CLEAN, FLAT]
 
 
 @pytest.fixture(scope="session")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def query_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data directory holding the six fixture traces."""
     return write_store(tmp_path_factory.mktemp("qstore"), ALL)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from ingest_support import write_segment
 
 from bench.gen import requests
+from tests.ingest.ingest_support import write_segment
 from tracedag.pipeline.ingest.segments import SpoolConverter
 from tracedag.pipeline.store.querying import _file_vanished, run_sql
 

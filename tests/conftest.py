@@ -1,0 +1,27 @@
+"""The one conftest of the suite: the shared fixtures, by name, and the rule for slow tests.
+
+Tests import their helpers as ``tests.<area>.<module>`` (pytest runs with ``--import-mode=importlib``
+and the repository root on its ``pythonpath``, set in pyproject.toml); nothing edits ``sys.path``.
+"""
+
+from __future__ import annotations
+
+from tests.analysis.analysis_support import store
+from tests.collector.collector_support import collector, small_collector
+from tests.ingest.ingest_support import data
+from tests.queries.query_store import query_store
+from tests.score.score_support import builder
+
+__all__ = ["builder", "collector", "data", "query_store", "small_collector", "store"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow soak, crash-loop and fuzzing tests run only when asked for with ``-m slow``."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("slow") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
