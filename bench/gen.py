@@ -227,7 +227,7 @@ def make_store(data_dir: Path | str, n_spans: int, seed: int = 0) -> int:
     The batches go through the ingest converter, so the store has the same layout and
     partitions as one filled by the collector.
     """
-    from tracedag.pipeline.ingest.segments import ingest_requests
+    from tracedag.pipeline.ingest.direct import ingest_requests
 
     return ingest_requests(Path(data_dir), requests(n_spans, seed), received_unix_nano=time.time_ns())
 

@@ -37,6 +37,10 @@ DONE_RETENTION_SECONDS = 24 * 3600.0
 
 OPEN_SUFFIX = ".open"
 SEALED_SUFFIX = ".sealed"
+FILLING_SUFFIX = ".filling"
+"""A file segment while ``tracedag ingest`` writes it (never converted; removed when abandoned)."""
+FILE_TAG = "file"
+"""Segments written by ``tracedag ingest`` (not by the collector) are named ``seg-<seq>.file.<state>``."""
 
 
 def encode_header(payload: bytes, received_unix_nano: int) -> bytes:
@@ -153,6 +157,17 @@ def _classify_rest(data: bytes, pos: int) -> Literal["torn", "corrupt"]:
 def segment_name(seq: int, suffix: str) -> str:
     """Return the file name of segment ``seq`` in the given state."""
     return f"seg-{seq:020d}{suffix}"
+
+
+def file_segment_name(seq: int, suffix: str) -> str:
+    """Return the file name of segment ``seq`` written from a dump file (``tracedag ingest``)."""
+    return f"seg-{seq:020d}.{FILE_TAG}{suffix}"
+
+
+def segment_stem(path: Path) -> str:
+    """The batch id of a segment's spans: ``seg-<seq>``, or ``seg-<seq>-file`` for a file segment."""
+    parts = path.name.split(".")
+    return f"{parts[0]}-{FILE_TAG}" if len(parts) > 2 and parts[1] == FILE_TAG else parts[0]
 
 
 def segment_seq(path: Path) -> int:

@@ -90,6 +90,11 @@ def converter_stage_dir(data: Path, shard: int) -> Path:
     return data / STATE / f"convert-{shard}"
 
 
+def ingest_stage_dir(data: Path, pid: int) -> Path:
+    """Where the ``tracedag ingest`` process ``pid`` stages its segments' Parquet before committing it."""
+    return data / STATE / f"ingest-{pid}"
+
+
 def converter_metrics_file(data: Path, name: str) -> Path:
     """A converter process's metrics text (merged into the collector's ``/metrics``)."""
     return data / STATE / name

@@ -18,7 +18,8 @@ data_option: Callable[[_F], _F] = _shared_data_option
 @click.command("build")
 @data_option
 @click.option("--idle", "idle", default=30.0, show_default=True, type=float,
-              help="A trace is complete once no span arrived for it for this many seconds.")
+              help="A live trace is complete once no span arrived for it for this many seconds "
+                   "(traces loaded by tracedag ingest are complete at once).")
 @click.option("--full", is_flag=True, help="Rebuild every complete trace, not only new or changed ones.")
 @click.option("--spec", "spec", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Workflow spec (YAML/JSON): steps and allowed dependencies; deviant traces are flagged.")

@@ -23,23 +23,22 @@ if TYPE_CHECKING:
 def ingest(files: tuple[Path, ...], data: Path) -> None:
     """Load OTLP dumps: JSON lines, one JSON document, or length-prefixed protobuf (format detected).
 
-    Spans are validated like the collector does, de-duplicated on (trace_id, span_id) against what is
-    already stored, and written to the spans table. A bad line is reported and skipped.
+    Spans are validated like the collector does and take its road: spool segments, converted at once
+    (de-duplicated on (trace_id, span_id) against what is already stored). A bad line is reported and
+    skipped. Their traces are complete: `tracedag build` builds them without the idle wait.
     """
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from tracedag.pipeline.ingest.dumps import ingest_dump
-    from tracedag.pipeline.ingest.writer import StoreWriter
 
     console = Console(stderr=True)
-    writer = StoreWriter(data)
     results = []
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         for path in files:
             task = progress.add_task(path.name, total=_size(path))
-            results.append(ingest_dump(writer, path, functools.partial(_advance, progress, task)))
+            results.append(ingest_dump(data, path, functools.partial(_advance, progress, task)))
     _summary(Console(), results)
     if any(r.summary.bad_items for r in results):
         for r in results:

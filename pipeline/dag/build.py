@@ -46,10 +46,13 @@ CHUNK_SPANS = 500_000
 
 _CANDIDATES_SQL = """
 with s as (
-    select trace_id, max(received_unix_nano) as last_received, count(distinct span_id) as n
+    select trace_id, max(received_unix_nano) as last_received, count(distinct span_id) as n,
+           -- spans from files (tracedag ingest) are complete when their file is: no idle wait for them
+           max(received_unix_nano) filter (where not (batch_id like '%-file' or batch_id like 'file-%'))
+               as last_live
     from spans group by trace_id
 )
-select s.trace_id, s.n, s.last_received,
+select s.trace_id, s.n, s.last_received, coalesce(s.last_live, 0) as last_live,
        t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
            or t.span_count is distinct from s.n as changed
 from s left join traces t using (trace_id)
@@ -95,7 +98,7 @@ class Plan:
 def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int) -> Plan:
     """Pick the complete traces that are new or changed (all complete ones with ``full``)."""
     t = arrow(con, _CANDIDATES_SQL)
-    last = np.asarray(t.column("last_received").to_numpy(zero_copy_only=False), dtype=np.int64)
+    last = np.asarray(t.column("last_live").to_numpy(zero_copy_only=False), dtype=np.int64)
     n = np.asarray(t.column("n").to_numpy(zero_copy_only=False), dtype=np.int64)
     changed = np.asarray(t.column("changed").to_numpy(zero_copy_only=False), dtype=np.bool_)
     pending = last > now_ns - idle_ns

@@ -7,26 +7,26 @@
   serialized ``ExportTraceServiceRequest``.
 A gzip-compressed file of any of these is read transparently. The format is detected from the
 first bytes. Every item is decoded with the collector's decoder (spec-exact OTLP/JSON, id
-validation), so a dump is accepted exactly as the same data sent to ``tracedag collect`` would be.
-A bad item is reported with its line (or record number) and skipped; the rest is read.
+validation), so a dump is accepted exactly as the same data sent to ``tracedag collect`` would be,
+and its valid spans take the collector's road into Parquet: spool segments converted by the
+spool converter (``direct``). A bad item is reported with its line (or record number) and
+skipped; the rest is read.
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
 
 from tracedag.collector.decode import DecodeError, decode_request
-from tracedag.pipeline.convert.records import convert_records
-from tracedag.pipeline.ingest.writer import ConvertStats, StoreWriter
+from tracedag.pipeline.ingest.direct import BATCH_SPANS, DirectIngest
+from tracedag.pipeline.ingest.writer import ConvertStats
 
 logger = logging.getLogger(__name__)
 
@@ -173,34 +173,19 @@ class FileResult:
 
 
 def ingest_dump(
-    writer: StoreWriter, path: Path, on_progress: Callable[[int], None] | None = None,
-    batch_spans: int = 32_768, received_unix_nano: int | None = None,
+    data: Path, path: Path, on_progress: Callable[[int], None] | None = None,
+    batch_spans: int = BATCH_SPANS, received_unix_nano: int | None = None,
 ) -> FileResult:
-    """Read one dump and store its valid spans (de-duplicated) in batches of about ``batch_spans``."""
+    """Read one dump; its valid spans go through file segments of the spool into Parquet (see ``direct``)."""
     fmt, items = read_dump(path)
-    summary, stats = DumpSummary(format=fmt), ConvertStats()
-    received = received_unix_nano or time.time_ns()
-    stem = f"file-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]}-{time.time_ns():020d}"
-    chunk: list[tuple[bytes, int]] = []
-    n, part = 0, 0
+    summary = DumpSummary(format=fmt)
+    direct = DirectIngest(data, batch_spans, received_unix_nano)
     for item in items:
         summary.count(item)
         if item.error is not None:
             logger.warning("%s, %s: %s (skipped)", path, item.where, item.error)
         if item.payload:
-            chunk.append((item.payload, received))
-            n += item.accepted
-        if n >= batch_spans:
-            _store(writer, chunk, f"{stem}-{part:06d}", stats)
-            chunk, n, part = [], 0, part + 1
+            direct.add(item.payload, item.accepted)
         if on_progress is not None:
             on_progress(item.offset)
-    if chunk:
-        _store(writer, chunk, f"{stem}-{part:06d}", stats)
-    return FileResult(path, summary, stats)
-
-
-def _store(writer: StoreWriter, chunk: list[tuple[bytes, int]], stem: str, stats: ConvertStats) -> None:
-    conv = convert_records(chunk, stem)
-    stats.spans_read += conv.table.num_rows
-    writer.store(conv, stem, stats)
+    return FileResult(path, summary, direct.close())

@@ -31,15 +31,15 @@ import ctypes
 import errno
 import logging
 import os
+import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
 import pyarrow as pa
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tracedag.collector import faults
 from tracedag.collector.spoolfmt import (
@@ -53,6 +53,7 @@ from tracedag.collector.spoolfmt import (
     read_records,
     scan_headers,
     segment_seq,
+    segment_stem,
 )
 from tracedag.pipeline.convert.converted import Converted
 from tracedag.pipeline.convert.pool import convert_parallel
@@ -93,6 +94,11 @@ def fault(point: str) -> None:
     faults.hit(point)
 
 
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def scan_segment(data: bytes) -> tuple[list[Record], str, int]:
     """Return the intact records of a segment, how it ended (clean/torn/corrupt) and corrupt stretches.
 
@@ -129,10 +135,11 @@ class SpoolConverter:
     def __init__(
         self, data: Path | str, workers: int = 1, window_hours: int = 48, compact_interval: float = 60.0,
         done_retention: float = DONE_RETENTION_SECONDS, shard: tuple[int, int] = (0, 1),
-        chunk_spans: int = CHUNK_SPANS,
+        chunk_spans: int = CHUNK_SPANS, stage: Path | None = None,
     ) -> None:
         self.data = Path(data)
         self.shard = shard
+        self.stage = stage  # where one-hour segments are staged (default: this shard's folder)
         self.chunk_spans = chunk_spans
         self.done_retention = done_retention
         self.spool = spool_dir(self.data)
@@ -174,16 +181,8 @@ class SpoolConverter:
             if fh is None:
                 continue  # another converter holds it, or has just retired it
             with fh:
-                try:
-                    self._convert_segment(seg, fh.fileno(), stats)
-                except OSError as exc:
-                    if exc.errno not in _FULL_ERRNOS:
-                        raise
-                    stats.write_errors += 1
-                    logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
+                if not self._convert_held(seg, fh.fileno(), stats):
                     break
-                except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
-                    self._failed(seg, exc, stats)
         if self.shard[0] == 0 and self._compaction_due(stats):
             self.compact()
         elif self.shard[0] == 0 and time.monotonic() - self._last_prune >= PRUNE_INTERVAL_SECONDS:
@@ -197,6 +196,38 @@ class SpoolConverter:
             self.totals.add(stats)
         publish(stats)
         return stats
+
+    def convert_claimed(self, seg: Path, fd: int) -> ConvertStats:
+        """Convert one segment whose claim the caller holds (``fd``); return the counters.
+
+        A full disk leaves the segment in the spool (``write_errors``); other failures count
+        towards ``MAX_ATTEMPTS`` as in ``run_once``.
+        """
+        stats = ConvertStats()
+        self._convert_held(seg, fd, stats)
+        with self._stats_lock:
+            self.totals.add(stats)
+        publish(stats)
+        return stats
+
+    def remove_stage(self) -> None:
+        """Remove a private staging folder (``stage=``) once this converter is done."""
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+
+    def _convert_held(self, seg: Path, fd: int, stats: ConvertStats) -> bool:
+        """Convert a claimed segment; False when the disk is full (stop this round, retry later)."""
+        try:
+            self._convert_segment(seg, fd, stats)
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            stats.write_errors += 1
+            logger.warning("cannot write Parquet (%s); %s stays in the spool, retrying later", exc, seg.name)
+            return False
+        except Exception as exc:  # a bug or an unexpected span shape: never block the spool forever
+            self._failed(seg, exc, stats)
+        return True
 
     def _compaction_due(self, stats: ConvertStats) -> bool:
         """Compaction yields to conversion: it runs every ``compact_interval`` once this shard has
@@ -251,7 +282,7 @@ class SpoolConverter:
         chunk's payloads are in memory; one with a torn tail or corruption is read whole and
         scanned for every intact record.
         """
-        stem = f"seg-{segment_seq(seg):020d}"
+        stem = segment_stem(seg)
         refs = scan_headers(fd, os.fstat(fd).st_size)
         if refs is not None:
             try:
@@ -318,7 +349,8 @@ class SpoolConverter:
         if not self.writer.has_index():
             with self.writer.locked():  # loads the index, so known rows are dropped before staging
                 pass
-        staged = stage_chunks(chunks, stem, stage_dir(self.data, self.shard[0]) / f"{stem}.parquet.tmp",
+        folder = stage_dir(self.data, self.shard[0]) if self.stage is None else _made(self.stage)
+        staged = stage_chunks(chunks, stem, folder / f"{stem}.parquet.tmp",
                               self.writer.index)
         stats.corrupt_records += staged.bad_records
         stats.spans_read += len(staged.keys) + staged.duplicates
@@ -444,24 +476,3 @@ def _remove_temp_files(data: Path) -> None:
     if root.exists():
         for tmp in root.rglob("*.tmp"):
             tmp.unlink(missing_ok=True)
-
-
-def ingest_requests(
-    data: Path, requests: Iterable[ExportTraceServiceRequest], received_unix_nano: int,
-    batch_spans: int = 32_768, source: str = "ingest",
-) -> int:
-    """Store requests directly (no spool), de-duplicated like spool batches; return the spans stored."""
-    writer = StoreWriter(Path(data))
-    stats = ConvertStats()
-    chunk: list[tuple[bytes, int]] = []
-    n, part = 0, 0
-    stamp = f"{source}-{time.time_ns():020d}"
-    for req in requests:
-        chunk.append((req.SerializeToString(), received_unix_nano))
-        n += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-        if n >= batch_spans:
-            writer.store(convert_records(chunk, stamp), f"{stamp}-{part:06d}", stats)
-            chunk, n, part = [], 0, part + 1
-    if chunk:
-        writer.store(convert_records(chunk, stamp), f"{stamp}-{part:06d}", stats)
-    return stats.spans_stored

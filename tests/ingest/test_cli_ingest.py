@@ -13,6 +13,8 @@ from bench.gen import requests
 from tests.ingest.ingest_support import otlp_json, otlp_json_line, request_ids, span_count, stored, stored_ids
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.ingest.dumps import read_dump
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.views import connect
 
 
 def _reqs(n: int, seed: int) -> list[ExportTraceServiceRequest]:
@@ -101,3 +103,58 @@ def test_a_line_with_a_lone_surrogate_is_reported_and_the_others_stored(data: Pa
     out = _ingest(data, f)
     assert "line 2" in out and "surrogate" in out
     assert stored_ids(data) == request_ids([reqs[0], reqs[2]])
+
+
+def test_ingested_files_take_the_spool_and_build_at_once(data: Path, tmp_path: Path) -> None:
+    reqs = _reqs(900, 47)
+    f = tmp_path / "complete.jsonl"
+    f.write_text("".join(otlp_json_line(r) + "\n" for r in reqs))
+    _ingest(data, f)
+    done = sorted(p.name for p in (data / "spool" / "done").iterdir())
+    assert done and all(n.startswith("seg-") and n.endswith(".file.sealed") for n in done), done
+    assert not list((data / "spool").glob("*.sealed")) and not list((data / "spool").glob("*.filling"))
+    con = connect(data)
+    assert con.execute("select count(*) from spans where batch_id not like 'seg-%-file'").fetchone()[0] == 0
+    traces = con.execute("select count(distinct trace_id) from spans").fetchone()[0]
+    built = CliRunner().invoke(cli, ["build", "--data", str(data)])  # the default idle window of live traffic
+    assert built.exit_code == 0, built.output
+    assert "in the last" not in built.output
+    assert connect(data).execute("select count(*) from traces").fetchone()[0] == traces
+
+
+def test_ingest_beside_a_running_collector_loses_and_doubles_nothing(data: Path, tmp_path: Path) -> None:
+    from tests.collector.collector_support import make_request, make_span, post
+
+    reqs = _reqs(2000, 48)
+    f = tmp_path / "beside.pb"
+    f.write_bytes(b"".join(len(b).to_bytes(4, "big") + b for b in (r.SerializeToString() for r in reqs)))
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, convert_process=True))
+    try:
+        live = make_request([make_span(i, trace=bytes([0xAB] * 16)) for i in range(20)])
+        assert post(c.http_port, live.SerializeToString()).status == 200
+        _ingest(data, f)
+        _ingest(data, f)  # again: every span is a duplicate now
+        c.flush()
+    finally:
+        c.stop(2)
+    assert stored(data) == (span_count_all(reqs) + 20, span_count_all(reqs) + 20)
+
+
+def span_count_all(reqs) -> int:
+    return sum(span_count(r) for r in reqs)
+
+
+def test_an_abandoned_file_segment_is_removed_not_converted(data: Path) -> None:
+    import os
+    import time
+
+    from tracedag.pipeline.ingest.direct import remove_abandoned
+
+    spool = data / "spool"
+    spool.mkdir(parents=True)
+    old, fresh = spool / "seg-00000000000000000001.file.filling", spool / "seg-00000000000000000002.file.filling"
+    old.write_bytes(b"half a segment")
+    fresh.write_bytes(b"being written")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    assert remove_abandoned(data) == 1
+    assert not old.exists() and fresh.exists()
