@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from realspans import to_table  # noqa: E402
 
 from tracedag.pipeline.analysis.determinism import analyze, write_outputs  # noqa: E402
-from tracedag.pipeline.analysis.graph_dsl import parse_graph  # noqa: E402
 from tracedag.pipeline.analysis.paths import enumerate_paths  # noqa: E402
 from tracedag.pipeline.demo.agent import booking_graph  # noqa: E402
 from tracedag.pipeline.demo.simulate import SimulationConfig, simulate  # noqa: E402
 from tracedag.pipeline.store.parquet import write_parquet_atomic  # noqa: E402
 from tracedag.pipeline.store.views import connect  # noqa: E402
+from tracedag.schemas.agent_graph import parse_graph  # noqa: E402
 from tracedag.schemas.layout import table_dir  # noqa: E402
 
 BASELINE = "select trace_id, count(*), max(end_time_unix_nano) from spans group by trace_id"

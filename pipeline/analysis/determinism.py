@@ -20,7 +20,6 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph, graph_for
 from tracedag.pipeline.analysis.response import (
     ResponseScorer,
     TokenJaccardScorer,
@@ -30,6 +29,7 @@ from tracedag.pipeline.analysis.response import (
 from tracedag.pipeline.analysis.trajectories import Run, load_runs, runs_table, visits_table
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.agent_graph import AgentGraph, graph_for
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import pictures_dir, table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
@@ -51,7 +51,7 @@ class AnalysisResult:
     pictures: dict[str, Path] = field(default_factory=dict)
 
     def graph_of(self, agent: str) -> AgentGraph | None:
-        """The agent graph used for ``agent`` (see ``graph_dsl.graph_for``)."""
+        """The agent graph used for ``agent`` (see ``agent_graph.graph_for``)."""
         return graph_for(self.graphs, agent)
 
 
@@ -100,7 +100,7 @@ def analyze(
     """Compute determinism and utility tables over every run in ``data``.
 
     ``graphs``: agent graphs for adherence and the pictures; each agent uses the graph named like
-    it, else the only graph given (``graph_dsl.graph_for``).
+    it, else the only graph given (``agent_graph.graph_for``).
     """
     con = connect(data)
     try:

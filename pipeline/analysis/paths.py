@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph
+from tracedag.schemas.agent_graph import AgentGraph
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from xml.sax.saxutils import escape
 
 import networkx as nx
 
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph
+from tracedag.schemas.agent_graph import AgentGraph
 
 logger = logging.getLogger(__name__)
 

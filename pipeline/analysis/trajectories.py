@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.analysis.canonical import action_with_input
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph, graph_for
+from tracedag.schemas.agent_graph import AgentGraph, graph_for
 from tracedag.schemas.errors import QueryFailed
 
 logger = logging.getLogger(__name__)

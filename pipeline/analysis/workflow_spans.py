@@ -6,8 +6,8 @@ import logging
 from pathlib import Path
 
 from tracedag import queries
-from tracedag.pipeline.analysis.graph_dsl import AgentGraph, GraphInvalid, from_workflow_attributes
 from tracedag.pipeline.store.views import connect
+from tracedag.schemas.agent_graph import AgentGraph, GraphInvalid, from_workflow_attributes
 
 logger = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ def determinism_command(
     from rich.console import Console
 
     from tracedag.pipeline.analysis.determinism import analyze, write_outputs
-    from tracedag.pipeline.analysis.graph_dsl import load_graph
     from tracedag.pipeline.analysis.report import print_report
     from tracedag.pipeline.analysis.response import make_scorer
+    from tracedag.schemas.agent_graph import load_graph
 
     console = Console()
     graphs = [load_graph(f) for f in graph_files]
@@ -66,8 +66,8 @@ def determinism_command(
               help="Fail when there are more paths than this.")
 def paths_command(graph_file: Path, max_visits: int, output: Path | None, limit: int) -> None:
     """Enumerate the start -> terminal paths of an agent graph by depth-first search."""
-    from tracedag.pipeline.analysis.graph_dsl import load_graph
     from tracedag.pipeline.analysis.paths import write_paths
+    from tracedag.schemas.agent_graph import load_graph
 
     graph = load_graph(graph_file)
     out = output or graph_file.with_suffix(".paths.jsonl")
@@ -84,7 +84,7 @@ def graph_group() -> None:
 @click.argument("graph_file", type=_GRAPH_FILE)
 def graph_validate(graph_file: Path) -> None:
     """Check an agent graph file; name the bad node or edge when it is invalid."""
-    from tracedag.pipeline.analysis.graph_dsl import load_graph
+    from tracedag.schemas.agent_graph import load_graph
 
     g = load_graph(graph_file)
     click.echo(f"ok: {len(g.nodes)} nodes, {len(g.edges)} edges, start {', '.join(g.start)}, "
@@ -101,8 +101,8 @@ def graph_validate(graph_file: Path) -> None:
 def graph_import(source: str, input_file: Path | None, data: Path, name: str | None, output: Path) -> None:
     """Import a graph: 'langgraph FILE' (graph.get_graph().to_json() as JSON) or 'spans' (OpenLLMetry
     gen_ai.workflow.nodes/edges attributes found in --data)."""
-    from tracedag.pipeline.analysis.graph_dsl import from_langgraph, save_graph
     from tracedag.pipeline.analysis.workflow_spans import graph_from_store
+    from tracedag.schemas.agent_graph import from_langgraph, save_graph
 
     if source == "langgraph":
         if input_file is None:

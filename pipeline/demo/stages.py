@@ -11,7 +11,6 @@ from typing import Any
 import pyarrow as pa
 
 from tracedag.pipeline.analysis.determinism import analyze, write_outputs
-from tracedag.pipeline.analysis.graph_dsl import parse_graph
 from tracedag.pipeline.analysis.paths import enumerate_paths
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.demo import simulate as sim
@@ -20,6 +19,7 @@ from tracedag.pipeline.demo.config import QUERIES, DemoConfig
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
 from tracedag.pipeline.store.querying import run_named, run_sql
+from tracedag.schemas.agent_graph import parse_graph
 
 logger = logging.getLogger(__name__)
 

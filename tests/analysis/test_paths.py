@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tracedag.pipeline.analysis.graph_dsl import parse_graph
 from tracedag.pipeline.analysis.paths import TooManyPaths, count_paths, enumerate_paths, write_paths
 from tracedag.pipeline.cli import cli
+from tracedag.schemas.agent_graph import parse_graph
 
 
 def graph(edges, start="A", terminals=("D",), extra=()):

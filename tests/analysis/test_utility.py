@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from tracedag.pipeline.analysis.determinism import analyze
-from tracedag.pipeline.analysis.graph_dsl import parse_graph, save_graph
 from tracedag.pipeline.cli import cli
+from tracedag.schemas.agent_graph import parse_graph, save_graph
 
 GRAPH = parse_graph({
     "name": "booking",

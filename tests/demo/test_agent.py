@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from tracedag import instrument as td
-from tracedag.pipeline.analysis.graph_dsl import parse_graph
 from tracedag.pipeline.analysis.paths import enumerate_paths
 from tracedag.pipeline.demo import simulate as sim
 from tracedag.pipeline.demo.agent import booking_graph as graph
 from tracedag.pipeline.demo.agent.booking_agent import BookingAgent
+from tracedag.schemas.agent_graph import parse_graph
 
 
 def _paths():

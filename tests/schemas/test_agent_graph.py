@@ -9,7 +9,7 @@ from typing import TypedDict
 import jsonschema
 import pytest
 
-from tracedag.pipeline.analysis.graph_dsl import (
+from tracedag.schemas.agent_graph import (
     GraphInvalid,
     from_langgraph,
     from_workflow_attributes,
@@ -136,7 +136,7 @@ def test_workflow_attributes_errors():
 
 
 def test_graph_for_picks_by_name_then_the_only_graph():
-    from tracedag.pipeline.analysis.graph_dsl import graph_for
+    from tracedag.schemas.agent_graph import graph_for
 
     a = parse_graph(_g(name="agent-a"))
     b = parse_graph(_g(name="agent-b"))

@@ -1,4 +1,4 @@
-"""The agent-graph DSL: a small JSON format for the designed graph of an agent.
+"""The agent-graph DSL: the one format for the designed graph of an agent and for workflow specs.
 
 Format (JSON Schema in ``schemas/agent_graph.schema.json``)::
 
@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 LANGGRAPH_START = "__start__"
 LANGGRAPH_END = "__end__"
-_TOP_KEYS = {"version", "name", "description", "nodes", "edges", "start", "terminals"}
-_NODE_KEYS = {"name", "id", "description", "intents"}
+_TOP_KEYS = {"version", "name", "description", "nodes", "edges", "start", "terminals", "required"}
+_NODE_KEYS = {"name", "id", "description", "intents", "match"}
+_MATCH_KEYS = {"step_type", "step_name"}
 _EDGE_KEYS = {"source", "target", "condition"}
 
 
@@ -50,6 +51,8 @@ class Node:
     name: str
     description: str | None = None
     intents: tuple[str, ...] = ()
+    match_type: str | None = None  # as a workflow spec: the steps this node stands for (default: by name)
+    match_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class AgentGraph:
     terminals: tuple[str, ...]
     name: str | None = None
     description: str | None = None
+    required: tuple[str, ...] = ()  # as a workflow spec: nodes every trace must contain
     _succ: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -103,6 +107,8 @@ class AgentGraph:
         out["edges"] = [_edge_dict(e) for e in self.edges]
         out["start"] = self.start[0] if len(self.start) == 1 else list(self.start)
         out["terminals"] = list(self.terminals)
+        if self.required:
+            out["required"] = list(self.required)
         return out
 
 
@@ -120,6 +126,9 @@ def _node_dict(n: Node) -> dict[str, Any]:
         d["description"] = n.description
     if n.intents:
         d["intents"] = list(n.intents)
+    match = {k: v for k, v in (("step_type", n.match_type), ("step_name", n.match_name)) if v}
+    if match:
+        d["match"] = match
     return d
 
 
@@ -155,7 +164,20 @@ def _parse_node(raw: object, index: int) -> Node:
     desc = raw.get("description")
     if desc is not None and not isinstance(desc, str):
         raise GraphInvalid(where, "description must be a string")
-    return Node(name, desc, tuple(intents))
+    match_type, match_name = _parse_match(raw.get("match"), where)
+    return Node(name, desc, tuple(intents), match_type, match_name)
+
+
+def _parse_match(raw: object, where: str) -> tuple[str | None, str | None]:
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict) or not raw or not set(raw) <= _MATCH_KEYS:
+        raise GraphInvalid(where, "match must be an object with step_type and/or step_name")
+    values = [raw.get(k) for k in ("step_type", "step_name")]
+    for v in values:
+        if v is not None and (not isinstance(v, str) or not v):
+            raise GraphInvalid(where, "match values must be non-empty strings")
+    return values[0], values[1]
 
 
 def _parse_nodes(raw: object) -> tuple[Node, ...]:
@@ -215,10 +237,11 @@ def parse_graph(raw: object) -> AgentGraph:
     edges = tuple(_parse_edge(e, i, names) for i, e in enumerate(raw["edges"]))
     start = _parse_refs(raw["start"], "start", names)
     terminals = _parse_refs(raw["terminals"], "terminals", names)
+    required = _parse_refs(raw["required"], "required", names) if raw.get("required") else ()
     name, desc = raw.get("name"), raw.get("description")
     return AgentGraph(
         nodes, edges, start, terminals, name if isinstance(name, str) else None,
-        desc if isinstance(desc, str) else None,
+        desc if isinstance(desc, str) else None, required,
     )
 
 
