@@ -84,11 +84,6 @@ class StoreLock:
             os.close(self._fd)
             self._fd = None
 
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
-
     def _write(self) -> None:
         if self._fd is None:
             return

@@ -48,7 +48,6 @@ _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 # Span fields: number -> wire type (OTLP trace.proto)
 SPAN_FIELDS = {1: _LEN, 2: _LEN, 3: _LEN, 4: _LEN, 5: _LEN, 6: _VARINT, 7: _I64, 8: _I64, 9: _LEN, 10: _VARINT,
                11: _LEN, 12: _VARINT, 13: _LEN, 14: _VARINT, 15: _LEN, 16: _I32}
-REPEATED = {9, 11, 13}
 STATUS_FIELDS = {2: _LEN, 3: _VARINT}
 
 

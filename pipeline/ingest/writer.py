@@ -111,12 +111,9 @@ class StoreWriter:
         self._gen_path = spans_generation_file(data)
         self._epoch_path = spans_epoch_file(data)
 
-    def store(self, conv: Converted, stem: str, stats: ConvertStats) -> None:
-        """De-duplicate ``conv`` and commit its new rows, one file per receive hour, under the lock."""
-        self.store_parts([conv], stem, stats)
-
     def store_parts(self, parts: list[Converted], stem: str, stats: ConvertStats) -> None:
-        """Like ``store`` for a batch converted in parts; one receive hour is written part by part.
+        """De-duplicate a batch converted in parts and commit its new rows, one file per receive hour,
+        under the lock; one receive hour is written part by part.
 
         ``parts`` is emptied as the parts are written, so each part's memory is freed early.
         """

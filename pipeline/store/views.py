@@ -140,10 +140,10 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         con.execute(queries.load(name))
 
 
-def connect(data: Path, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """Return an in-memory DuckDB connection with the tracedag views over ``data``."""
+def connect(data: Path | str, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string)."""
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"set threads = {int(threads)}")
-    create_views(con, data)
+    create_views(con, Path(data))
     return con

@@ -150,3 +150,13 @@ def test_every_query_runs_on_an_empty_store(tmp_path: Path, name: str) -> None:
     code, out = run(tmp_path, "query", name, "--format", "json")
     assert code == 0, out
     assert json.loads(out) == []
+
+
+def test_connect_takes_the_path_as_tracedag_sql_prints_it(query_store: Path) -> None:
+    from tracedag.pipeline.store.views import connect
+
+    code, out = run(query_store, "sql", "--print-only")
+    assert code == 0 and "from tracedag.pipeline.store.views import connect" in out
+    printed = next(line.strip() for line in out.splitlines() if line.strip().startswith("con = connect("))
+    con = eval(printed.removeprefix("con = "), {"connect": connect})  # the line as a user pastes it: a str path
+    assert con.execute("select count(*) from traces").fetchone()[0] == 6
