@@ -216,6 +216,24 @@ def requests(n_spans: int, seed: int = 0) -> Iterator[ExportTraceServiceRequest]
             return
 
 
+def whole_trace_requests(n_spans: int, seed: int = 0) -> Iterator[ExportTraceServiceRequest]:
+    """Like ``requests`` but every request holds whole traces only (about 512 spans, never a split trace)."""
+    rng = random.Random(seed)
+    batcher = _Batcher()
+    made, i = 0, 0
+    while made < n_spans:
+        t = _one_trace(rng, i)
+        i += 1
+        for s in t.spans:
+            batcher.by_service.setdefault(t.service, []).append(s)
+        batcher.count += len(t.spans)
+        made += len(t.spans)
+        if batcher.count >= BATCH_SPANS:
+            yield batcher.flush()
+    if batcher.count:
+        yield batcher.flush()
+
+
 def payloads(n_spans: int, seed: int = 0) -> list[bytes]:
     """Return serialized requests of about ``n_spans`` spans (for benchmarks that need bytes)."""
     return [r.SerializeToString() for r in requests(n_spans, seed)]

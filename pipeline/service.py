@@ -2,7 +2,11 @@
 
 The only module that imports both ``tracedag.collector`` (the request path) and the stages.
 ``start_collector(CollectorConfig(data=...))`` starts the receivers (``collector.server``), then
-the spool converters (child processes, or a thread) and, when asked, the continuous DAG builder.
+the spool converters (child processes, or a thread) and, with ``build``, the live analysis: every
+``build_interval`` seconds the complete traces are built and their steps scored (rules and the
+evaluations in the spans), so a root cause is queryable seconds after its trace completes; a
+configured LLM judge grades in a thread of its own, at most ``judge.max_steps`` steps a round,
+so it never holds the rules back.
 It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
 everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
 requests, seal, convert what is left, release the store).
@@ -14,13 +18,18 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.server import ReceiverConfig, Receivers
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.ingest.processes import ConverterProcess
 from tracedag.pipeline.ingest.segments import SpoolConverter
+from tracedag.schemas.fsio import file_lock
+from tracedag.schemas.layout import JUDGE_LOCK, lock_path
+
+if TYPE_CHECKING:  # the stages are imported when the live analysis starts, not by a bare collector
+    from tracedag.pipeline.score import JudgeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +42,12 @@ class CollectorConfig(ReceiverConfig):
     convert_process: bool = False  # convert in child processes (off this interpreter's GIL)
     convert_interval: float = 0.25
     spool_retention: float = DONE_RETENTION_SECONDS  # seconds converted segments stay in spool/done/
-    build: bool = False
-    build_idle_seconds: float = 30.0
-    build_interval: float = 5.0
+    build: bool = False  # build and score continuously (the live analysis)
+    build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
+    build_grace_seconds: float = 2.0  # a trace whose root span is in is complete after this quiet time
+    build_interval: float = 1.0
+    judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
+    judge_interval: float = 10.0
 
 
 class RunningCollector:
@@ -55,6 +67,7 @@ class RunningCollector:
         self._converter: SpoolConverter | None = None
         self._child: ConverterProcess | None = None
         self._stopped = False
+        self._scored_once = False
 
     @property
     def http_port(self) -> int:
@@ -83,7 +96,9 @@ class RunningCollector:
             self._converter = SpoolConverter(self.data, done_retention=cfg.spool_retention)
             self._spawn("spool-converter", self._convert_loop)
         if cfg.build:
-            self._spawn("dag-builder", self._build_loop)
+            self._spawn("live-analysis", self._analysis_loop)
+        if cfg.build and cfg.judge is not None:
+            self._spawn("live-judge", self._judge_loop)
         logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
         return self
 
@@ -113,14 +128,49 @@ class RunningCollector:
             if self._child is not None:
                 self._child.ensure_alive()
 
-    def _build_loop(self) -> None:
+    def analyze_once(self) -> int:
+        """Build the traces that became complete and score their steps; return the traces built."""
         from tracedag.pipeline.dag import build_store
+        from tracedag.pipeline.score import score_store
 
+        cfg = self.config
+        built = build_store(self.data, idle_seconds=cfg.build_idle_seconds, grace_seconds=cfg.build_grace_seconds)
+        if built.traces_built or not self._scored_once:
+            score_store(self.data)  # rules and evaluations: no network, seconds behind the build
+            self._scored_once = True
+        return built.traces_built
+
+    def _analysis_loop(self) -> None:
         while not self._stop.wait(self.config.build_interval):
             try:
-                build_store(self.data, idle_seconds=self.config.build_idle_seconds)
+                self.analyze_once()
             except Exception:
-                logger.exception("DAG build round failed; retrying")
+                logger.exception("live analysis round (build, score) failed; retrying")
+
+    def judge_once(self) -> int:
+        """One bounded judge round over the scored steps not graded yet; return the rows written."""
+        from tracedag.pipeline.score import ScoreStats
+        from tracedag.pipeline.score.runner import score_judge
+        from tracedag.pipeline.store.views import connect
+
+        assert self.config.judge is not None
+        with file_lock(lock_path(self.data, JUDGE_LOCK), wait=False) as free:
+            if not free:
+                return 0
+            stats = ScoreStats()
+            con = connect(self.data)
+            try:
+                score_judge(self.data, con, self.config.judge, stats, lambda phase, n, total: None)
+            finally:
+                con.close()
+            return int(stats.rows_by_source["judge"])
+
+    def _judge_loop(self) -> None:
+        while not self._stop.wait(self.config.judge_interval):
+            try:
+                self.judge_once()
+            except Exception:
+                logger.exception("live judge round failed; retrying")
 
     # -- public control ----------------------------------------------------------------
 

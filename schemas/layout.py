@@ -33,6 +33,7 @@ INGEST_LOCK = "ingest.lock"  # the spans writers' commit lock (converters, trace
 COMPACT_LOCK = "compact.lock"  # one compaction at a time
 BUILD_LOCK = "build.lock"  # one DAG build (and derived-table GC) at a time
 SCORE_LOCK = "score.lock"  # one scoring run at a time
+JUDGE_LOCK = "judge.lock"  # one live judge round at a time (tracedag collect --build with a judge)
 
 
 def spool_dir(data: Path) -> Path:

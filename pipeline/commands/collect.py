@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
@@ -65,9 +66,22 @@ def parse_size(text: str) -> int:
 @click.option("--spool-retention", default=DONE_RETENTION_SECONDS / 3600, show_default=True, type=click.FloatRange(min=0),
               help="Hours converted spool segments stay in spool/done/ (to rebuild Parquet from); 0 deletes "
                    "them once converted.")
-@click.option("--build/--no-build", default=False, show_default=True, help="Also build DAGs of idle traces.")
+@click.option("--build/--no-build", default=False, show_default=True,
+              help="Live analysis: build the DAGs of complete traces and score their steps continuously, so "
+                   "failures and root causes are queryable seconds after a trace completes.")
 @click.option("--build-idle", default=30.0, show_default=True, type=float,
-              help="Seconds without new spans before a trace is built.")
+              help="Seconds without new spans before a trace whose root span never came is built.")
+@click.option("--build-grace", default=2.0, show_default=True, type=float,
+              help="Seconds without new spans before a trace whose root span is in is built.")
+@click.option("--build-interval", default=1.0, show_default=True, type=float,
+              help="Seconds between live analysis rounds.")
+@click.option("--judge/--no-judge", "use_judge", default=None,
+              help="With --build, also grade steps with the LLM judge, in its own thread (default: on when "
+                   "TRACEDAG_JUDGE_MODEL is set; endpoint and key as for tracedag score).")
+@click.option("--judge-max-steps", default=100, show_default=True, type=int,
+              help="Steps the live judge grades at most per round (it never holds the rules back).")
+@click.option("--judge-interval", default=10.0, show_default=True, type=float,
+              help="Seconds between live judge rounds.")
 @click.option("--convert", "convert_mode", type=click.Choice(["process", "thread"]), default="process",
               show_default=True, help="Convert the spool to Parquet in a child process or a thread.")
 @click.option("--grace", default=10.0, show_default=True, type=float,
@@ -77,8 +91,8 @@ def collect(
     tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
     header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, spool_retention: float,
-    build: bool,
-    build_idle: float, convert_mode: str, grace: float,
+    build: bool, build_idle: float, build_grace: float, build_interval: float, use_judge: bool | None,
+    judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
     from tracedag.pipeline.service import CollectorConfig, start_collector
@@ -95,7 +109,8 @@ def collect(
         header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
         max_connections=max_connections, spool_retention=spool_retention * 3600,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
-        convert_process=convert_mode == "process",
+        build_grace_seconds=build_grace, build_interval=build_interval, convert_process=convert_mode == "process",
+        judge=_live_judge(use_judge, judge_max_steps) if build else None, judge_interval=judge_interval,
     )
     stop = threading.Event()
 
@@ -117,6 +132,17 @@ def collect(
     click.echo("tracedag collect: draining and flushing ...")
     running.stop(grace)
     click.echo("tracedag collect: stopped")
+
+
+def _live_judge(use_judge: bool | None, max_steps: int) -> Any:
+    """The live judge's configuration, or None (off unless asked for or TRACEDAG_JUDGE_MODEL is set)."""
+    if use_judge is None:
+        use_judge = bool(os.environ.get("TRACEDAG_JUDGE_MODEL"))
+    if not use_judge:
+        return None
+    from tracedag.pipeline.score import JudgeConfig
+
+    return JudgeConfig.from_env(max_steps=max_steps)
 
 
 COMMANDS: list[click.Command] = [collect]

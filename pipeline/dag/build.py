@@ -49,10 +49,13 @@ with s as (
     select trace_id, max(received_unix_nano) as last_received, count(distinct span_id) as n,
            -- spans from files (tracedag ingest) are complete when their file is: no idle wait for them
            max(received_unix_nano) filter (where not (batch_id like '%-file' or batch_id like 'file-%'))
-               as last_live
+               as last_live,
+           -- the root span ends last, so it is exported last: once it is in, the trace is done
+           max(received_unix_nano) filter (where parent_span_id is null) as root_received
     from spans group by trace_id
 )
 select s.trace_id, s.n, s.last_received, coalesce(s.last_live, 0) as last_live,
+       coalesce(s.root_received, 0) as root_received,
        t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
            or t.span_count is distinct from s.n as changed
 from s left join traces t using (trace_id)
@@ -95,13 +98,23 @@ class Plan:
     next_due_unix_nano: int | None  # when the oldest pending trace becomes complete
 
 
-def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int) -> Plan:
-    """Pick the complete traces that are new or changed (all complete ones with ``full``)."""
+def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int,
+               grace_ns: int | None = None) -> Plan:
+    """Pick the complete traces that are new or changed (all complete ones with ``full``).
+
+    A live trace is complete once no span arrived for ``idle_ns``; with ``grace_ns``, also once its
+    root span is in and nothing arrived for ``grace_ns`` (a later straggler makes it change and be
+    built again).
+    """
     t = arrow(con, _CANDIDATES_SQL)
     last = np.asarray(t.column("last_live").to_numpy(zero_copy_only=False), dtype=np.int64)
     n = np.asarray(t.column("n").to_numpy(zero_copy_only=False), dtype=np.int64)
     changed = np.asarray(t.column("changed").to_numpy(zero_copy_only=False), dtype=np.bool_)
-    pending = last > now_ns - idle_ns
+    wait = np.full(last.shape, idle_ns, dtype=np.int64)
+    if grace_ns is not None:
+        rooted = np.asarray(t.column("root_received").to_numpy(zero_copy_only=False), dtype=np.int64) > 0
+        wait[rooted] = min(grace_ns, idle_ns)
+    pending = last > now_ns - wait
     build = ~pending & (changed | full)
     ids = t.column("trace_id").filter(pa.array(build)).combine_chunks()
     sizes = n[build]
@@ -114,7 +127,7 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
         pending=int(pending.sum()),
         unchanged=int((~pending & ~build).sum()),
         spans=int(sizes.sum()),
-        next_due_unix_nano=int(last[pending].min()) + idle_ns if pending.any() else None,
+        next_due_unix_nano=int((last + wait)[pending].min()) if pending.any() else None,
     )
 
 
@@ -168,6 +181,7 @@ def build_store(
     chunk_spans: int = CHUNK_SPANS,
     compact: bool = False,
     gc: GcSettings | None = None,
+    grace_seconds: float | None = None,
 ) -> BuildStats:
     """Rebuild the DAGs of the complete traces that are new or changed since the last build.
 
@@ -183,7 +197,7 @@ def build_store(
         remove_crashed_build(data)
         state = _load_state(data)
         # settings that change the result of every trace: a change rebuilds everything once
-        marks: dict[str, Any] = {"files": _files_hash(data), "idle_seconds": idle_seconds,
+        marks: dict[str, Any] = {"files": _files_hash(data), "idle_seconds": [idle_seconds, grace_seconds],
                                  "settings": f"tolerance={tolerance_ns};spec={spec_hash}"}
         if not full and _nothing_to_do(state, marks, now):
             stats.skipped = True
@@ -195,7 +209,8 @@ def build_store(
         con.execute("set enable_progress_bar = false")
         try:
             with stage("plan"):
-                plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans)
+                grace = None if grace_seconds is None else int(grace_seconds * 1e9)
+                plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans, grace)
         finally:
             con.close()  # before the build: DuckDB keeps its buffers while open
         stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged

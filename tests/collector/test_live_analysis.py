@@ -1,0 +1,107 @@
+"""The live path: a collector with --build builds and scores continuously, so the root cause of a
+trace sent by a real OTel exporter is queryable seconds after the trace completes."""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Status, StatusCode
+
+from tests.collector.collector_support import PB, make_request, make_span, post, wait_until
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.querying import run_named, run_sql
+
+
+def _root_causes(data) -> dict[str, str]:
+    try:
+        table = run_named(data, "root_causes")
+    except Exception:  # no build yet: the derived views do not exist
+        return {}
+    return dict(zip(table.column("trace_id").to_pylist(), table.column("root_step_name").to_pylist(), strict=True))
+
+
+def _agent_trace(endpoint: str) -> str:
+    """One agent turn whose tool times out, exported span by span (root last) by the real SDK."""
+    tp = TracerProvider(resource=Resource.create({"service.name": "weather-agent"}))
+    tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    tracer = tp.get_tracer("agent")
+    with tracer.start_as_current_span("invoke_agent weather") as root:
+        root.set_attribute("gen_ai.operation.name", "invoke_agent")
+        root.set_attribute("gen_ai.agent.name", "weather")
+        with tracer.start_as_current_span("execute_tool get_weather") as tool:
+            tool.set_attribute("gen_ai.operation.name", "execute_tool")
+            tool.set_attribute("gen_ai.tool.name", "get_weather")
+            tool.set_attribute("error.type", "TimeoutError")
+            tool.set_status(Status(StatusCode.ERROR, "upstream timed out"))
+        with tracer.start_as_current_span("chat gpt-4o") as llm:
+            llm.set_attribute("gen_ai.operation.name", "chat")
+            llm.set_attribute("gen_ai.request.model", "gpt-4o")
+    tp.shutdown()
+    return format(root.get_span_context().trace_id, "032x")
+
+
+def test_root_cause_is_queryable_seconds_after_the_trace(tmp_path):
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
+                                        build_interval=0.2, build_grace_seconds=0.5))
+    try:
+        trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
+        sent = time.monotonic()
+        wait_until(lambda: trace in _root_causes(c.data), 30, "no root cause while the collector runs")
+        assert time.monotonic() - sent < 15  # well inside the idle window: the root span made it complete
+        assert _root_causes(c.data)[trace] == "get_weather"
+        sources = run_sql(c.data, f"select distinct source from step_scores where trace_id = '{trace}'")
+        assert sources.column("source").to_pylist() == ["rule"]
+    finally:
+        c.stop(2)
+
+
+def test_a_trace_without_its_root_waits_for_the_idle_window(tmp_path):
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
+                                        build_interval=0.2, build_grace_seconds=0.3, build_idle_seconds=4.0))
+    try:
+        orphan = make_span(1, trace=bytes([7] * 16), parent_span_id=bytes([9] * 8))  # its parent never comes
+        assert post(c.http_port, make_request([orphan]).SerializeToString(), PB).status == 200
+        sent = time.monotonic()
+
+        def built() -> int:
+            try:
+                return run_sql(c.data, "select count(*) as n from traces").column("n")[0].as_py()
+            except Exception:
+                return 0
+
+        time.sleep(2.0)
+        assert built() == 0  # the grace of rooted traces does not apply
+        wait_until(lambda: built() == 1, 30, "the rootless trace was never built")
+        assert time.monotonic() - sent >= 3.5
+    finally:
+        c.stop(2)
+
+
+def test_the_live_judge_grades_in_its_own_bounded_rounds(tmp_path):
+    from tests.score.test_judge import FakeJudge, serve
+    from tracedag.pipeline.score import JudgeConfig
+
+    fake = FakeJudge()
+    with serve(fake) as url:
+        judge = JudgeConfig(model="judge-x-1", base_url=url, api_key="k", concurrency=1, timeout_s=5.0,
+                            max_backoff_s=1.0, max_steps=1)
+        c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
+                                            build_interval=0.2, build_grace_seconds=0.3, judge=judge,
+                                            judge_interval=0.3))
+        try:
+            trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
+            wait_until(lambda: trace in _root_causes(c.data), 30, "no root cause while the collector runs")
+
+            def judged() -> int:
+                rows = run_sql(c.data, "select count(distinct span_id) as n from step_scores where source = 'judge'")
+                return rows.column("n")[0].as_py()
+
+            wait_until(lambda: judged() >= 2, 30, "the live judge graded fewer than 2 steps")
+        finally:
+            c.stop(2)
+    times = sorted(t for t, _ in fake.requests)
+    assert times[-1] - times[0] >= 0.25  # one step a round (max_steps=1): the grades came in separate rounds
