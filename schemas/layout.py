@@ -36,6 +36,11 @@ SCORE_LOCK = "score.lock"  # one scoring run at a time
 JUDGE_LOCK = "judge.lock"  # one live judge round at a time (tracedag collect --build with a judge)
 
 
+def is_store(data: Path) -> bool:
+    """Whether ``data`` is a data directory tracedag wrote (it holds a spool, tables or state)."""
+    return data.is_dir() and any((data / name).is_dir() for name in (SPOOL, TABLES, STATE))
+
+
 def spool_dir(data: Path) -> Path:
     """``<data>/spool``: open and sealed segments."""
     return data / SPOOL

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from tracedag.pipeline.commands._options import data_option as _shared_data_option
+from tracedag.pipeline.commands._output import print_whole
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 data_option: Callable[[_F], _F] = _shared_data_option
@@ -42,12 +43,16 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
         compact: merge small derived files now.
         max_small_files: small files per table that trigger a merge after a build.
     """
-    from rich.console import Console
     from rich.table import Table
 
     from tracedag.pipeline.dag import build_store
+    from tracedag.pipeline.store.files import parquet_files
     from tracedag.pipeline.store.gc import GcSettings
 
+    if not parquet_files(data, "spans"):
+        click.echo(f"no spans in {data} yet: nothing to build. Send spans to `tracedag collect --data {data}` "
+                   f"or load a dump with `tracedag ingest FILE --data {data}`, then build.", err=True)
+        return
     stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
                         tolerance_ns=int(tolerance_ms * 1e6), compact=compact,
                         gc=GcSettings(max_small_files=max_small_files))
@@ -63,7 +68,7 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
             ("seconds", f"{stats.seconds:.2f}")]
     for label, value in rows:
         table.add_row(label, str(value))
-    Console().print(table)
+    print_whole(table)
     _echo_gc(stats)
     if stats.traces_pending:
         click.echo(f"{stats.traces_pending} traces got spans in the last {idle:g}s; use --idle 0 to build them now.")

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
-from tracedag.pipeline.commands._options import data_option as _shared_data_option
+from tracedag.pipeline.commands._options import new_data_option as _shared_data_option
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 data_option: Callable[[_F], _F] = _shared_data_option

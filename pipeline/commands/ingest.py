@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tracedag.pipeline.commands._options import data_option
+from tracedag.pipeline.commands._options import new_data_option
+from tracedag.pipeline.commands._output import print_whole
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.progress import Progress, TaskID
 
     from tracedag.pipeline.ingest.dumps import FileResult
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 @click.command("ingest")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@data_option  # type: ignore[untyped-decorator, unused-ignore]
+@new_data_option  # type: ignore[untyped-decorator, unused-ignore]
 def ingest(files: tuple[Path, ...], data: Path) -> None:
     """Load OTLP dumps: JSON lines, one JSON document, or length-prefixed protobuf (format detected).
 
@@ -39,7 +39,7 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
         for path in files:
             task = progress.add_task(path.name, total=_size(path))
             results.append(ingest_dump(data, path, functools.partial(_advance, progress, task)))
-    _summary(Console(), results)
+    _summary(results)
     if any(r.summary.bad_items for r in results):
         for r in results:
             for err in r.summary.errors[:20]:
@@ -57,7 +57,7 @@ def _size(path: Path) -> int | None:
     return None if gz else path.stat().st_size
 
 
-def _summary(console: Console, results: list[FileResult]) -> None:
+def _summary(results: list[FileResult]) -> None:
     from rich.table import Table
 
     table = Table(title="tracedag ingest")
@@ -67,13 +67,13 @@ def _summary(console: Console, results: list[FileResult]) -> None:
         s, st = r.summary, r.stats
         table.add_row(r.path.name, s.format, str(s.spans_read), str(st.spans_stored), str(st.duplicates),
                       str(st.conflicts), str(s.rejected), str(s.bad_items))
-    console.print(table)
+    print_whole(table)
     reasons: dict[str, int] = {}
     for r in results:
         for reason, n in r.summary.reasons.items():
             reasons[reason] = reasons.get(reason, 0) + n
     for reason, n in sorted(reasons.items()):
-        console.print(f"rejected {n}: {reason}")
+        click.echo(f"rejected {n}: {reason}")
 
 
 COMMANDS: list[click.Command] = [ingest]

@@ -33,9 +33,14 @@ TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everyth
               show_default=True, help="Output format.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to this file instead of stdout.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds before the query is interrupted (default: no limit).")
+@click.option("--read-only", is_flag=True,
+              help="With --sql: run exactly one SELECT, with file access to the store only (no COPY, no "
+                   "read_text('/etc/passwd'), no extensions).")
 @_with_data
 def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...], since: str | None,
-                  fmt: str, output: Path | None, data: Path) -> None:
+                  fmt: str, output: Path | None, timeout: float | None, read_only: bool, data: Path) -> None:
     """Run the named query NAME (or --sql) over the store and print or write the result."""
     from tracedag.pipeline.store import querying
     from tracedag.schemas.errors import QueryFailed
@@ -45,10 +50,13 @@ def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...
     if sql_text is not None:
         if params or since:
             raise QueryFailed("--sql", "--param and --since apply to named queries only")
-        table = querying.run_sql(data, sql_text)
+        table = querying.run_sql(data, sql_text, timeout=timeout, read_only=read_only)
     else:
-        table = querying.run_named(data, name or "", querying.parse_param_args(params), since)
+        table = querying.run_named(data, name or "", querying.parse_param_args(params), since, timeout=timeout)
     _emit(table, fmt, output)
+    hint = querying.empty_hint(data, name, sql_text) if table.num_rows == 0 else None
+    if hint:
+        click.echo(f"0 rows: {hint}", err=True)
 
 
 def _emit(table: Any, fmt: str, output: Path | None) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tracedag.pipeline.commands._options import data_option
+from tracedag.pipeline.commands._output import print_whole
 
 
 @click.command("score")
@@ -27,7 +28,6 @@ def score_command(data: Path, use_judge: bool | None, judge_model: str | None, j
                   judge_concurrency: int | None, judge_max_steps: int | None,
                   judge_price: tuple[float, float] | None, max_iterations: int | None, no_progress: bool) -> None:
     """Score every built step not scored yet: rules, evaluations in the spans, optional LLM judge."""
-    from rich.console import Console
 
     from tracedag.pipeline.score import JudgeConfig, score_store
     from tracedag.pipeline.score.report import stats_renderable
@@ -40,7 +40,7 @@ def score_command(data: Path, use_judge: bool | None, judge_model: str | None, j
         judge = JudgeConfig.from_env(model=judge_model, base_url=judge_base_url, concurrency=judge_concurrency,
                                      max_steps=judge_max_steps, price_in=price_in, price_out=price_out)
     stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations)
-    Console().print(stats_renderable(stats))
+    print_whole(stats_renderable(stats))
 
 
 @click.group("labels")
@@ -55,13 +55,12 @@ def labels_group() -> None:
 @click.option("--strict", is_flag=True, help="Import nothing when any row is bad.")
 def labels_import(data: Path, file: Path, annotator: str | None, strict: bool) -> None:
     """Import human labels from FILE (.csv or .parquet); bad rows are listed with their line numbers."""
-    from rich.console import Console
 
     from tracedag.pipeline.score.labels import import_labels
     from tracedag.pipeline.score.labels_report import import_renderable
 
     result = import_labels(data, file, annotator=annotator, strict=strict)
-    Console().print(import_renderable(result, strict))
+    print_whole(import_renderable(result, strict))
     if result.bad:
         raise click.exceptions.Exit(1)
 
@@ -71,13 +70,12 @@ def labels_import(data: Path, file: Path, annotator: str | None, strict: bool) -
 @click.option("--metric", help="Compare this metric only (default: each step's lowest score).")
 def labels_agreement(data: Path, metric: str | None) -> None:
     """Cohen's kappa, confusion matrix and failure recall of each source against the human labels."""
-    from rich.console import Console
 
     from tracedag.pipeline.score.agreement import agreement_report
     from tracedag.pipeline.score.labels_report import agreement_renderable
 
     results, labelled = agreement_report(data, metric)
-    Console().print(agreement_renderable(results, labelled))
+    print_whole(agreement_renderable(results, labelled))
 
 
 COMMANDS: list[click.Command] = [score_command, labels_group]

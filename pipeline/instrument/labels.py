@@ -4,6 +4,12 @@
 context, and :class:`LabelSpanProcessor` copies them onto each span that starts inside it (from
 any instrumentation: tracedag's helpers, OpenInference, OpenLLMetry, plain OTel). A span that
 already carries one of these attributes keeps its own value.
+
+Nesting: an inner block adds its labels to the enclosing ones, and for a label both set, the
+innermost value applies to the spans started inside the inner block (the enclosing value comes
+back when it ends). Giving a label a different value than an enclosing block did is most often a
+mistake (a replay's run id inside another run), so it is logged as a warning naming the label
+and both values, once per label and pair of values.
 """
 
 from __future__ import annotations
@@ -49,9 +55,11 @@ def set_if_absent(span: trace.Span, key: str, value: AttrValue | Sequence[str] |
 
 @contextmanager
 def labels(values: Mapping[str, AttrValue | None]) -> Iterator[dict[str, AttrValue]]:
-    """Add ``values`` (None entries skipped) to the labels of the current context."""
+    """Add ``values`` (None entries skipped) to the labels of the current context; the innermost wins."""
     merged = current_labels()
-    merged.update({k: v for k, v in values.items() if v is not None})
+    given = {k: v for k, v in values.items() if v is not None}
+    _warn_overrides(merged, given)
+    merged.update(given)
     current = trace.get_current_span()
     for key, value in merged.items():
         set_if_absent(current, key, value)
@@ -60,6 +68,19 @@ def labels(values: Mapping[str, AttrValue | None]) -> Iterator[dict[str, AttrVal
         yield merged
     finally:
         otel_context.detach(token)
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _warn_overrides(outer: Mapping[str, AttrValue], inner: Mapping[str, AttrValue]) -> None:
+    for key, value in inner.items():
+        if key in outer and outer[key] != value:
+            seen = (key, repr(outer[key]), repr(value))
+            if seen not in _WARNED:
+                _WARNED.add(seen)
+                logger.warning("nested labels: %s=%r inside a block with %s=%r; the inner value applies to the "
+                               "spans started inside it", key, value, key, outer[key])
 
 
 def conversation(conversation_id: str) -> AbstractContextManager[dict[str, AttrValue]]:

@@ -14,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -23,6 +24,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tracedag import queries
+from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import state_dir
@@ -107,7 +110,7 @@ def query_doc(name: str) -> queries.QueryDoc:
 
 def run_named(
     data: Path, name: str, params: Mapping[str, str] | None = None, since: str | None = None,
-    threads: int | None = None,
+    threads: int | None = None, timeout: float | None = None,
 ) -> pa.Table:
     """Run the named query over the store at ``data`` and return its result."""
     doc = query_doc(name)
@@ -118,12 +121,46 @@ def run_named(
         given[SINCE_PARAM] = str(since_to_ns(since))
     values = bind_params(doc, given)
     logger.info("query %s with %s", name, values)
-    return _execute(data, name, queries.load(name), values, threads)
+    return _execute(data, name, queries.load(name), values, Limits(threads, timeout))
 
 
-def run_sql(data: Path, sql: str, threads: int | None = None) -> pa.Table:
-    """Run ad-hoc SQL over the views of the store at ``data``."""
-    return _execute(data, "--sql", sql, {}, threads)
+_NEEDS = re.compile(r"\b(spans|traces|dag_nodes|dag_edges|step_scores)\b")
+
+
+def empty_hint(data: Path, name: str | None, sql: str | None = None) -> str | None:
+    """Why a query over ``data`` may have come back empty, and what to run, when the store lacks its input."""
+    text = queries.load(name) if name else (sql or "")
+    needs = set(_NEEDS.findall(text))
+    if not parquet_files(data, "spans"):
+        return (f"the store has no spans yet: send them to `tracedag collect --data {data}` or load a dump with "
+                f"`tracedag ingest FILE --data {data}`")
+    if needs & {"traces", "dag_nodes", "dag_edges"} and not parquet_files(data, "traces"):
+        return (f"nothing is built yet: run `tracedag build --data {data}` (or collect with "
+                "`tracedag collect --build`, which builds and scores as spans arrive)")
+    if "step_scores" in needs and not parquet_files(data, "step_scores"):
+        return f"no step is scored yet: run `tracedag score --data {data}`"
+    return None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How a query runs: DuckDB threads, a deadline in seconds, and the read-only sandbox."""
+
+    threads: int | None = None
+    timeout: float | None = None
+    read_only: bool = False
+
+
+def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | None = None,
+            read_only: bool = False) -> pa.Table:
+    """Run ad-hoc SQL over the views of the store at ``data``.
+
+    ``read_only``: exactly one SELECT, with file access to the store only (``store.sandbox``).
+    ``timeout``: seconds before the query is interrupted (``QueryFailed``).
+    """
+    if read_only:
+        check_select(sql)
+    return _execute(data, "--sql", sql, {}, Limits(threads, timeout, read_only))
 
 
 # Compaction swaps a partition's files atomically; a query that listed the old files just before
@@ -131,10 +168,10 @@ def run_sql(data: Path, sql: str, threads: int | None = None) -> pa.Table:
 _ATTEMPTS = 3
 
 
-def _execute(data: Path, label: str, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
+def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            return _execute_once(data, sql, values, threads)
+            return _execute_once(data, label, sql, values, limits)
         except duckdb.IOException as e:
             if attempt == _ATTEMPTS or not _file_vanished(e):
                 raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
@@ -149,11 +186,14 @@ def _file_vanished(error: duckdb.Error) -> bool:
     return "no such file" in text or "no files found" in text or "cannot open file" in text
 
 
-def _execute_once(data: Path, sql: str, values: dict[str, object], threads: int | None) -> pa.Table:
-    con = connect(data, threads=threads)
+def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
+    con = connect(data, threads=limits.threads)
     try:
-        relation = con.sql(sql, params=values or None)
-        return pa.table({}) if relation is None else _to_arrow(relation)
+        if limits.read_only:
+            lock_down(con, data)
+        with deadline(con, limits.timeout, label):
+            relation = con.sql(sql, params=values or None)
+            return pa.table({}) if relation is None else _to_arrow(relation)
     finally:
         con.close()
 

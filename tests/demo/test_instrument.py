@@ -213,3 +213,24 @@ def test_conversation_and_run_labels_work_as_decorators(exporter):
         assert span.attributes["gen_ai.conversation.id"] == "conv-deco"
         assert span.attributes["tracedag.scenario_id"] == "deco"
         assert span.attributes["tracedag.replay_index"] == 1
+
+
+def test_nested_labels_add_up_and_the_innermost_value_wins_with_a_warning(exporter, caplog):
+    tracer = td.tracer()
+    with caplog.at_level("WARNING", logger="tracedag.instrument.labels"), \
+            td.run_labels(scenario_id="s", run_id="outer"), tracer.start_as_current_span("outer span"):
+        with td.run_labels(replay_index=3), tracer.start_as_current_span("added"):
+            pass
+        with td.run_labels(run_id="inner"), tracer.start_as_current_span("replaced"):
+            pass
+        with tracer.start_as_current_span("after"):
+            pass
+    spans = _spans(exporter)
+    added, replaced, after = (spans[n].attributes for n in ("added", "replaced", "after"))
+    assert (added["tracedag.run_id"], added["tracedag.scenario_id"], added["tracedag.replay_index"]) == ("outer", "s", 3)
+    assert (replaced["tracedag.run_id"], replaced["tracedag.scenario_id"]) == ("inner", "s")
+    assert after["tracedag.run_id"] == "outer" and "tracedag.replay_index" not in after
+    assert spans["outer span"].attributes["tracedag.run_id"] == "outer"  # a started span keeps its value
+    warnings = [r.getMessage() for r in caplog.records if "nested labels" in r.getMessage()]
+    assert warnings == ["nested labels: tracedag.run_id='inner' inside a block with tracedag.run_id='outer'; "
+                        "the inner value applies to the spans started inside it"]
