@@ -170,6 +170,10 @@ def headline(result: DemoResult) -> list[str]:
             recovered = c["traces_with_errors"] - result.tables["root_causes"].num_rows
             line += f" ({recovered} of them recovered by a retry)"
         parts.append(line)
+    if "live_root_causes" in c and "root_causes" in result.tables:
+        parts.append(f"live: {c['live_root_causes']} of the {result.tables['root_causes'].num_rows} root causes were "
+                     "queryable while the agent still ran (the collector builds and scores as spans arrive: "
+                     "tracedag collect --build)")
     return parts
 
 

@@ -102,6 +102,7 @@ def run_demo(config: DemoConfig, progress: Progress) -> DemoResult:
         with runner.stage("simulate", "simulate conversations", ("collector",), total=stages.planned_runs(config)) as task:
             if task is not None:
                 result.simulation = stages.simulate(config, collector, _advance(progress, task))
+                result.counts["live_root_causes"] = stages.live_root_causes(config.data)
         with runner.stage("flush", "flush spans into Parquet", ("simulate",)) as task:
             if task is not None:
                 stages.flush(collector)

@@ -61,8 +61,18 @@ def sim_config(config: DemoConfig, endpoint: str) -> sim.SimulationConfig:
 
 
 def start(data: Path) -> RunningCollector:
-    """Start the collector on free loopback ports, storing under ``data``."""
-    return start_collector(CollectorConfig(data=data, host="127.0.0.1", http_port=0, grpc_port=0))
+    """Start the collector on free loopback ports, storing under ``data``, with the live analysis on."""
+    return start_collector(CollectorConfig(data=data, host="127.0.0.1", http_port=0, grpc_port=0, build=True,
+                                           build_interval=0.5, build_grace_seconds=0.5))
+
+
+def live_root_causes(data: Path) -> int:
+    """Root causes already queryable while the agent ran (the collector's live analysis), before any flush."""
+    try:
+        return run_named(data, "root_causes").num_rows
+    except Exception:  # nothing built yet: the derived views do not exist
+        logger.debug("no live root causes yet", exc_info=True)
+        return 0
 
 
 def simulate(config: DemoConfig, collector: Any, progress: Callable[[int, int], None]) -> Any:
