@@ -41,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.gen import whole_trace_requests
+from bench.ingest import _unique, tid_offsets
 from tracedag.pipeline.store.querying import run_named
 
 console = Console(width=160)
@@ -66,28 +67,8 @@ def bodies_and_ids(n_spans: int, seed: int) -> tuple[list[bytes], list[list[byte
 
 
 def fresh_id(trace_id: bytes, salt: int, i: int) -> bytes:
-    """The trace id a request ``i`` of client ``salt`` gets (6 bytes replaced, as ``renamed`` does)."""
+    """The trace id a request ``i`` of client ``salt`` gets (6 bytes replaced, as ``bench.ingest._unique`` does)."""
     return trace_id[:10] + struct.pack(">HI", salt, i)
-
-
-def renamed(body: bytes, offsets: list[int], salt: int, i: int) -> bytes:
-    """``body`` with every occurrence of its trace ids given the fresh ids of (``salt``, ``i``)."""
-    out = bytearray(body)
-    tag = struct.pack(">HI", salt, i)
-    for pos in offsets:
-        out[pos + 10 : pos + 16] = tag
-    return bytes(out)
-
-
-def offsets_of(body: bytes, ids: list[bytes]) -> list[int]:
-    """Byte offsets of every occurrence of the trace ids in ``body``."""
-    found = []
-    for t in ids:
-        pos = body.find(t)
-        while pos >= 0:
-            found.append(pos)
-            pos = body.find(t, pos + 1)
-    return found
 
 
 def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[int], rate: float,
@@ -95,12 +76,12 @@ def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[
     """Send paced requests for ``seconds``; put a ``Sent`` on ``out``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Content-Type": "application/x-protobuf"}
-    offsets = [offsets_of(b, t) for b, t in zip(bodies, ids, strict=True)]
+    offsets = [tid_offsets(b, t) for b, t in zip(bodies, ids, strict=True)]
     sent, start, i = Sent(), time.monotonic(), 0
     while time.monotonic() < start + seconds:
         k = i % len(bodies)
         t0 = time.monotonic()
-        conn.request("POST", "/v1/traces", body=renamed(bodies[k], offsets[k], salt, i), headers=headers)
+        conn.request("POST", "/v1/traces", body=_unique(bodies[k], offsets[k], salt, i), headers=headers)
         r = conn.getresponse()
         r.read()
         t1 = time.monotonic()
