@@ -44,7 +44,7 @@ class CollectorConfig(ReceiverConfig):
     spool_retention: float = DONE_RETENTION_SECONDS  # seconds converted segments stay in spool/done/
     build: bool = False  # build and score continuously (the live analysis)
     build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
-    build_grace_seconds: float = 2.0  # a trace whose root span is in is complete after this quiet time
+    build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0

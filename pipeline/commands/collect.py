@@ -71,7 +71,7 @@ def parse_size(text: str) -> int:
                    "failures and root causes are queryable seconds after a trace completes.")
 @click.option("--build-idle", default=30.0, show_default=True, type=float,
               help="Seconds without new spans before a trace whose root span never came is built.")
-@click.option("--build-grace", default=2.0, show_default=True, type=float,
+@click.option("--build-grace", default=1.0, show_default=True, type=float,
               help="Seconds without new spans before a trace whose root span is in is built.")
 @click.option("--build-interval", default=1.0, show_default=True, type=float,
               help="Seconds between live analysis rounds.")
