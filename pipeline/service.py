@@ -18,17 +18,18 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.server import ReceiverConfig, Receivers
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.ingest.processes import ConverterProcess
-from tracedag.pipeline.ingest.segments import SpoolConverter
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import JUDGE_LOCK, lock_path
 
-if TYPE_CHECKING:  # the stages are imported when the live analysis starts, not by a bare collector
+if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' process stays small
+    from tracedag.pipeline.ingest.segments import SpoolConverter
     from tracedag.pipeline.score import JudgeConfig
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class RunningCollector:
             REGISTRY.add_source(self._child.metrics_text)
             self._spawn("converter-supervisor", self._supervise)
         elif cfg.convert:
-            self._converter = SpoolConverter(self.data, done_retention=cfg.spool_retention)
+            self._converter = _spool_converter(self.data, cfg.spool_retention)
             self._spawn("spool-converter", self._convert_loop)
         if cfg.build:
             self._spawn("live-analysis", self._analysis_loop)
@@ -194,13 +195,20 @@ class RunningCollector:
             self._child.stop(grace_seconds + 60)
             REGISTRY.remove_source(self._child.metrics_text)
             if self._child.pending():  # the child is gone: finish here
-                self._converter = SpoolConverter(self.data, done_retention=self.config.spool_retention)
+                self._converter = _spool_converter(self.data, self.config.spool_retention)
         try:
             self.convert_once()
         except Exception:
             logger.exception("final conversion failed; the spool keeps the data for the next start")
         self.receivers.release()
         logger.info("collector stopped")
+
+
+def _spool_converter(data: Path, retention: float) -> SpoolConverter:
+    """An in-process converter (imported here: with converter processes the receivers never load it)."""
+    from tracedag.pipeline.ingest.segments import SpoolConverter
+
+    return SpoolConverter(data, done_retention=retention)
 
 
 def start_collector(config: CollectorConfig) -> RunningCollector:

@@ -39,3 +39,11 @@ def test_the_request_path_imports_no_stage():
             "('tracedag.collector', 'tracedag.schemas'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_service_loads_no_stage_until_one_runs_in_process():
+    """With converter processes, the receivers' process stays small (no Arrow, DuckDB or numpy)."""
+    code = ("import sys, tracedag.pipeline.service; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'duckdb', 'numpy', 'polars')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
