@@ -34,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store.views import connect
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
 
@@ -114,6 +113,8 @@ class Liveness:
 
 def liveness(data: Path) -> Liveness:
     """Read the live pairs and per-build counts from the ``traces`` views."""
+    from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
+
     con = connect(data)
     try:
         con.execute("set enable_progress_bar = false")

@@ -157,3 +157,14 @@ def test_child_module_imports_only_the_standard_library_before_the_work_starts()
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONWARNINGS": ""})
     assert out.stdout.strip() == ""
+
+
+def test_a_converter_loads_no_query_engine():
+    """Converters prune spool/done/ through store.gc but never query: DuckDB stays out of their memory."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tracedag.pipeline.ingest.segments, tracedag.pipeline.ingest.child; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'polars', 'networkx'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
