@@ -56,7 +56,6 @@ from tracedag.collector.spoolfmt import (
     segment_stem,
 )
 from tracedag.pipeline.convert.converted import Converted
-from tracedag.pipeline.convert.pool import convert_parallel
 from tracedag.pipeline.convert.records import convert_records
 from tracedag.pipeline.ingest.stage import clean_stage_dir, stage_chunks, stage_dir
 from tracedag.pipeline.ingest.writer import HOUR_NS, ConvertStats, StoreWriter, hour_of, publish
@@ -369,6 +368,9 @@ class SpoolConverter:
         ``pairs`` is emptied: each chunk's payloads are freed once converted.
         """
         if self.workers > 1 and len(pairs) > 1:
+            # multiprocessing only when asked for
+            from tracedag.pipeline.convert.pool import convert_parallel
+
             conv = convert_parallel(pairs, stem, self.workers)
             pairs.clear()
             return [conv]
