@@ -6,7 +6,9 @@
 -- Output columns: agent, agent_version, comparison, scenarios (with a value), runs,
 --   node_consistency, node_coverage, action_consistency, action_coverage,
 --   action_input_consistency, action_input_coverage, response_consistency (means over scenarios,
---   nulls ignored), response_consistency_method (the methods used, comma separated).
+--   nulls ignored), response_consistency_method (the methods used, comma separated;
+--   token_jaccard_offline_sampled marks an estimate), coverage_estimated (varchar[]: the kinds whose
+--   coverage is estimated from sampled pairs in at least one scenario, see determinism.sql).
 select agent, agent_version, comparison,
        count(node_consistency) as scenarios,
        sum(runs)::bigint as runs,
@@ -18,7 +20,8 @@ select agent, agent_version, comparison,
        avg(action_input_coverage) as action_input_coverage,
        avg(cast(response_consistency as double)) as response_consistency,
        string_agg(distinct response_consistency_method, ', ' order by response_consistency_method)
-           as response_consistency_method
+           as response_consistency_method,
+       list_sort(list_distinct(flatten(list(coverage_estimated)))) as coverage_estimated
 from determinism
 group by agent, agent_version, comparison
 order by agent, agent_version nulls first, comparison

@@ -13,10 +13,13 @@ import ast
 import functools
 import json
 import math
-import re
 from typing import Any
 
-_WS = re.compile(r"\s+")
+
+def _collapse(text: str) -> str:
+    """Strip and turn inner whitespace runs into one space (``str.split`` and ``\\s`` agree on
+    what whitespace is; split is several times faster than the regular expression)."""
+    return " ".join(text.split())
 
 
 def _norm(value: Any) -> Any:
@@ -29,12 +32,12 @@ def _norm(value: Any) -> Any:
             return int(value)
         return value
     if isinstance(value, str):
-        return _WS.sub(" ", value).strip()
+        return _collapse(value)
     if isinstance(value, dict):
         return {str(k): _norm(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, list | tuple):
         return [_norm(v) for v in value]
-    return _WS.sub(" ", str(value)).strip()
+    return _collapse(str(value))
 
 
 def _parse(text: str) -> tuple[bool, Any]:
@@ -72,7 +75,7 @@ def canonical_args(text: str | None) -> str:
     if ok:
         ok, value = _unwrap(value)
     if not ok:
-        return _WS.sub(" ", text).strip()
+        return _collapse(text)
     if isinstance(value, str):
         return json.dumps(_norm(value), ensure_ascii=False)
     return json.dumps(_norm(value), separators=(",", ":"), ensure_ascii=False, sort_keys=True)

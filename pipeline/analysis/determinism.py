@@ -6,13 +6,19 @@ relations ``run_paths`` and ``node_visits`` and runs the named queries ``determi
 consistency (judge or offline, see ``response``) is added to the determinism rows in Python.
 ``write_outputs`` writes every table (the two relations included, so the named queries can be
 run again over the store) as Parquet, and one picture per agent.
+
+Every step is linear in the runs: the two pairwise means (replay coverage in SQL, offline response
+consistency in Python) are exact up to 40,000 pairs of distinct sets per group and estimated from
+a seeded sample of 40,000 pairs above that (``pairs``); the rows say which figures are estimates
+(``coverage_estimated``, ``response_consistency_method``). ``progress`` callbacks report each
+phase (see ``Progress``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +27,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.analysis.response import (
+    Agreement,
     ResponseScorer,
     TokenJaccardScorer,
     replay_consistency,
@@ -39,6 +46,13 @@ logger = logging.getLogger(__name__)
 QUERIES = ("determinism", "determinism_agent", "node_utility", "edge_utility", "agent_utility")
 """The named queries run over the relations ``run_paths`` and ``node_visits``, in this order."""
 GroupKey = tuple[str, str | None, str]
+Progress = Callable[[str, int, int | None], None]
+"""``progress(phase, done, total)``: ``done`` more units of ``phase`` finished; ``total`` is the
+phase's size, ``None`` while it is unknown."""
+
+
+def no_progress(phase: str, done: int, total: int | None) -> None:
+    """The default ``Progress``: report nothing."""
 
 
 @dataclass
@@ -72,21 +86,30 @@ def _base_reference(base_runs: list[Run], base_path: list[str] | None) -> str | 
     return None
 
 
-def _response_columns(det: pa.Table, runs: list[Run], scorer: ResponseScorer) -> pa.Table:
+def _row_agreement(row: dict[str, object], members: list[Run], scorer: ResponseScorer) -> Agreement | None:
+    """The response consistency of one determinism row (replays, or variants against the base)."""
+    base = [r for r in members if r.is_base]
+    if row["comparison"] == "replays":
+        key = f"{row['agent']}|{row['agent_version']}|{row['scenario']}|response"
+        return replay_consistency(scorer, [r.final_response for r in base], key)
+    base_path = row["base_node_path"]
+    ref = _base_reference(base, base_path if isinstance(base_path, list) else None) if base else None
+    value = variant_consistency(scorer, ref, [r.final_response for r in members if not r.is_base])
+    return None if value is None else Agreement(value, scorer.method)
+
+
+def _response_columns(det: pa.Table, runs: list[Run], scorer: ResponseScorer, progress: Progress) -> pa.Table:
     """Add response_consistency and response_consistency_method to the determinism rows."""
     groups: dict[GroupKey, list[Run]] = defaultdict(list)
     for r in runs:
         groups[(r.agent, r.agent_version, r.scenario)].append(r)
-    values: list[float | None] = []
+    found: list[Agreement | None] = []
+    progress("response consistency", 0, det.num_rows)
     for row in det.to_pylist():
-        members = groups[(row["agent"], row["agent_version"], row["scenario"])]
-        base = [r for r in members if r.is_base]
-        if row["comparison"] == "replays":
-            values.append(replay_consistency(scorer, [r.final_response for r in base]))
-        else:
-            ref = _base_reference(base, row["base_node_path"]) if base else None
-            values.append(variant_consistency(scorer, ref, [r.final_response for r in members if not r.is_base]))
-    methods = [scorer.method if v is not None else None for v in values]
+        found.append(_row_agreement(row, groups[(row["agent"], row["agent_version"], row["scenario"])], scorer))
+        progress("response consistency", 1, det.num_rows)
+    values = [a.value if a is not None else None for a in found]
+    methods = [a.method if a is not None else None for a in found]
     det = det.append_column("response_consistency", pa.array(values, pa.float64()))
     return det.append_column("response_consistency_method", pa.array(methods, pa.string()))
 
@@ -96,6 +119,7 @@ def analyze(
     group_by: str | None = None,
     graphs: Sequence[AgentGraph] = (),
     scorer: ResponseScorer | None = None,
+    progress: Progress = no_progress,
 ) -> AnalysisResult:
     """Compute determinism and utility tables over every run in ``data``.
 
@@ -104,34 +128,45 @@ def analyze(
     """
     con = connect(data)
     try:
-        runs = load_runs(con, group_by)
+        con.execute("set enable_progress_bar = false")  # the caller's bars, not DuckDB's
+        progress("reading run steps", 0, None)
+        runs = load_runs(con, group_by, lambda n: progress("reading run steps", n, None))
     finally:
         con.close()
-    return analyze_runs(runs, graphs, scorer)
+    return analyze_runs(runs, graphs, scorer, progress)
 
 
 def analyze_runs(
-    runs: list[Run], graphs: Sequence[AgentGraph] = (), scorer: ResponseScorer | None = None
+    runs: list[Run], graphs: Sequence[AgentGraph] = (), scorer: ResponseScorer | None = None,
+    progress: Progress = no_progress,
 ) -> AnalysisResult:
     """Compute the same tables over runs already in memory (tests, simulations)."""
     con = duckdb.connect(":memory:")
     try:
-        return _analyze_runs(con, runs, tuple(graphs), scorer or TokenJaccardScorer())
+        con.execute("set enable_progress_bar = false")
+        return _analyze_runs(con, runs, tuple(graphs), scorer or TokenJaccardScorer(), progress)
     finally:
         con.close()
 
 
 def _analyze_runs(
-    con: duckdb.DuckDBPyConnection, runs: list[Run], graphs: tuple[AgentGraph, ...], scorer: ResponseScorer
+    con: duckdb.DuckDBPyConnection, runs: list[Run], graphs: tuple[AgentGraph, ...], scorer: ResponseScorer,
+    progress: Progress,
 ) -> AnalysisResult:
+    steps = len(QUERIES) + 1
+    progress("determinism and utility queries", 0, steps)
     tables = {"run_paths": runs_table(runs), "node_visits": visits_table(runs, graphs)}
     con.register("run_paths", tables["run_paths"])
     con.register("node_visits", tables["node_visits"])
-    det = _response_columns(_run_query(con, "determinism"), runs, scorer)
+    progress("determinism and utility queries", 1, steps)
+    det = _run_query(con, "determinism")
+    progress("determinism and utility queries", 1, steps)
+    det = _response_columns(det, runs, scorer, progress)
     con.register("determinism", det)
     tables["determinism"] = det
     for name in QUERIES[1:]:
         tables[name] = _run_query(con, name)
+        progress("determinism and utility queries", 1, steps)
     logger.info("determinism over %d runs, %d scenario rows", len(runs), det.num_rows)
     return AnalysisResult(tables, runs, graphs)
 
@@ -142,16 +177,21 @@ def _out_path(data: Path, output: Path | None, name: str) -> tuple[Path, str]:
     return table_dir(data, name), name
 
 
-def write_outputs(result: AnalysisResult, data: Path, output: Path | None = None) -> dict[str, Path]:
+def write_outputs(
+    result: AnalysisResult, data: Path, output: Path | None = None, progress: Progress = no_progress
+) -> dict[str, Path]:
     """Write each table as Parquet (replacing the previous one) and one SVG picture per agent."""
     from tracedag.pipeline.analysis.picture import write_pictures
 
     written: dict[str, Path] = {}
+    steps = len(result.tables) + 1
     for name, table in result.tables.items():
         directory, stem = _out_path(data, output, name)
         tagged = table.replace_schema_metadata({SCHEMA_KEY: f"{name}/v1".encode()})
         written[name] = write_parquet_atomic(tagged, directory, stem=stem)
+        progress("writing tables and pictures", 1, steps)
     folder = output if output is not None else pictures_dir(data)
     result.pictures = write_pictures(result, folder)
+    progress("writing tables and pictures", 1, steps)
     written.update({f"picture {agent}": p for agent, p in result.pictures.items()})
     return written

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tracedag.pipeline.analysis.determinism import AnalysisResult
+from tracedag.pipeline.analysis.pairs import CONFIDENCE, PAIR_SAMPLE, bound
+from tracedag.pipeline.analysis.response import OFFLINE_SAMPLED_METHOD
+from tracedag.pipeline.analysis.trajectories import UNLABELLED
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +39,44 @@ def _agent(row: dict[str, Any]) -> str:
     return str(row["agent"]) + (f" {row['agent_version']}" if row.get("agent_version") else "")
 
 
+def _metric(row: dict[str, Any], key: str) -> str:
+    """A metric cell; ``≈`` in front of a coverage estimated from sampled pairs."""
+    estimated = key.endswith("_coverage") and key.removesuffix("_coverage") in (row.get("coverage_estimated") or ())
+    return ("≈" if estimated and row[key] is not None else "") + _f(row[key])
+
+
 def _response(row: dict[str, Any]) -> str:
     value = row.get("response_consistency")
     if value is None:
         return "—"
     method = row.get("response_consistency_method") or ""
-    return f"{value:.2f} ({'offline' if 'offline' in method else method})"
+    mark = "≈" if OFFLINE_SAMPLED_METHOD in method else ""
+    return f"{mark}{value:.2f} ({'offline' if 'offline' in method else method})"
+
+
+def estimate_note() -> str:
+    """What ``≈`` means: the sample and its error bound (``pairs``)."""
+    eps = bound(CONFIDENCE, PAIR_SAMPLE)
+    return (f"≈ estimated: more than {PAIR_SAMPLE:,} pairs of distinct sets, so the mean Jaccard is taken over "
+            f"{PAIR_SAMPLE:,} seeded random pairs (the same on every run): within ±{eps:.4f} of the exact mean "
+            f"(±{3 * eps:.3f} on the 1–4 response scale) with {CONFIDENCE:.1%} confidence.")
+
+
+def _estimated(rows: list[dict[str, Any]]) -> bool:
+    return any(r.get("coverage_estimated") or OFFLINE_SAMPLED_METHOD in (r.get("response_consistency_method") or "")
+               for r in rows)
+
+
+def group_by_hint(result: AnalysisResult, group_by: str | None) -> str | None:
+    """One line suggesting ``--group-by`` when runs carry no scenario label (they form one scenario)."""
+    if group_by is not None:
+        return None
+    unlabelled = sum(r.scenario == UNLABELLED for r in result.runs)
+    if not unlabelled:
+        return None
+    return (f"{unlabelled:,} of {len(result.runs):,} runs have no scenario label (tracedag.scenario_id), so they "
+            f"count as one scenario {UNLABELLED}: group them with --group-by, e.g. "
+            f"tracedag determinism --group-by \"attributes['app.intent']\"")
 
 
 def determinism_table(rows: list[dict[str, Any]], title: str, per_scenario: bool) -> Table:
@@ -57,7 +92,7 @@ def determinism_table(rows: list[dict[str, Any]], title: str, per_scenario: bool
     t.add_column("response 1–4", justify="right")
     for r in rows:
         cells = [_agent(r)] + ([r["scenario"]] if per_scenario else []) + [r["comparison"], _f(r["runs"])]
-        cells += [_f(r[k]) for k, _ in _METRICS] + [_response(r)]
+        cells += [_metric(r, k) for k, _ in _METRICS] + [_response(r)]
         if per_scenario and r.get("reason"):
             cells[-1] = r["reason"]
         t.add_row(*cells)
@@ -104,5 +139,7 @@ def print_report(console: Console, result: AnalysisResult, written: dict[str, Pa
     if any("offline" in m for m in methods):
         console.print("response consistency: offline token-Jaccard measure (1 + 3·J), not a judge score; "
                       "set --judge-model for a judge.")
+    if _estimated(tables["determinism"]):
+        console.print(estimate_note())
     for name, path in written.items():
         console.print(f"{name}: {path}")

@@ -9,25 +9,31 @@ differences, 2 = they partly agree, 1 = they contradict each other or are unrela
 - ``TokenJaccardScorer`` needs no network: responses are lower-cased and split into word tokens,
   and the score is ``1 + 3 * J`` where J is the mean pairwise Jaccard similarity of the token sets
   (two empty sets count as identical). Its method name is ``token_jaccard_offline``; it measures
-  lexical overlap, not meaning, and every output labels it as such.
+  lexical overlap, not meaning, and every output labels it as such. J is exact while the distinct
+  token sets form at most 40,000 pairs; above that it is estimated from 40,000 seeded random pairs
+  (``pairs.mean_pairwise_jaccard``: unbiased, within ±0.03 of the exact score on the 1–4 scale with
+  99.9 % confidence, the same figure on every run) and the method is
+  ``token_jaccard_offline_sampled``.
 
 A single response agrees with itself: 4.0. Runs without any response give null.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
-from collections import Counter
+from dataclasses import dataclass
 from typing import Protocol
 
+from tracedag.pipeline.analysis.pairs import mean_pairwise_jaccard
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
 OFFLINE_METHOD = "token_jaccard_offline"
+OFFLINE_SAMPLED_METHOD = "token_jaccard_offline_sampled"
+"""The offline method when J was estimated from sampled pairs (see ``pairs``)."""
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 _DIGIT = re.compile(r"[1-4]")
 
@@ -48,6 +54,14 @@ class JudgeFailed(TracedagError):  # type: ignore[misc,unused-ignore]
         self.reason = reason
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """An agreement on the 1–4 scale and the method that produced it."""
+
+    value: float
+    method: str
+
+
 class ResponseScorer(Protocol):
     """Scores the agreement of responses on the 1–4 scale."""
 
@@ -57,33 +71,31 @@ class ResponseScorer(Protocol):
         """Agreement of two or more responses (1–4)."""
         ...
 
+    def measure(self, responses: list[str], key: str) -> Agreement:
+        """Agreement of the responses of one group (``key`` names it) with the method used."""
+        ...
+
 
 def tokens(text: str | None) -> frozenset[str]:
     """Lower-cased word tokens of ``text``."""
     return frozenset(_TOKEN.findall((text or "").lower()))
 
 
-def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
-    """Jaccard similarity; two empty sets are identical (1.0)."""
-    union = a | b
-    return 1.0 if not union else len(a & b) / len(union)
-
-
 class TokenJaccardScorer:
-    """Offline fallback: ``1 + 3 * mean pairwise token-set Jaccard``."""
+    """Offline fallback: ``1 + 3 * mean pairwise token-set Jaccard`` (exact, or sampled: see ``pairs``)."""
 
     method = OFFLINE_METHOD
 
     def agreement(self, responses: list[str]) -> float:
         """1 + 3 x the mean pairwise Jaccard of the responses' token sets."""
-        counts = Counter(tokens(r) for r in responses)
-        n = sum(counts.values())
-        if n < 2:
-            return 4.0
-        # equal token sets pair with Jaccard 1; distinct sets are compared once, weighted
-        total = sum(c * (c - 1) / 2 for c in counts.values())
-        total += sum(counts[a] * counts[b] * jaccard(a, b) for a, b in itertools.combinations(counts, 2))
-        return 1.0 + 3.0 * total / (n * (n - 1) / 2)
+        return self.measure(responses, "").value
+
+    def measure(self, responses: list[str], key: str) -> Agreement:
+        """The agreement, labelled ``token_jaccard_offline_sampled`` when it is an estimate."""
+        if len(responses) < 2:
+            return Agreement(4.0, self.method)
+        mean = mean_pairwise_jaccard([tokens(r) for r in responses], key)
+        return Agreement(1.0 + 3.0 * mean.value, OFFLINE_SAMPLED_METHOD if mean.estimated else self.method)
 
 
 class JudgeScorer:
@@ -97,6 +109,10 @@ class JudgeScorer:
         key = api_key or os.environ.get("TRACEDAG_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self._client = OpenAI(base_url=base_url, api_key=key or "unused", max_retries=2)
         self._cache: dict[tuple[str, ...], float] = {}
+
+    def measure(self, responses: list[str], key: str) -> Agreement:
+        """The judge's agreement (``key`` is not used: the judge sees every response)."""
+        return Agreement(self.agreement(responses), self.method)
 
     def agreement(self, responses: list[str]) -> float:
         """Ask the judge for one digit 1–4 (cached per set of responses)."""
@@ -130,12 +146,12 @@ def make_scorer(model: str | None, base_url: str | None = None) -> ResponseScore
     return TokenJaccardScorer()
 
 
-def replay_consistency(scorer: ResponseScorer, responses: list[str | None]) -> float | None:
-    """Agreement of the replays' final responses; null when no run has a response."""
+def replay_consistency(scorer: ResponseScorer, responses: list[str | None], key: str = "") -> Agreement | None:
+    """Agreement of the replays' final responses (``key`` names the group); null when none has one."""
     present = [r for r in responses if r]
     if not present:
         return None
-    return scorer.agreement(present)
+    return scorer.measure(present, key)
 
 
 def variant_consistency(

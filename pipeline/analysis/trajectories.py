@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,11 +119,16 @@ def _add_step(run: Run, row: dict[str, Any]) -> None:
         run.responses.append(row["detail"])
 
 
-def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> list[Run]:
+_FETCH_ROWS = 20_000
+
+
+def load_runs(
+    con: duckdb.DuckDBPyConnection, group_by: str | None = None, progress: Callable[[int], None] | None = None
+) -> list[Run]:
     """Read every run from the views on ``con`` (``queries/run_steps.sql``), in run-start order.
 
     ``group_by``: a SQL expression over the root span that replaces ``scenario_id`` as the
-    scenario of a run (the value on the run's first trace).
+    scenario of a run (the value on the run's first trace). ``progress(n)``: ``n`` more steps read.
     """
     keys = group_keys(con, group_by) if group_by else None
     try:
@@ -132,14 +137,17 @@ def load_runs(con: duckdb.DuckDBPyConnection, group_by: str | None = None) -> li
         raise QueryFailed("run_steps", str(e)) from e
     cols = [d[0] for d in cur.description]
     runs: dict[str, Run] = {}
-    for values in cur.fetchall():
-        row = dict(zip(cols, values, strict=True))
-        if keys is not None:
-            row["scenario"] = keys.get(row["trace_id"])
-        run = runs.get(row["run_key"])
-        if run is None:
-            run = runs[row["run_key"]] = _new_run(row)
-        _add_step(run, row)
+    while chunk := cur.fetchmany(_FETCH_ROWS):
+        for values in chunk:
+            row = dict(zip(cols, values, strict=True))
+            if keys is not None:
+                row["scenario"] = keys.get(row["trace_id"])
+            run = runs.get(row["run_key"])
+            if run is None:
+                run = runs[row["run_key"]] = _new_run(row)
+            _add_step(run, row)
+        if progress is not None:
+            progress(len(chunk))
     for run in runs.values():
         settle_parallel(run)
     logger.info("loaded %d runs", len(runs))

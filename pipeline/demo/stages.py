@@ -69,7 +69,7 @@ def start(data: Path) -> RunningCollector:
 def live_root_causes(data: Path) -> int:
     """Root causes already queryable while the agent ran (the collector's live analysis), before any flush."""
     try:
-        return run_named(data, "root_causes").num_rows
+        return int(run_named(data, "root_causes").num_rows)
     except Exception:  # nothing built yet: the derived views do not exist
         logger.debug("no live root causes yet", exc_info=True)
         return 0

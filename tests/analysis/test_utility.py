@@ -149,6 +149,7 @@ def test_determinism_command(store, tmp_path):
 
 
 def test_determinism_command_on_an_empty_store(tmp_path):
+    (tmp_path / "empty" / "state").mkdir(parents=True)  # a store with nothing in it yet
     res = CliRunner().invoke(cli, ["determinism", "--data", str(tmp_path / "empty")])
     assert res.exit_code == 0, res.output
     assert "no runs found" in res.output
