@@ -46,9 +46,12 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
     from rich.table import Table
 
     from tracedag.pipeline.dag import build_store
+    from tracedag.pipeline.dag.spec import load_spec
     from tracedag.pipeline.store.files import parquet_files
     from tracedag.pipeline.store.gc import GcSettings
 
+    if spec is not None:
+        load_spec(spec)  # a bad spec is an error whatever the store holds
     if not parquet_files(data, "spans"):
         click.echo(f"no spans in {data} yet: nothing to build. Send spans to `tracedag collect --data {data}` "
                    f"or load a dump with `tracedag ingest FILE --data {data}`, then build.", err=True)

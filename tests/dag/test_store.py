@@ -102,6 +102,7 @@ def test_spec_flags_deviant_traces(tmp_path):
 def test_bad_spec_is_a_clean_cli_error(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("nodes: [1, 2]\n")
+    (tmp_path / "state").mkdir()
     r = CliRunner().invoke(cli, ["build", "--data", str(tmp_path), "--spec", str(spec)])
     assert r.exit_code != 0 and "workflow spec" in r.output and "Traceback" not in r.output
 
