@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from tracedag.pipeline.score.rows import ScoreRow, categorize
@@ -54,6 +55,7 @@ METRIC_CATEGORIES: tuple[tuple[str, str], ...] = (
 _SCALES: tuple[tuple[float, float, str], ...] = ((0, 1, "unit"), (1, 5, "likert5"), (0, 10, "ten"), (0, 100, "percent"))
 
 
+@lru_cache(maxsize=4096)
 def label_score(label: str | None) -> float | None:
     """The 1-5 score a verdict label stands for, or None when the label is not a known verdict."""
     if not label:
@@ -99,6 +101,7 @@ def map_one(name: str, value: float | None, label: str | None, scale: str | None
     return 6 - found if LOWER_IS_BETTER.search(name) and label_score(label) is None else found
 
 
+@lru_cache(maxsize=4096)
 def category_for(metric: str) -> str | None:
     """The taxonomy L3 suggested by an evaluation metric's name, if any."""
     for pattern, l3 in METRIC_CATEGORIES:

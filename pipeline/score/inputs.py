@@ -1,37 +1,57 @@
 """Reading what scoring needs from the views: pending builds, step facts, tool definitions, judge inputs.
 
 These are stage-internal reads (like ``build`` reading spans), not analytical results, so the SQL
-stays here. Every query works on the ``pending`` relation: the (trace_id, build_id) pairs of the
-latest builds that are being scored in this pass.
+stays here. The step queries work on the ``pending`` relation: the (trace_id, build_id) pairs of
+the latest builds that are being scored in this pass (``scan`` reads them for ``score_store``,
+``use_pending`` and ``tool_definitions`` for the per-step reference).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracedag.pipeline.score.rubrics import JudgeInput
-from tracedag.pipeline.score.rules import BASE_METRICS, DEFAULT_METRICS, StepFacts
+from tracedag.pipeline.score.rules import StepFacts
 from tracedag.pipeline.score.toolschema import is_definition_key, parse_definitions
 
-# Latest builds (dag_nodes view) that have no rule rows yet: rules and evaluations score them.
-PENDING_RULES_SQL = """
-select distinct n.trace_id, n.build_id from dag_nodes n
-where not exists (select 1 from step_scores_all s
-                  where s.trace_id = n.trace_id and s.build_id = n.build_id and s.source = 'rule')
-order by 1
+# The latest build of each trace, as the traces view picks it, read from two columns of
+# traces_all (the view packs whole rows): the queries below join dag_nodes_all with it instead
+# of reading the dag_nodes view, at a fraction of the cost when little is new.
+LATEST_BUILDS_SQL = """
+select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id from traces_all group by trace_id
 """
 
-FACTS_CORE_SQL = """
-select n.trace_id, n.span_id, n.topo_index, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
+LATEST_NODES_SQL = f"""
+latest as ({LATEST_BUILDS_SQL}),
+latest_nodes as (
+    select n.* from dag_nodes_all n semi join latest l on l.trace_id = n.trace_id and l.build_id = n.build_id
+)"""
+
+# Latest builds that have no rule rows yet, with their step counts: rules and evaluations score them.
+PENDING_RULES_SQL = f"""
+with latest as ({LATEST_BUILDS_SQL}), todo as (
+    select t.trace_id, t.build_id from latest t
+    anti join step_scores_all s on s.trace_id = t.trace_id and s.build_id = t.build_id and s.source = 'rule'
+)
+select n.trace_id, n.build_id, count(*) as steps
+from dag_nodes_all n semi join todo t on t.trace_id = n.trace_id and t.build_id = n.build_id
+group by all order by 1
+"""
+
+# What the rules read of one step: its dag_nodes row (n) and its span (s), with {input_text} the
+# expression of its input text (``facts_columns``).
+_FACTS_COLUMNS = """
+       n.trace_id, n.span_id, n.topo_index, n.build_id, cast(n.step_type as varchar) as step_type, n.step_name,
        n.iteration, coalesce(s.status_code, n.status_code) as status_code, s.status_message, s.error_type,
        s.finish_reason, s.output_tokens, s.tool_name,
        -- full texts only where a rule reads them (tool results, tool arguments); llm outputs are
        -- only checked for emptiness, which their first 64 characters decide
-       case when n.step_type = 'tool' then s.input_text end as input_text,
+       {input_text} as input_text,
        coalesce(s.attributes['http.response.status_code'], s.attributes['http.status_code']) as http_status,
        coalesce(s.attributes['gen_ai.tool.call.arguments'], s.attributes['tool_call.function.arguments'])
            as tool_args,
@@ -40,41 +60,53 @@ select n.trace_id, n.span_id, n.topo_index, n.build_id, cast(n.step_type as varc
        s.attributes['gen_ai.task.status'] as task_status,
        [concat_ws(': ', e.attributes['exception.type'], e.attributes['exception.message'])
         for e in coalesce(s.events, []) if e.name = 'exception'] as exceptions
+"""
+
+TOOL_INPUT_TEXT = "case when n.step_type = 'tool' then s.input_text end"
+
+
+def facts_columns(input_text: str = TOOL_INPUT_TEXT) -> str:
+    """The select list of a step's facts, ``input_text`` the SQL of its input text."""
+    return _FACTS_COLUMNS.format(input_text=input_text)
+
+
+FACTS_COLUMNS = facts_columns()
+
+FACTS_CORE_SQL = f"""
+select {FACTS_COLUMNS}
 from dag_nodes n join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
 left join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
 """
 
-# A "quiet" step cannot make any rule fire: it is not a tool step, reports no failure (status,
-# error.type, exception events, task status, HTTP status), has no finish reason a rule looks for,
-# is not an LLM step with an empty-looking output (more than 4 ASCII letters/digits rule out every
-# "empty" spelling) and is under the iteration bound. Each condition is at least as strict as the
-# rule it stands for (tests/score/test_rules.py checks them against the rule table), so quiet
-# steps get their passing rows straight from SQL and only the others go through Python.
-QUIET_SQL = """(
-    step_type is distinct from 'tool'
-    and status_code is distinct from 2
+# A "calm" step reports no failure (status, error.type, exception events, task status, HTTP
+# status), has no finish reason a rule looks for and is under the iteration bound.
+CALM_SQL = """
+    status_code is distinct from 2
     and coalesce(error_type, '') = ''
     and len(exceptions) = 0
     and coalesce(lower(task_status), '') <> 'failure'
     and http_status is null
     and (finish_reason is null or not regexp_matches(lower(finish_reason),
          'length|max_tokens|max_output_tokens|content_filter|safety|blocked|prohibited_content|error'))
-    and (step_type is distinct from 'llm' or (coalesce(output_tokens, 1) <> 0 and
-         (result_text is null or length(regexp_replace(result_text, '[^A-Za-z0-9]', '', 'g')) > 4)))
     and (cast($max_iterations as integer) is null or coalesce(iteration, 0) < cast($max_iterations as integer))
-)"""
-
-STEP_FACTS_SQL = f"""
-select * from score_facts where not {QUIET_SQL}
 """
 
-# The passing rows of the quiet steps: one per base metric of the step type (rules.BASE_METRICS).
-QUIET_ROWS_SQL = f"""
-select trace_id, span_id, build_id,
-       unnest(coalesce(list_extract($metric_lists, list_position($types, step_type)), $default_metrics))
-           as metric
-from score_facts where {QUIET_SQL}
-"""
+# A "quiet" step cannot make any rule fire: it is calm, not a tool step, and not an LLM step with
+# an empty-looking output (5 ASCII letters/digits or more rule out every "empty" spelling).
+# Each condition is at least as strict as the rule it stands for (tests/score/test_rules.py
+# checks them against the rule table), so quiet steps get their passing rows without Python.
+# (case, unlike and/or, evaluates a branch only on the rows that reach it: as a column, the
+# output check then runs on LLM outputs only.)
+def quiet_sql(calm: str = CALM_SQL) -> str:
+    """``QUIET_SQL`` with ``calm`` the SQL of the calm condition (a column that holds it, say)."""
+    return f"""(case when step_type is distinct from 'tool' and {calm} then
+    case when step_type = 'llm' then coalesce(output_tokens, 1) <> 0 and
+         (result_text is null or regexp_matches(result_text, '[A-Za-z0-9](?:[^A-Za-z0-9]*[A-Za-z0-9]){{4}}'))
+    else true end
+else false end)"""
+
+
+QUIET_SQL = quiet_sql()
 
 DEFINITIONS_SQL = """
 select s.trace_id, unnest(map_keys(s.attributes)) as k, unnest(map_values(s.attributes)) as v
@@ -84,20 +116,24 @@ where len(list_filter(map_keys(s.attributes),
                or (k like 'llm.tools.%' and k like '%.tool.json_schema'))) > 0
 """
 
-# Evaluations on a latest-build step that have no evaluation row for that build and metric yet
-# (independent of the rule pass, so an evaluation arriving without a rebuild is still mapped).
-EVALUATIONS_SQL = """
+# Evaluations without an evaluation row for their metric on their step's latest build: those on
+# a latest-build step (build_id set) get mapped, the others target no built step. (Independent
+# of the rule pass, so an evaluation arriving without a rebuild is still mapped.) An evaluation
+# row is only ever written for a step of the build it names, so every evaluation off the DAG is
+# among these: one join with the steps serves both.
+EVALUATIONS_SQL = f"""
+with {LATEST_NODES_SQL},
+done as (
+    select s.trace_id, s.span_id, s.metric from step_scores_all s
+    semi join latest l on l.trace_id = s.trace_id and l.build_id = s.build_id
+    where s.source = 'evaluation'
+), todo as (
+    select e.* from evaluations e
+    anti join done d on d.trace_id = e.trace_id and d.span_id = e.span_id and d.metric = e.name
+)
 select e.trace_id, e.span_id, n.build_id, e.name, e.score_value, e.label, e.explanation, e.evaluator,
-       e.source_kind, e.time_unix_nano
-from evaluations e join dag_nodes n on n.trace_id = e.trace_id and n.span_id = e.span_id
-where not exists (select 1 from step_scores_all s
-                  where s.trace_id = e.trace_id and s.span_id = e.span_id and s.build_id = n.build_id
-                    and s.source = 'evaluation' and s.metric = e.name)
-"""
-
-EVALUATIONS_OFF_DAG_SQL = """
-select count(*) from evaluations e
-where not exists (select 1 from dag_nodes n where n.trace_id = e.trace_id and n.span_id = e.span_id)
+       e.source_kind, e.time_unix_nano, n.span_id is not null as on_dag
+from todo e left join latest_nodes n on n.trace_id = e.trace_id and n.span_id = e.span_id
 """
 
 # min and max of every metric's values over the whole table: the scale of the metric
@@ -108,19 +144,8 @@ where name is not null and score_value is not null group by name
 
 
 def pending_rule_builds(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """(trace_id, build_id) of the latest builds that have not been rule-scored."""
+    """(trace_id, build_id, steps) of the latest builds that have not been rule-scored."""
     return con.sql(PENDING_RULES_SQL).to_arrow_table()
-
-
-def pending_steps(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> int:
-    """How many steps the ``pending`` builds have."""
-    con.register("pending_all", pending)
-    try:
-        rows = con.execute("select count(*) from dag_nodes n semi join pending_all p "
-                           "on p.trace_id = n.trace_id and p.build_id = n.build_id").fetchall()
-    finally:
-        con.unregister("pending_all")
-    return int(rows[0][0])
 
 
 def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:
@@ -135,34 +160,38 @@ def done_pending(con: duckdb.DuckDBPyConnection) -> None:
     con.unregister("pending")
 
 
-def tool_definitions(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{trace_id: {tool name: parameters schema}}`` for the pending traces."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for trace_id, key, value in con.execute(DEFINITIONS_SQL).fetchall():
+Definitions = dict[str, dict[str, dict[str, Any]]]
+"""``{trace_id: {tool name: parameters schema}}``."""
+
+
+def tool_definitions(con: duckdb.DuckDBPyConnection) -> Definitions:
+    """The tool definitions of the pending traces."""
+    return definitions_from(con.execute(DEFINITIONS_SQL).fetchall())
+
+
+def definitions_from(entries: Iterable[tuple[str, str, str | None]]) -> Definitions:
+    """Definitions from (trace_id, attribute key, value) entries, later entries winning."""
+    out: Definitions = {}
+    for trace_id, key, value in entries:
         if is_definition_key(key) and value:
             out.setdefault(trace_id, {}).update(parse_definitions(value))
     return out
 
 
-def quiet_rows(con: duckdb.DuckDBPyConnection, max_iterations: int | None) -> pa.Table:
-    """(trace_id, span_id, build_id, metric) of the passing rows of the pending quiet steps."""
-    types = sorted(BASE_METRICS)
-    params = {"max_iterations": max_iterations, "types": types, "metric_lists": [list(BASE_METRICS[t]) for t in types],
-              "default_metrics": list(DEFAULT_METRICS)}
-    return con.sql(QUIET_ROWS_SQL, params=params).to_arrow_table()
+def step_tool(tool_name: str | None, step_name: str | None, step_type: str | None) -> str | None:
+    """The tool a step calls: its ``tool_name``, else a tool step's ``step_name``."""
+    return tool_name or (step_name if step_type == "tool" else None)
 
 
-def step_facts(con: duckdb.DuckDBPyConnection, defs: dict[str, dict[str, dict[str, Any]]],
-               max_iterations: int | None, batch_rows: int = 50_000) -> Iterator[list[StepFacts]]:
-    """Yield the pending steps that are not quiet as ``StepFacts``, ``batch_rows`` at a time."""
-    reader = con.sql(STEP_FACTS_SQL, params={"max_iterations": max_iterations}).to_arrow_reader(batch_rows)
-    for batch in reader:
-        yield [_facts(r, defs, max_iterations) for r in batch.to_pylist()]
+def tool_schema(defs: Definitions, trace_id: str, tool: str | None) -> dict[str, Any] | None:
+    """The parameters schema of ``tool`` defined in the trace, if any."""
+    return defs.get(trace_id, {}).get(tool) if tool else None
 
 
-def _facts(r: dict[str, Any], defs: dict[str, dict[str, dict[str, Any]]], max_iterations: int | None) -> StepFacts:
-    tool = r["tool_name"] or (r["step_name"] if r["step_type"] == "tool" else None)
-    schema = defs.get(r["trace_id"], {}).get(tool) if tool else None
+def facts_from_row(r: dict[str, Any], defs: Definitions, max_iterations: int | None) -> StepFacts:
+    """The ``StepFacts`` of one row of ``FACTS_COLUMNS``, with its tool's schema from ``defs``."""
+    tool = step_tool(r["tool_name"], r["step_name"], r["step_type"])
+    schema = tool_schema(defs, r["trace_id"], tool)
     return StepFacts(
         trace_id=r["trace_id"], span_id=r["span_id"], build_id=r["build_id"], step_type=r["step_type"],
         step_name=r["step_name"], tool_name=tool, iteration=r["iteration"], status_code=r["status_code"],
@@ -173,15 +202,16 @@ def _facts(r: dict[str, Any], defs: dict[str, dict[str, dict[str, Any]]], max_it
     )
 
 
-def evaluation_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """The ``evaluations`` rows on latest-build steps not mapped yet, each with the step's build_id."""
-    rows: list[dict[str, Any]] = con.sql(EVALUATIONS_SQL).to_arrow_table().to_pylist()
-    return rows
+_facts = facts_from_row  # the name tests/score/test_rules.py knows
 
 
-def evaluations_off_dag(con: duckdb.DuckDBPyConnection) -> int:
-    """How many evaluations target no built step (no span id, or a span not built yet)."""
-    return int(con.execute(EVALUATIONS_OFF_DAG_SQL).fetchall()[0][0])
+def evaluation_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[dict[str, Any]], int]:
+    """The ``evaluations`` rows on latest-build steps not mapped yet (each with the step's build_id),
+    and how many evaluations target no built step (no span id, or a span not built yet)."""
+    table = con.sql(EVALUATIONS_SQL).to_arrow_table()
+    on_dag = pc.fill_null(table.column("on_dag"), False)
+    rows: list[dict[str, Any]] = table.filter(on_dag).drop_columns(["on_dag"]).to_pylist()
+    return rows, table.num_rows - len(rows)
 
 
 def evaluation_ranges(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, float]]:

@@ -94,7 +94,7 @@ def passing_table(keys: pa.Table, rule_name: str, explanation: str, score: float
         if f.name in given:
             arrays.append(given[f.name].cast(f.type))
         elif f.name in consts:
-            arrays.append(pa.array([consts[f.name]] * n, type=f.type))
+            arrays.append(pa.repeat(pa.scalar(consts[f.name], type=f.type), n))
         else:
             arrays.append(pa.nulls(n, f.type))
     return pa.Table.from_arrays(arrays, schema=STEP_SCORES_V1)

@@ -75,11 +75,11 @@ def tool_result_reports_error(f: StepFacts) -> bool:
     return found
 
 
-_RESULT_KEY_HINTS = ('"error', '"exception', '"isError"', '"is_error"', '"status"')
+RESULT_KEY_HINTS = ('"error', '"exception', '"isError"', '"is_error"', '"status"')
 
 
 def _result_error(text: str) -> bool:
-    if text.lstrip()[:1] == "{" and not any(h in text for h in _RESULT_KEY_HINTS):
+    if text.lstrip()[:1] == "{" and not any(h in text for h in RESULT_KEY_HINTS):
         return False  # an object without any key the checks below read (skips parsing most results)
     doc = _json(text)
     if isinstance(doc, dict):

@@ -6,6 +6,12 @@ mapped. Pass 2 (with a judge): every step of a latest build whose
 step type has a rubric and that has no judge row for that rubric's metric on that build is
 graded. Each pass writes its own Parquet files; ``build_id`` is the build scored, so the
 ``step_scores`` view drops scores of superseded builds by itself.
+
+Pass 1 reads up to ``STEPS_PER_CHUNK`` steps with one scan (``scan``), gives the steps no rule
+can fire on their passing rows column-wise and runs the rule table once per distinct set of
+facts of the others (``columnar``; ``reference`` keeps the per-step loop it must match). The
+evaluations are mapped on a cursor of their own beside it, and the files are written in the
+background (``writes``).
 """
 
 from __future__ import annotations
@@ -13,21 +19,25 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from tracedag.pipeline.score import inputs
+from tracedag.pipeline.score import columnar, inputs
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
-from tracedag.pipeline.score.rows import ScoreRow, passing_table, to_table
+from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
-from tracedag.pipeline.score.rules import PASS_EXPLANATION, PASS_RULE, PASS_SCORE, score_step
+from tracedag.pipeline.score.scan import read_scan, with_input_texts
+from tracedag.pipeline.score.writes import Writes, background_writes
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.fsio import file_lock
@@ -39,7 +49,9 @@ if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "judge_cache.sqlite"
-TRACES_PER_CHUNK = 5_000
+STEPS_PER_CHUNK = 400_000
+"""Steps read by one scan: a chunk's facts and DuckDB's join are in memory together (300,000
+generated steps and 31,000 evaluations peak at about 0.6 GB), and each chunk scans the spans."""
 
 
 @dataclass
@@ -54,6 +66,16 @@ class ScoreStats:
     evaluations: MapStats = field(default_factory=MapStats)
     judge: JudgeStats | None = None
     files: list[Path] = field(default_factory=list)
+
+    def count_table(self, table: pa.Table, source: str, steps: int) -> None:
+        """Add ``table`` (``STEP_SCORES_V1`` rows of ``source``, covering ``steps`` steps) to the counters."""
+        self.rows_by_source[source] += table.num_rows
+        self.steps_by_source[source] += steps
+        failed = table.filter(pc.and_(pc.less_equal(table.column("score"), FAILED_AT),
+                                      pc.is_valid(table.column("taxonomy_l1"))))
+        levels = ["taxonomy_l1", "taxonomy_l2", "taxonomy_l3"]
+        for r in failed.group_by(levels).aggregate([([], "count_all")]).to_pylist():
+            self.failures_by_category[(r["taxonomy_l1"], r["taxonomy_l2"], r["taxonomy_l3"])] += r["count_all"]
 
     def count(self, rows: list[ScoreRow]) -> None:
         """Add ``rows`` to the counters."""
@@ -70,6 +92,12 @@ class ScoreStats:
 Advance = Callable[[str, int, int], None]  # (phase, steps done, total or -1 to keep the total)
 
 
+def _write_rows(writes: Writes, rows: list[ScoreRow], stats: ScoreStats) -> None:
+    if rows:
+        writes.write(lambda: to_table(rows))
+        stats.count(rows)
+
+
 def _write(data: Path, rows: list[ScoreRow], stats: ScoreStats) -> None:
     if not rows:
         return
@@ -77,56 +105,83 @@ def _write(data: Path, rows: list[ScoreRow], stats: ScoreStats) -> None:
     stats.count(rows)
 
 
-def _chunks(table: pa.Table, size: int) -> Iterator[pa.Table]:
-    for start in range(0, table.num_rows, size):
-        yield table.slice(start, size)
+def _chunks(pending: pa.Table, max_steps: int) -> Iterator[pa.Table]:
+    """Consecutive slices of ``pending`` of at most ``max_steps`` steps (or one build)."""
+    ends = np.cumsum(pending.column("steps").to_numpy())
+    start = 0
+    while start < pending.num_rows:
+        done = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, done + max_steps, side="right")))
+        yield pending.slice(start, stop - start)
+        start = stop
 
 
-def _write_quiet(data: Path, keys: pa.Table, stats: ScoreStats) -> int:
-    """Write the passing rows of the quiet steps; return how many steps they cover."""
-    if keys.num_rows == 0:
+def _distinct_steps(facts: pa.Table, mask: np.ndarray, chunk: pa.Table) -> int:
+    """How many distinct (trace_id, span_id) the steps of ``facts`` under ``mask`` are."""
+    if facts.num_rows == pc.sum(chunk.column("steps")).as_py():
+        return int(mask.sum())  # a build has one node per span (dag.prep dedupes): one row per step
+    steps = facts.select(["trace_id", "span_id"]).filter(pa.array(mask))
+    if steps.num_rows == 0:
         return 0
-    table = passing_table(keys, PASS_RULE, PASS_EXPLANATION, PASS_SCORE)
-    stats.files.append(write_parquet_atomic(table, table_dir(data, "step_scores")))
-    steps = len(set(zip(keys.column("trace_id").to_pylist(), keys.column("span_id").to_pylist(), strict=True)))
-    stats.rows_by_source["rule"] += keys.num_rows
-    stats.steps_by_source["rule"] += steps
-    return steps
+    traces, spans = (pc.dictionary_encode(steps.column(c)).combine_chunks() for c in ("trace_id", "span_id"))
+    pairs = traces.indices.to_numpy().astype(np.int64) * len(spans.dictionary) + spans.indices.to_numpy()
+    return len(np.unique(pairs))
 
 
-def _score_chunk(data: Path, con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
-                 stats: ScoreStats, advance: Advance) -> list[ScoreRow]:
-    inputs.use_pending(con, chunk)
-    quiet = _write_quiet(data, inputs.quiet_rows(con, max_iterations), stats)
-    stats.steps += quiet
-    advance("rules", quiet, -1)
-    defs = inputs.tool_definitions(con)
-    rows: list[ScoreRow] = []
-    for facts in inputs.step_facts(con, defs, max_iterations):
-        for f in facts:
-            rows.extend(score_step(f))
-        stats.steps += len(facts)
-        advance("rules", len(facts), -1)
-    inputs.done_pending(con)
-    return rows
+def _write_passing(writes: Writes, facts: pa.Table, quiet: np.ndarray, stats: ScoreStats) -> None:
+    """Write the passing rows of the ``quiet`` steps, made and written in the background."""
+    rows = columnar.passing_count(facts, quiet)
+    if rows:
+        writes.write(lambda: columnar.passing_rows(facts, quiet))
+        stats.rows_by_source["rule"] += rows
 
 
-def score_evaluations(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats) -> None:
+def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
+                 stats: ScoreStats, advance: Advance) -> None:
+    scan = read_scan(con, chunk, max_iterations)
+    quiet = columnar.quiet_mask(scan)
+    _write_passing(writes, scan.facts, quiet, stats)  # while the other steps are scored
+    rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs)
+    rows = columnar.step_rows(rest, scan.defs, max_iterations)
+    if rows.num_rows:
+        writes.write(lambda: rows)
+    quiet_steps = _distinct_steps(scan.facts, quiet, chunk)
+    stats.steps_by_source["rule"] += quiet_steps
+    stats.count_table(rows, "rule", _distinct_steps(scan.facts, ~quiet, chunk))
+    stats.steps += quiet_steps + rest.num_rows
+    advance("rules", scan.facts.num_rows, -1)
+
+
+def map_store_evaluations(con: duckdb.DuckDBPyConnection, stats: MapStats) -> list[ScoreRow]:
     """Map the evaluations on latest-build steps that have no evaluation row for that build yet."""
-    rows = inputs.evaluation_rows(con)
+    rows, stats.unmatched_step = inputs.evaluation_rows(con)
     builds = {(r["trace_id"], r["span_id"]): r["build_id"] for r in rows}
-    stats.evaluations.unmatched_step = inputs.evaluations_off_dag(con)
-    _write(data, map_evaluations(rows, builds, stats.evaluations, inputs.evaluation_ranges(con)), stats)
+    return map_evaluations(rows, builds, stats, inputs.evaluation_ranges(con))
 
 
-def score_rules(data: Path, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
+def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: MapStats) -> Future[list[ScoreRow]]:
+    """``map_store_evaluations`` on a cursor of its own in ``pool``, beside the rule pass: the
+    rule pass leaves a core idle while it runs Python, the evaluations one while DuckDB reads."""
+    cursor = con.cursor()
+    cursor.execute("set enable_progress_bar = false")
+
+    def run() -> list[ScoreRow]:
+        try:
+            return map_store_evaluations(cursor, stats)
+        finally:
+            cursor.close()
+
+    return pool.submit(run)
+
+
+def score_rules(writes: Writes, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
                 max_iterations: int | None, advance: Advance) -> None:
     """Pass 1: rules for the latest builds that have no rule rows yet."""
     pending = inputs.pending_rule_builds(con)
     stats.builds = pending.num_rows
-    advance("rules", 0, inputs.pending_steps(con, pending))
-    for chunk in _chunks(pending, TRACES_PER_CHUNK):
-        _write(data, _score_chunk(data, con, chunk, max_iterations, stats, advance), stats)
+    advance("rules", 0, int(pc.sum(pending.column("steps")).as_py() or 0))
+    for chunk in _chunks(pending, STEPS_PER_CHUNK):
+        _score_chunk(writes, con, chunk, max_iterations, stats, advance)
 
 
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
@@ -197,8 +252,11 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
     con = _connect(data)
     try:
         with _progress(progress) as advance:
-            score_rules(data, con, stats, max_iterations, advance)
-            score_evaluations(data, con, stats)
+            with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
+                  ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
+                evaluations = _beside(con, pool, stats.evaluations)
+                score_rules(writes, con, stats, max_iterations, advance)
+                _write_rows(writes, evaluations.result(), stats)
             if judge is not None:
                 con.close()
                 con = _connect(data)  # see the rule rows just written

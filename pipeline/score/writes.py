@@ -1,0 +1,46 @@
+"""``step_scores`` files written in the background, in order, while scoring goes on.
+
+Parquet encoding, compression and the fsyncs release the GIL: the rule pass's passing rows are
+written while the other steps go through the rules, and while the evaluations are mapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+
+
+class Writes:
+    """One background thread writing tables as new files of ``directory``, in submission order."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-writes")
+        self._pending: list[Future[Path]] = []
+
+    def write(self, make: Callable[[], pa.Table]) -> None:
+        """Write the table ``make`` returns (made in the background too) as one new file."""
+        self._pending.append(self._pool.submit(lambda: write_parquet_atomic(make(), self._dir)))
+
+    def close(self) -> list[Path]:
+        """Wait for every file; return their paths (raises what a write raised)."""
+        try:
+            return [future.result() for future in self._pending]
+        finally:
+            self._pool.shutdown()
+
+
+@contextmanager
+def background_writes(directory: Path, files: list[Path]) -> Iterator[Writes]:
+    """``Writes`` into ``directory`` for the ``with`` block; the paths written are added to ``files``."""
+    writes = Writes(directory)
+    try:
+        yield writes
+    finally:
+        files.extend(writes.close())
