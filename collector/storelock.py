@@ -21,7 +21,7 @@ from typing import Any
 
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import lock_fd, open_lock_file
-from tracedag.schemas.layout import COLLECTOR_LOCK, lock_path
+from tracedag.schemas.layout import COLLECTOR_LOCK, state_file
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class StoreLock:
 
     def __init__(self, data: Path) -> None:
         self.data = Path(data)
-        self.path = lock_path(self.data, COLLECTOR_LOCK)
+        self.path = state_file(self.data, COLLECTOR_LOCK)
         self._fd: int | None = None
         self._holder: dict[str, Any] = {}
 

@@ -26,7 +26,7 @@ from tracedag.collector.server import ReceiverConfig, Receivers
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.ingest.processes import ConverterProcess
 from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import JUDGE_LOCK, lock_path
+from tracedag.schemas.layout import JUDGE_LOCK, state_file
 
 if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' process stays small
     from tracedag.pipeline.ingest.segments import SpoolConverter
@@ -155,7 +155,7 @@ class RunningCollector:
         from tracedag.pipeline.store.views import connect
 
         assert self.config.judge is not None
-        with file_lock(lock_path(self.data, JUDGE_LOCK), wait=False) as free:
+        with file_lock(state_file(self.data, JUDGE_LOCK), wait=False) as free:
             if not free:
                 return 0
             stats = ScoreStats()

@@ -76,9 +76,11 @@ def state_dir(data: Path) -> Path:
     return data / STATE
 
 
-def lock_path(data: Path, name: str) -> Path:
-    """``<data>/state/<name>``, one of the ``*_LOCK`` names."""
+def state_file(data: Path, name: str) -> Path:
+    """``<data>/state/<name>``: a lock (one of the ``*_LOCK`` names), a converter's metrics text, the
+    judge's answer cache."""
     return data / STATE / name
+
 
 
 def spans_generation_file(data: Path) -> Path:
@@ -99,11 +101,6 @@ def converter_stage_dir(data: Path, shard: int) -> Path:
 def ingest_stage_dir(data: Path, pid: int) -> Path:
     """Where the ``tracedag ingest`` process ``pid`` stages its segments' Parquet before committing it."""
     return data / STATE / f"ingest-{pid}"
-
-
-def converter_metrics_file(data: Path, name: str) -> Path:
-    """A converter process's metrics text (merged into the collector's ``/metrics``)."""
-    return data / STATE / name
 
 
 def compact_staging_dir(data: Path) -> Path:
@@ -129,11 +126,6 @@ def build_inflight_dir(data: Path) -> Path:
 def dag_gc_dir(data: Path) -> Path:
     """The derived-table garbage collector's working files."""
     return data / STATE / "dag-gc"
-
-
-def judge_cache_file(data: Path, name: str) -> Path:
-    """The LLM judge's answer cache."""
-    return data / STATE / name
 
 
 def pictures_dir(data: Path) -> Path:

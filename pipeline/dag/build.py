@@ -37,7 +37,7 @@ from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, lock_path, table_dir
+from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, state_file, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
 
 
 def _lock(data: Path) -> AbstractContextManager[bool]:
-    return file_lock(lock_path(data, BUILD_LOCK))
+    return file_lock(state_file(data, BUILD_LOCK))
 
 
 def _files_hash(data: Path) -> str:

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracedag.schemas.layout import converter_metrics_file
+from tracedag.schemas.layout import state_file
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def batch_scheduling() -> None:
 def write_metrics(registry: Any, data: Path, name: str) -> None:
     """Replace ``<data>/state/<name>`` with the registry's Prometheus text (atomically)."""
     try:
-        final = converter_metrics_file(data, name)
+        final = state_file(data, name)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f"{name}.tmp")
         tmp.write_text(registry.render())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS, SEALED_SUFFIX
 from tracedag.pipeline.ingest.child import METRICS_FILE, metrics_name
-from tracedag.schemas.layout import converter_metrics_file, spool_dir
+from tracedag.schemas.layout import spool_dir, state_file
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class ConverterProcess:
         texts = []
         for w in range(self.processes):
             try:
-                texts.append(converter_metrics_file(self.data, metrics_name(w)).read_text())
+                texts.append(state_file(self.data, metrics_name(w)).read_text())
             except OSError:
                 continue
         return merge_metrics(texts)

@@ -28,10 +28,10 @@ from tracedag.pipeline.store.parquet import write_atomic, write_atomic_stream
 from tracedag.schemas.fsio import fsync_dir, lock_fd, open_lock_file
 from tracedag.schemas.layout import (
     INGEST_LOCK,
-    lock_path,
     spans_epoch_file,
     spans_generation_file,
     state_dir,
+    state_file,
     table_dir,
 )
 
@@ -107,7 +107,7 @@ class StoreWriter:
         self._epoch = ""
         self._loaded: set[Path] = set()
         state_dir(data).mkdir(parents=True, exist_ok=True)
-        self._lock_path = lock_path(data, INGEST_LOCK)
+        self._lock_path = state_file(data, INGEST_LOCK)
         self._gen_path = spans_generation_file(data)
         self._epoch_path = spans_epoch_file(data)
 

@@ -41,7 +41,7 @@ from tracedag.pipeline.score.writes import Writes, background_writes
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import SCORE_LOCK, judge_cache_file, lock_path, table_dir
+from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
     from tracedag.pipeline.score.judge_client import JudgeTask
@@ -211,7 +211,7 @@ def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, st
     if jstats.same_family_models:
         logger.warning("judge %s is of the same model family (%s) as the agent's %s: its grades may be biased",
                        cfg.model, family, ", ".join(jstats.same_family_models))
-    cache = JudgeCache(judge_cache_file(data, CACHE_FILE))
+    cache = JudgeCache(state_file(data, CACHE_FILE))
     judge = Judge(cfg, cache, jstats)
     try:
         advance("judge", 0, len(tasks))
@@ -244,7 +244,7 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
 
 def score_lock(data: Path) -> AbstractContextManager[bool]:
     """One scorer at a time per data directory (two would score the same builds twice)."""
-    return file_lock(lock_path(data, SCORE_LOCK))
+    return file_lock(state_file(data, SCORE_LOCK))
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,

@@ -36,7 +36,7 @@ from tracedag.collector import faults
 from tracedag.pipeline.store.dedupe import DedupeIndex, read_sidecar, sidecar_path, write_sidecar
 from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
-from tracedag.schemas.layout import COMPACT_LOCK, compact_staging_dir, lock_path, table_dir
+from tracedag.schemas.layout import COMPACT_LOCK, compact_staging_dir, state_file, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Compactor:
 
     def cleanup(self) -> None:
         """Remove staging directories left by a crash (the partitions themselves are complete)."""
-        with file_lock(lock_path(self.data, COMPACT_LOCK)):
+        with file_lock(state_file(self.data, COMPACT_LOCK)):
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -134,7 +134,7 @@ class Compactor:
         """
         now = time.time() if now_unix is None else now_unix
         stats = CompactStats()
-        with file_lock(lock_path(self.data, COMPACT_LOCK)):
+        with file_lock(state_file(self.data, COMPACT_LOCK)):
             self._cleanup()
             work = [(table, part) for table in ("spans", "evaluations") for part in self.due(table, now)]
             if work and prepare is not None:

@@ -30,7 +30,7 @@ from tracedag.pipeline.store.gc import (
     staging_root,
 )
 from tracedag.schemas.fsio import file_lock, fsync_dir
-from tracedag.schemas.layout import SCORE_LOCK, lock_path, table_dir
+from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def collect(data: Path, settings: GcSettings | None = None, compact: bool = Fals
         if table != "step_scores":
             collect_table(data, table, lv, cfg, compact, stats)
             continue
-        with file_lock(lock_path(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.runner.score_lock)
+        with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.runner.score_lock)
             if free:
                 collect_table(data, table, lv, cfg, compact, stats)
             else:
