@@ -76,6 +76,11 @@ def state_dir(data: Path) -> Path:
     return data / STATE
 
 
+MERGED_FROM_KEY = b"tracedag.merged_from"
+"""Footer key of a compaction's merged spans file: the JSON list of the file names it merged (a build
+plan that saw all of them knows the file brings no new span)."""
+
+
 def state_file(data: Path, name: str) -> Path:
     """``<data>/state/<name>``: a lock (one of the ``*_LOCK`` names), a converter's metrics text, the
     judge's answer cache."""

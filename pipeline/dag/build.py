@@ -1,10 +1,14 @@
 """The store-level driver: find complete, new or changed traces and rebuild their DAGs.
 
-State is the ``traces`` table itself: a trace needs a build when it is not in the ``traces`` view,
-or when its spans now have a later ``received_unix_nano`` or another span count than the build
-recorded (a late span). ``traces`` files are written last, so a crash between files only leaves
-rows of a build the views never show, and the next run redoes that trace. ``<data>/state/build.json``
-keeps the summary of the last build and ``<data>/state/build.lock`` serializes concurrent builds.
+A trace needs a build when it is new, or when spans arrived for it after its last build (a late
+span). A plan reads only the spans files written since the last one and keeps the traces still
+open in ``<data>/state/build-window/`` (``tracedag.pipeline.dag.window``), so a live round costs
+what arrived, not the size of the store; with no usable state (first build, other settings, a
+crash, a compaction that merged files no plan saw) it reads every file and compares with the
+``traces`` table, whose ``last_received_unix_nano`` and ``span_count`` the build recorded.
+``traces`` files are written last, so a crash between files only leaves rows of a build the views
+never show, and the next run redoes that trace. ``<data>/state/build.json`` keeps the summary of
+the last build and ``<data>/state/build.lock`` serializes concurrent builds.
 """
 
 from __future__ import annotations
@@ -26,12 +30,22 @@ import numpy as np
 import pyarrow as pa
 
 from tracedag.collector import faults
-from tracedag.pipeline.dag.chunks import chunk_tables
+from tracedag.pipeline.dag.chunks import Source, chunk_tables
 from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
 from tracedag.pipeline.dag.timing import stage
-from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.dag.window import (
+    OPEN_SCHEMA,
+    RETAIN_NS,
+    Window,
+    clear_window,
+    load_window,
+    new_files,
+    relative,
+    save_window,
+    spans_listing,
+)
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
@@ -44,22 +58,50 @@ logger = logging.getLogger(__name__)
 CHUNK_SPANS = 500_000
 """Spans reconstructed together; bounds memory (about 1 KB of working set per span)."""
 
-_CANDIDATES_SQL = """
-with s as (
-    select trace_id, max(received_unix_nano) as last_received, count(distinct span_id) as n,
-           -- spans from files (tracedag ingest) are complete when their file is: no idle wait for them
-           max(received_unix_nano) filter (where not (batch_id like '%-file' or batch_id like 'file-%'))
-               as last_live,
-           -- the root span ends last, so it is exported last: once it is in, the trace is done
-           max(received_unix_nano) filter (where parent_span_id is null) as root_received
-    from spans group by trace_id
-)
-select s.trace_id, s.n, s.last_received, coalesce(s.last_live, 0) as last_live,
-       coalesce(s.root_received, 0) as root_received,
-       t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
-           or t.span_count is distinct from s.n as changed
+DAG_LAYOUT = "dag=2"
+"""What the derived tables hold (2: ``dag_nodes.step_role``, ``tool_call`` edges, remote clock skew). A
+store built by another layout is rebuilt in full once, and the collection after that build deletes
+every older file, so no view mixes the two column sets."""
+
+# The arrival figures of each trace in a set of spans files (``{source}``).
+_FIGURES_SQL = """
+select trace_id, count({count}) as n, min(received_unix_nano) as first_received,
+       max(received_unix_nano) as last_received,
+       -- spans from files (tracedag ingest) are complete when their file is: no idle wait for them
+       coalesce(max(received_unix_nano) filter (where not (batch_id like '%-file' or batch_id like 'file-%')), 0)
+           as last_live,
+       -- the root span ends last, so it is exported last: once it is in, the trace is done
+       coalesce(max(received_unix_nano) filter (where parent_span_id is null), 0) as root_received
+from {source} group by trace_id
+"""
+
+# A full plan: every spans file; a trace changed when the build of it saw other spans.
+_FULL_SQL = f"""
+with s as ({_FIGURES_SQL.format(count="distinct span_id", source="{source}")})
+select s.*, t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
+           or t.span_count is distinct from s.n as changed, true as known
 from s left join traces t using (trace_id)
 order by s.trace_id
+"""
+
+# An incremental plan: the figures of the new files merged with the open traces (``window``).
+# A trace with a row in a new file has changed; an open one without, if it was not built yet.
+_MERGE_SQL = """
+with m as (
+    select coalesce(f.trace_id, o.trace_id) as trace_id, coalesce(f.n, 0) + coalesce(o.n, 0) as n,
+           least(coalesce(f.first_received, o.first_received), coalesce(o.first_received, f.first_received))
+               as first_received,
+           greatest(coalesce(f.last_received, 0), coalesce(o.last_received, 0)) as last_received,
+           greatest(coalesce(f.last_live, 0), coalesce(o.last_live, 0)) as last_live,
+           greatest(coalesce(f.root_received, 0), coalesce(o.root_received, 0)) as root_received,
+           f.trace_id is not null or not o.built as changed,
+           -- its first arrival is known: open, or never built (all its spans are in new files)
+           o.trace_id is not null or not exists (select 1 from traces_all t where t.trace_id = f.trace_id) as known
+    from fresh f full join open_w o on f.trace_id = o.trace_id
+)
+-- an unknown first arrival stays unknown while the trace is open: 0, read from the beginning
+select * replace (case when known then first_received else 0 end as first_received) from m
+order by trace_id
 """
 
 Callback = Callable[[int], None]
@@ -84,36 +126,81 @@ class BuildStats:
     seconds: float = 0.0
     files: list[str] = field(default_factory=list)
     skipped: bool = False  # nothing changed since the last run: the spans were not even scanned
+    plan: str = ""  # incremental (read the new spans files only) | full (read them all)
     gc: GcStats | None = None  # superseded rows removed and small files merged after the build
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Which traces to build now, in chunks of trace ids."""
+    """Which traces to build now, in chunks of trace ids, and what to read for them."""
 
     chunks: list[pa.Array]  # trace ids, sorted
     pending: int
     unchanged: int
     spans: int
     next_due_unix_nano: int | None  # when the oldest pending trace becomes complete
+    files: list[Path] = field(default_factory=list)  # the spans files the plan saw: the build reads these
+    received_from: int | None = None  # earliest arrival among the traces to build (None: read every file)
+    open_traces: pa.Table = field(default_factory=OPEN_SCHEMA.empty_table)  # the next plan's open traces
+    full_reason: str | None = None  # why the plan read every file (None: it read only the new ones)
 
 
-def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: bool, chunk_spans: int,
-               grace_ns: int | None = None) -> Plan:
+def plan_build(con: duckdb.DuckDBPyConnection, data: Path, listing: list[Path], window: Window | None,
+               now_ns: int, idle_ns: int, full: bool, chunk_spans: int, grace_ns: int | None = None) -> Plan:
     """Pick the complete traces that are new or changed (all complete ones with ``full``).
 
     A live trace is complete once no span arrived for ``idle_ns``; with ``grace_ns``, also once its
     root span is in and nothing arrived for ``grace_ns`` (a later straggler makes it change and be
-    built again).
+    built again). The figures come from the files of ``listing`` that ``window`` has not seen
+    (``tracedag.pipeline.dag.window``), or from all of them when there is no usable window or
+    ``full`` is set.
     """
-    t = arrow(con, _CANDIDATES_SQL)
-    last = np.asarray(t.column("last_live").to_numpy(zero_copy_only=False), dtype=np.int64)
-    n = np.asarray(t.column("n").to_numpy(zero_copy_only=False), dtype=np.int64)
-    changed = np.asarray(t.column("changed").to_numpy(zero_copy_only=False), dtype=np.bool_)
+    new = new_files(data, listing, None if full else window)
+    if new.full_reason is None:
+        t = _merged_figures(con, new.fresh, window.open if window is not None else OPEN_SCHEMA.empty_table())
+    else:
+        t = arrow(con, _FULL_SQL.format(source=_read_files(listing))) if listing else _no_figures()
+    return _decide(t, listing, now_ns, idle_ns, full, chunk_spans, grace_ns, new.full_reason)
+
+
+def _read_files(files: list[Path]) -> str:
+    names = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    return f"read_parquet([{names}], union_by_name = false, hive_partitioning = false)"
+
+
+def _no_figures() -> pa.Table:
+    return pa.table({**{f.name: pa.array([], f.type) for f in OPEN_SCHEMA if f.name != "built"},
+                     "changed": pa.array([], pa.bool_()), "known": pa.array([], pa.bool_())})
+
+
+def _merged_figures(con: duckdb.DuckDBPyConnection, fresh: list[Path], open_traces: pa.Table) -> pa.Table:
+    if fresh:
+        figures = arrow(con, _FIGURES_SQL.format(count="*", source=_read_files(fresh)))
+    else:
+        figures = OPEN_SCHEMA.empty_table().drop_columns(["built"])
+    con.register("fresh", figures)
+    con.register("open_w", open_traces)
+    try:
+        return arrow(con, _MERGE_SQL)
+    finally:
+        con.unregister("fresh")
+        con.unregister("open_w")
+
+
+def _ints(t: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _bools(t: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _decide(t: pa.Table, listing: list[Path], now_ns: int, idle_ns: int, full: bool, chunk_spans: int,
+            grace_ns: int | None, full_reason: str | None) -> Plan:
+    last, n, changed = _ints(t, "last_live"), _ints(t, "n"), _bools(t, "changed")
     wait = np.full(last.shape, idle_ns, dtype=np.int64)
     if grace_ns is not None:
-        rooted = np.asarray(t.column("root_received").to_numpy(zero_copy_only=False), dtype=np.int64) > 0
-        wait[rooted] = min(grace_ns, idle_ns)
+        wait[_ints(t, "root_received") > 0] = min(grace_ns, idle_ns)
     pending = last > now_ns - wait
     build = ~pending & (changed | full)
     ids = t.column("trace_id").filter(pa.array(build)).combine_chunks()
@@ -122,24 +209,39 @@ def plan_build(con: duckdb.DuckDBPyConnection, now_ns: int, idle_ns: int, full: 
     chunk = (np.cumsum(sizes) - sizes) // max(chunk_spans, 1)
     starts = np.flatnonzero(np.diff(chunk, prepend=-1))
     ends = np.append(starts[1:], sizes.size) if sizes.size else starts
+    first = _ints(t, "first_received")[build]
     return Plan(
         chunks=[ids.slice(int(a), int(b - a)) for a, b in zip(starts, ends, strict=True)],
         pending=int(pending.sum()),
         unchanged=int((~pending & ~build).sum()),
         spans=int(sizes.sum()),
         next_due_unix_nano=int((last + wait)[pending].min()) if pending.any() else None,
+        files=listing,
+        received_from=int(first.min()) or None if first.size else None,  # 0: unknown, read every file
+        open_traces=_still_open(t, build | ~changed, now_ns),
+        full_reason=full_reason,
     )
+
+
+def _still_open(t: pa.Table, built: np.ndarray, now_ns: int) -> pa.Table:
+    """The traces to keep open: not built yet, or built and still within ``RETAIN_NS`` of their last arrival."""
+    keep = ~built | (_ints(t, "last_received") >= now_ns - RETAIN_NS)
+    figures = t.select([f.name for f in OPEN_SCHEMA if f.name != "built"])
+    return figures.append_column("built", pa.array(built, pa.bool_())).filter(pa.array(keep)).cast(OPEN_SCHEMA)
 
 
 def _lock(data: Path) -> AbstractContextManager[bool]:
     return file_lock(state_file(data, BUILD_LOCK))
 
 
-def _files_hash(data: Path) -> str:
+def _files_hash(listing: list[Path]) -> str:
     """Hash of the spans files (path, size, mtime): changes whenever spans arrive or are compacted."""
     h = hashlib.sha256()
-    for f in parquet_files(data, "spans"):
-        st = f.stat()
+    for f in listing:
+        try:
+            st = f.stat()
+        except FileNotFoundError:  # compacted away since the listing: the hash differs anyway
+            continue
         h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
@@ -196,25 +298,32 @@ def build_store(
         stats = BuildStats(build_id=new_build_id(now), built_unix_nano=now)
         remove_crashed_build(data)
         state = _load_state(data)
+        listing = spans_listing(data)  # what this build plans from and reads
         # settings that change the result of every trace: a change rebuilds everything once
-        marks: dict[str, Any] = {"files": _files_hash(data), "idle_seconds": [idle_seconds, grace_seconds],
-                                 "settings": f"tolerance={tolerance_ns};spec={spec_hash}"}
+        marks: dict[str, Any] = {"files": _files_hash(listing), "idle_seconds": [idle_seconds, grace_seconds],
+                                 "settings": f"tolerance={tolerance_ns};spec={spec_hash};{DAG_LAYOUT}"}
         if not full and _nothing_to_do(state, marks, now):
             stats.skipped = True
             stats.gc = collect(data, gc, compact=True) if compact else None
             stats.seconds = round(time.perf_counter() - t0, 3)
             return stats
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
+        window = None if full else load_window(data)
+        clear_window(data)  # until this build is done: a crash in it makes the next plan a full one
         con = connect(data)
         con.execute("set enable_progress_bar = false")
         try:
             with stage("plan"):
                 grace = None if grace_seconds is None else int(grace_seconds * 1e9)
-                plan = plan_build(con, now, int(idle_seconds * 1e9), full, chunk_spans, grace)
+                plan = plan_build(con, data, listing, window, now, int(idle_seconds * 1e9), full, chunk_spans, grace)
         finally:
             con.close()  # before the build: DuckDB keeps its buffers while open
+        if plan.full_reason is not None:
+            logger.info("full build plan: %s", plan.full_reason)
         stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
+        stats.plan = "full" if plan.full_reason is not None else "incremental"
         _run(data, plan, stats, workflow, tolerance_ns, progress)
+        save_window(data, Window({relative(data, f) for f in plan.files}, plan.open_traces))
         if (stats.traces_built and (gc is None or gc.enabled)) or compact:
             with stage("gc"):
                 stats.gc = collect(data, gc, compact=compact)
@@ -236,7 +345,8 @@ def _run(
         return
     tmp = build_tmp_dir(data, stats.build_id)
     mark_inflight(data, stats.build_id)
-    with _progress(progress, plan.spans) as advance, closing(chunk_tables(data, plan.chunks, tmp)) as tables:
+    source = Source(data, plan.files, plan.received_from)
+    with _progress(progress, plan.spans) as advance, closing(chunk_tables(source, plan.chunks, tmp)) as tables:
         for i in range(len(plan.chunks)):
             # no local name for the input: reconstruct frees it as soon as it has prepared its own copy
             traces, nodes, edges = reconstruct(_timed_next(tables), stats.build_id, stats.built_unix_nano,

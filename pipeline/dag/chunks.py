@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,28 +28,47 @@ logger = logging.getLogger(__name__)
 INPUT_SCHEMA = pa.schema([SPANS_V1.field(c) for c in INPUT_COLUMNS])
 
 
-def _dataset(data: Path) -> ds.Dataset:
-    return ds.dataset([str(f) for f in parquet_files(data, "spans")], schema=SPANS_V1, format="parquet")
+@dataclass(frozen=True)
+class Source:
+    """The spans files a build reads: the plan's listing, and the earliest arrival it needs (None: all).
+
+    Row groups and files whose spans all arrived before ``received_from`` are skipped on their
+    footer statistics, so a live round reads the last seconds of the store, not all of it.
+    """
+
+    data: Path
+    files: list[Path] | None = None  # None: list the store now
+    received_from: int | None = None
+
+    def dataset(self, relist: bool = False) -> ds.Dataset:
+        files = parquet_files(self.data, "spans") if relist or self.files is None else self.files
+        return ds.dataset([str(f) for f in files], schema=SPANS_V1, format="parquet")
+
+    def filter(self, trace_ids: pa.Array) -> ds.Expression:
+        flt = ds.field("trace_id").isin(trace_ids)
+        if self.received_from is not None:
+            flt = flt & (ds.field("received_unix_nano") >= self.received_from)
+        return flt
 
 
-def load_spans(data: Path, trace_ids: pa.Array) -> pa.Table:
+def load_spans(source: Source, trace_ids: pa.Array) -> pa.Table:
     """Read the input columns of the spans of ``trace_ids``."""
-    flt = ds.field("trace_id").isin(trace_ids)
+    flt = source.filter(trace_ids)
     try:
-        return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
+        return source.dataset().to_table(columns=INPUT_COLUMNS, filter=flt)
     except FileNotFoundError:  # compaction swapped a partition after we listed it
         logger.info("a spans file went away during the build; listing again")
-        return _dataset(data).to_table(columns=INPUT_COLUMNS, filter=flt)
+        return source.dataset(relist=True).to_table(columns=INPUT_COLUMNS, filter=flt)
 
 
-def _route(data: Path, chunks: list[pa.Array], tmp: Path) -> None:
+def _route(source: Source, chunks: list[pa.Array], tmp: Path) -> None:
     """Write the spans of each chunk to ``tmp/chunk-<k>.arrow`` in one pass over the spans files."""
     ids = pa.concat_arrays(chunks)
     bounds = np.cumsum([len(c) for c in chunks])
     writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
     try:
-        scanner = _dataset(data).scanner(
-            columns=INPUT_COLUMNS, filter=ds.field("trace_id").isin(ids), batch_readahead=2, fragment_readahead=1
+        scanner = source.dataset().scanner(
+            columns=INPUT_COLUMNS, filter=source.filter(ids), batch_readahead=2, fragment_readahead=1
         )
         for batch in scanner.to_batches():
             pos = pc.index_in(batch.column("trace_id"), value_set=ids).to_numpy(zero_copy_only=False)
@@ -62,14 +82,14 @@ def _route(data: Path, chunks: list[pa.Array], tmp: Path) -> None:
             w.close()
 
 
-def chunk_tables(data: Path, chunks: list[pa.Array], tmp: Path) -> Generator[pa.Table, None, None]:
+def chunk_tables(source: Source, chunks: list[pa.Array], tmp: Path) -> Generator[pa.Table, None, None]:
     """Yield the input spans of each chunk of trace ids, in order."""
     if len(chunks) == 1:
-        yield load_spans(data, chunks[0])
+        yield load_spans(source, chunks[0])
         return
     tmp.mkdir(parents=True, exist_ok=True)
     try:
-        _route(data, chunks, tmp)
+        _route(source, chunks, tmp)
         for k in range(len(chunks)):
             path = tmp / f"chunk-{k}.arrow"
             if not path.exists():

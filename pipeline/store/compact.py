@@ -19,6 +19,7 @@ from __future__ import annotations
 import calendar
 import ctypes
 import errno
+import json
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from tracedag.collector import faults
 from tracedag.pipeline.store.dedupe import DedupeIndex, read_sidecar, sidecar_path, write_sidecar
 from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
-from tracedag.schemas.layout import COMPACT_LOCK, compact_staging_dir, state_file, table_dir
+from tracedag.schemas.layout import COMPACT_LOCK, MERGED_FROM_KEY, compact_staging_dir, state_file, table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class Compactor:
         small = set(self._small(files))
         stage = self.staging_root / part.parent.name / part.name
         stage.mkdir(parents=True)
-        merger = _Merger(stage, self.target_rows, dedupe)
+        merger = _Merger(stage, self.target_rows, dedupe, merged_from=sorted(f.name for f in small))
         for f in files:
             if f in small:
                 merger.add(f)
@@ -197,8 +198,11 @@ class _Merger:
     groups, made compaction the largest moment of a converter's memory.
     """
 
-    def __init__(self, out_dir: Path, target_rows: int, dedupe: bool, group_rows: int = GROUP_ROWS) -> None:
+    def __init__(self, out_dir: Path, target_rows: int, dedupe: bool, group_rows: int = GROUP_ROWS,
+                 merged_from: list[str] | None = None) -> None:
         self.out_dir = out_dir
+        # in every merged file's footer: a build plan that saw all of them knows the file brings nothing new
+        self.merged_from = json.dumps(merged_from or []).encode()
         self.target_rows = target_rows
         self.group_rows = group_rows
         self.dedupe = dedupe
@@ -252,7 +256,8 @@ class _Merger:
             self._finish_file()
             self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self._count:04d}.parquet"
             self._count += 1
-            self._writer = pq.ParquetWriter(self._path, table.schema, **parquet_options(table))
+            schema = table.schema.with_metadata({**(table.schema.metadata or {}), MERGED_FROM_KEY: self.merged_from})
+            self._writer = pq.ParquetWriter(self._path, schema, **parquet_options(table))
         self._writer.write_table(table, row_group_size=self.group_rows * 2)
         self._rows += table.num_rows
 

@@ -173,7 +173,7 @@ def test_merged_files_have_bounded_row_groups_and_sidecars_that_match_their_rows
     import tracedag.pipeline.store.compact as compact
 
     real = compact._Merger.__init__
-    compact._Merger.__init__ = lambda self, out, target, dedupe: real(self, out, target, dedupe, group_rows=700)
+    compact._Merger.__init__ = lambda self, out, target, dedupe, **kw: real(self, out, target, dedupe, group_rows=700, **kw)
     try:
         st = conv.compact()
     finally:
