@@ -118,7 +118,7 @@ class BuildStats:
     nodes: int = 0
     edges: int = 0
     traces_pending: int = 0  # still receiving spans (younger than the idle time)
-    traces_unchanged: int = 0
+    traces_unchanged: int = 0  # looked at (all with a full plan, the open ones otherwise) and left as built
     methods: dict[str, int] = field(default_factory=dict)
     orphans: int = 0
     clock_skew: int = 0
@@ -127,6 +127,7 @@ class BuildStats:
     files: list[str] = field(default_factory=list)
     skipped: bool = False  # nothing changed since the last run: the spans were not even scanned
     plan: str = ""  # incremental (read the new spans files only) | full (read them all)
+    received_from: int | None = None  # earliest arrival among the traces built (None: unknown)
     gc: GcStats | None = None  # superseded rows removed and small files merged after the build
 
 
@@ -322,6 +323,7 @@ def build_store(
             logger.info("full build plan: %s", plan.full_reason)
         stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
         stats.plan = "full" if plan.full_reason is not None else "incremental"
+        stats.received_from = plan.received_from
         _run(data, plan, stats, workflow, tolerance_ns, progress)
         save_window(data, Window({relative(data, f) for f in plan.files}, plan.open_traces))
         if (stats.traces_built and (gc is None or gc.enabled)) or compact:

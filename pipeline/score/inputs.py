@@ -143,9 +143,32 @@ where name is not null and score_value is not null group by name
 """
 
 
-def pending_rule_builds(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """(trace_id, build_id, steps) of the latest builds that have not been rule-scored."""
-    return con.sql(PENDING_RULES_SQL).to_arrow_table()
+# The same, among the builds made since ``$since`` (ns): the traces_all, step_scores_all and
+# dag_nodes_all files of older builds are skipped on their statistics (build ids sort by time).
+# A trace built since then has its latest build among them.
+PENDING_RULES_SINCE_SQL = """
+with latest as (
+    select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id from traces_all
+    where built_unix_nano >= $since group by trace_id
+), todo as (
+    select t.trace_id, t.build_id from latest t
+    anti join (select trace_id, build_id from step_scores_all where source = 'rule' and build_id >= $since_id) s
+        on s.trace_id = t.trace_id and s.build_id = t.build_id
+)
+select n.trace_id, n.build_id, count(*) as steps
+from dag_nodes_all n semi join todo t on t.trace_id = n.trace_id and t.build_id = n.build_id
+where n.build_id >= $since_id
+group by all order by 1
+"""
+
+
+def pending_rule_builds(con: duckdb.DuckDBPyConnection, since_ns: int = 0) -> pa.Table:
+    """(trace_id, build_id, steps) of the latest builds that have not been rule-scored
+    (only among the builds made since ``since_ns`` when it is set)."""
+    if since_ns <= 0:
+        return con.sql(PENDING_RULES_SQL).to_arrow_table()
+    params = {"since": since_ns, "since_id": f"build-{since_ns:020d}"}
+    return con.sql(PENDING_RULES_SINCE_SQL, params=params).to_arrow_table()
 
 
 def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:

@@ -16,7 +16,9 @@ background (``writes``).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -137,11 +139,11 @@ def _write_passing(writes: Writes, facts: pa.Table, quiet: np.ndarray, stats: Sc
 
 
 def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
-                 stats: ScoreStats, advance: Advance) -> None:
-    scan = read_scan(con, chunk, max_iterations)
+                 stats: ScoreStats, advance: Advance, received_from: int = 0) -> None:
+    scan = read_scan(con, chunk, max_iterations, received_from)
     quiet = columnar.quiet_mask(scan)
     _write_passing(writes, scan.facts, quiet, stats)  # while the other steps are scored
-    rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs)
+    rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
     rows = columnar.step_rows(rest, scan.defs, max_iterations)
     if rows.num_rows:
         writes.write(lambda: rows)
@@ -175,13 +177,43 @@ def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: Map
 
 
 def score_rules(writes: Writes, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
-                max_iterations: int | None, advance: Advance) -> None:
-    """Pass 1: rules for the latest builds that have no rule rows yet."""
-    pending = inputs.pending_rule_builds(con)
+                max_iterations: int | None, advance: Advance, live: LiveRound | None = None,
+                scored_through: int = 0) -> int:
+    """Pass 1: rules for the latest builds that have no rule rows yet (made since ``scored_through``
+    less ``LIVE_OVERLAP_NS`` when it is set); return the newest build time scored (or ``scored_through``)."""
+    pending = inputs.pending_rule_builds(con, scored_through - LIVE_OVERLAP_NS if scored_through else 0)
     stats.builds = pending.num_rows
     advance("rules", 0, int(pc.sum(pending.column("steps")).as_py() or 0))
+    builds = set(pending.column("build_id").to_pylist())
+    received_from = 0
+    if live is not None and live.received_from is not None and builds == {live.build_id}:
+        received_from = live.received_from
     for chunk in _chunks(pending, STEPS_PER_CHUNK):
-        _score_chunk(writes, con, chunk, max_iterations, stats, advance)
+        _score_chunk(writes, con, chunk, max_iterations, stats, advance, received_from)
+    return max([scored_through, *(_built_ns(b) for b in builds)])
+
+
+def _built_ns(build_id: str) -> int:
+    """The build time a build id (``build-<ns>-<hex>``) carries; 0 for any other id."""
+    parts = build_id.split("-")
+    return int(parts[1]) if len(parts) == 3 and parts[0] == "build" and parts[1].isdigit() else 0
+
+
+def _scored_through(data: Path, live: LiveRound | None) -> int:
+    """The newest build a live round scored (0: none, or not a live round: look at every build)."""
+    if live is None:
+        return 0
+    try:
+        return int(json.loads(state_file(data, _SCORE_WINDOW).read_text(encoding="utf-8"))["scored_through"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _save_scored_through(data: Path, newest: int) -> None:
+    path = state_file(data, _SCORE_WINDOW)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"scored_through": newest}), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
@@ -223,8 +255,28 @@ def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, st
     _write(data, rows, stats)
 
 
+@dataclass(frozen=True)
+class LiveRound:
+    """What the build of a live round wrote, so that its scoring reads the recent part of the store.
+
+    The rule pass then looks for unscored builds only among those made since the last live
+    round's (less ``LIVE_OVERLAP_NS``; ``state/score-window.json``), and when the only pending
+    build is ``build_id``, reads the spans from ``received_from`` on (None: unknown, all of them).
+    """
+
+    build_id: str | None = None
+    received_from: int | None = None
+
+
+LIVE_OVERLAP_NS = 60 * 10**9
+"""How far before the newest build already scored a live round looks for unscored builds (a
+build's rows may be written after a later round started; the wall clock may step back)."""
+
+_SCORE_WINDOW = "score-window.json"
+
+
 def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = False,
-                *, max_iterations: int | None = None) -> ScoreStats:
+                *, max_iterations: int | None = None, live: LiveRound | None = None) -> ScoreStats:
     """Score the built steps not scored yet (rules, evaluations, and the judge when configured).
 
     Args:
@@ -232,12 +284,13 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         judge: judge configuration; None scores with rules and evaluations only (no network).
         progress: show rich progress bars.
         max_iterations: flag loop iterations at or above this bound (rule ``iteration_bound``).
+        live: a live round's hint (``LiveRound``); None looks at every build.
     Returns:
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
     with score_lock(data):
-        _score_locked(data, judge, progress, max_iterations, stats)
+        _score_locked(data, judge, progress, max_iterations, stats, live)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
 
@@ -248,15 +301,17 @@ def score_lock(data: Path) -> AbstractContextManager[bool]:
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,
-                  stats: ScoreStats) -> None:
+                  stats: ScoreStats, live: LiveRound | None = None) -> None:
     con = _connect(data)
     try:
         with _progress(progress) as advance:
             with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
                   ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
                 evaluations = _beside(con, pool, stats.evaluations)
-                score_rules(writes, con, stats, max_iterations, advance)
+                newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live))
                 _write_rows(writes, evaluations.result(), stats)
+            if live is not None:
+                _save_scored_through(data, newest)
             if judge is not None:
                 con.close()
                 con = _connect(data)  # see the rule rows just written

@@ -61,8 +61,9 @@ _DEFINITION_ENTRIES = """[e for e in map_entries(s.attributes)
 SCAN_SQL = f"""
 with nodes as (  -- pending holds latest builds: their nodes, without the dag_nodes view's own pick
     select n.* from dag_nodes_all n semi join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
-), traced as (
-    select s.* from spans s semi join pending p on p.trace_id = s.trace_id
+), traced as (  -- no rule reads conversation_id: the raw spans, from the earliest arrival that can matter
+    select s.* from spans_all s semi join pending p on p.trace_id = s.trace_id
+    where s.received_unix_nano >= $received_from
 ), facts as (
     select {_SCAN_COLUMNS}, s.trace_id as span_trace_id, {_DEFINITION_ENTRIES} as definitions
     from nodes n full join traced s on s.trace_id = n.trace_id and s.span_id = n.span_id
@@ -84,11 +85,17 @@ class Scan:
     defs: Definitions
 
 
-def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations: int | None) -> Scan:
-    """Read the facts and tool definitions of the ``pending`` builds (trace_id, build_id) in one pass."""
+def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations: int | None,
+              received_from: int = 0) -> Scan:
+    """Read the facts and tool definitions of the ``pending`` builds (trace_id, build_id) in one pass.
+
+    ``received_from``: no span of these traces arrived earlier (0: unknown); the spans files' row
+    groups that all arrived before it are skipped on their statistics.
+    """
     con.register("pending", pending)
     try:
-        table = con.sql(SCAN_SQL, params={"max_iterations": max_iterations}).to_arrow_table()
+        params = {"max_iterations": max_iterations, "received_from": received_from}
+        table = con.sql(SCAN_SQL, params=params).to_arrow_table()
     finally:
         con.unregister("pending")
     defs = definitions_from(_definition_entries(table))
@@ -111,12 +118,14 @@ def _definition_entries(table: pa.Table) -> list[tuple[str, str, str | None]]:
 
 # The input texts of some steps, by (trace_id, span_id) in ``wanted``.
 INPUT_TEXTS_SQL = """
-select s.trace_id, s.span_id, s.input_text from spans s
+select s.trace_id, s.span_id, s.input_text from spans_all s
 semi join wanted w on w.trace_id = s.trace_id and w.span_id = s.span_id
+where s.received_unix_nano >= $received_from
 """
 
 
-def with_input_texts(con: duckdb.DuckDBPyConnection, steps: pa.Table, defs: Definitions) -> pa.Table:
+def with_input_texts(con: duckdb.DuckDBPyConnection, steps: pa.Table, defs: Definitions,
+                     received_from: int = 0) -> pa.Table:
     """``steps`` (scanned facts) with the input_text of the steps whose rules read it.
 
     ``rules.args_problem`` reads a tool step's input text only when it has no explicit arguments
@@ -128,7 +137,7 @@ def with_input_texts(con: duckdb.DuckDBPyConnection, steps: pa.Table, defs: Defi
     keys = steps.select(["trace_id", "span_id"]).filter(pa.array(wanted))
     con.register("wanted", keys)
     try:
-        texts = {(t, s): x for t, s, x in con.execute(INPUT_TEXTS_SQL).fetchall()}
+        texts = {(t, s): x for t, s, x in con.execute(INPUT_TEXTS_SQL, {"received_from": received_from}).fetchall()}
     finally:
         con.unregister("wanted")
     pairs = zip(steps.column("trace_id").to_pylist(), steps.column("span_id").to_pylist(), wanted, strict=True)

@@ -23,8 +23,10 @@ def test_trace_split_across_batches_arriving_root_last(tmp_path):
         ("a", 1, False)]
 
     write_spans(tmp_path, [span("r", None, 0, 100, received=2)])  # the root arrives last
+    t2_build = q(tmp_path, "select build_id from traces where trace_id = 't2'")
     second = build_store(tmp_path, idle_seconds=0)
-    assert second.traces_built == 1 and second.traces_unchanged == 1  # t2 untouched
+    assert second.traces_built == 1 and second.plan == "incremental"  # planned from the new file alone
+    assert q(tmp_path, "select build_id from traces where trace_id = 't2'") == t2_build  # t2 untouched
     assert q(tmp_path, "select root_span_id, orphan_count, connected, span_count from traces where trace_id = 't1'") == [
         ("r", 0, True, 3)]
     assert q(tmp_path, "select count(*) from traces_all where trace_id = 't1'") == [(2,)]
