@@ -7,7 +7,18 @@ from importlib.metadata import version
 
 import click
 
-from tracedag.pipeline.commands import analysis, build, collect, demo, ingest, query, score
+from tracedag.pipeline.commands import (
+    analysis,
+    build,
+    capture,
+    collect,
+    demo,
+    ingest,
+    query,
+    regress,
+    score,
+    validate,
+)
 from tracedag.schemas.errors import TracedagError
 
 
@@ -30,6 +41,6 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _module in (collect, ingest, build, score, query, analysis, demo):
+for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

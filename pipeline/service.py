@@ -156,10 +156,16 @@ class RunningCollector:
         return built.traces_built
 
     def _analysis_loop(self) -> None:
-        while not self._stop.wait(self.config.build_interval):
+        wait = self.config.build_interval
+        while not self._stop.wait(wait):
+            again, wait = wait == 0.0, self.config.build_interval
             try:
                 self.analyze_once()
-            except Exception:
+            except Exception as exc:
+                if _file_went_away(exc) and not again:  # a compaction swapped a partition under the round
+                    logger.info("live analysis round met a file compacted away (%s); again at once", exc)
+                    wait = 0.0  # once: the next failure waits the interval
+                    continue
                 logger.exception("live analysis round (build, score) failed; retrying")
 
     def judge_once(self) -> int:
@@ -216,6 +222,12 @@ class RunningCollector:
             logger.exception("final conversion failed; the spool keeps the data for the next start")
         self.receivers.release()
         logger.info("collector stopped")
+
+
+def _file_went_away(exc: BaseException) -> bool:
+    """True for a read that listed a Parquet file which a compaction then removed."""
+    text = str(exc)
+    return isinstance(exc, FileNotFoundError) or "Cannot open file" in text or "No such file" in text
 
 
 def _spool_converter(data: Path, retention: float) -> SpoolConverter:

@@ -1,7 +1,7 @@
 -- amplification: per failure category, downstream failures caused per originating failure and the share propagated.
 --
 -- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores,
---          read through the macro failure_graph of _failure_graph.sql
+--          spans, read through the macro failure_graph of _failure_graph.sql
 -- Output:  category, failures, originating, propagated, recovered, propagated_share,
 --          downstream_failures, amplification_factor
 -- Params:

@@ -1,21 +1,22 @@
--- root_causes: root-cause step of each failed trace (or of each failed step) by a chosen strategy.
+-- root_causes: root-cause step of each failed trace, step or conversation (across its turns) by a chosen strategy.
 --
--- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores,
---          read through the macros trace_window and failure_roots of _failure_graph.sql
+-- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores, spans,
+--          read through the macros trace_window and failure_dag_roots of _failure_graph.sql
 -- Output:  trace_id, strategy, failed_span_id, failed_step_type, failed_step_name, failed_score,
 --          recovered, kind, root_span_id, root_step_type, root_step_name, root_score,
 --          root_taxonomy_l1, root_taxonomy_l2, root_taxonomy_l3, hops, failed_steps_in_trace,
---          conversation_id, start_time
+--          conversation_id, start_time, turn_index, root_trace_id, root_turn_index, root_cancelled
 -- Params:
 --   $fail_threshold  double  = 2.0     a step fails when its aggregated score is <= this (scale 1..5)
 --   $since_ns        bigint  = 0       only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''      only this trace ('' = every trace)
---   $strategy        varchar = greedy  one of greedy|full_path_min|weighted
---   $per             varchar = trace   one of trace|step: one row per failed trace, or per failed step
+--   $strategy        varchar = greedy  one of greedy|full_path_min|weighted|agenteval
+--   $per             varchar = trace   one of trace|step|conversation: one row per failed trace, per failed step, or per failed conversation
 --   $max_hops        integer = 1000    bound on the recursions
 --
--- Scores, recovered retries and the failure DAG (u -> v: v is the nearest failure downstream of the
--- non-recovered failure u) are defined in propagation.sql. For a failed step v:
+-- Scores, recovered failures (a retry, or another route), cancelled steps and the failure DAG
+-- (u -> v: v is the nearest failure downstream of the source u) are defined in propagation.sql.
+-- For a failed step v:
 --   greedy         start at v; repeatedly move to the lowest-scoring step among the failure-DAG
 --                  predecessors of the current step (ties: earliest start, then span_id) until the
 --                  current step has none. hops = moves made.
@@ -26,52 +27,101 @@
 --                  the one with the largest weight (5 - score) * (1 + number of failures downstream
 --                  of it in the failure DAG): severity times blast radius (ties: earliest start,
 --                  then span_id); v itself when v is originating. hops as for full_path_min.
+--   agenteval      AgentEval's rule: a failure propagates only from a failing DIRECT parent (a
+--                  dependency edge from a source failure straight into it, never through a step
+--                  that passed); its source is the lowest-scoring such parent (ties: earliest start,
+--                  then span_id), and its root the source's root, in topological order (walked
+--                  like greedy). hops = moves made; kind is 'propagated' when v has such a parent.
+-- Cancelled steps only ever lead back to the failure that triggered the cancellation: they are
+-- never a predecessor, so never the root of another failure, and never a trace's failure while a
+-- failure that was not cancelled is left.
 -- The failure of a trace is its final failure: the non-recovered failure with no failure downstream
--- of it that has the most failures upstream (ties: latest end, then span_id). A trace whose
--- failures were all recovered is not a failed trace.
+-- of it (not a cancelled one when another is left) that has the most failures upstream (ties:
+-- latest end, then span_id). A trace whose failures were all recovered is not a failed trace.
+-- per=conversation: the traces sharing conversation_id (a trace without one is its own
+-- conversation) are the turns of one conversation, in start order (turn_index 1, 2, ...); every
+-- turn of a conversation with a trace in the window is read. Each turn's root span is upstream of
+-- the steps of the next turn that have no upstream step in their own trace, so a failure in a later
+-- turn can be caused by one in an earlier turn, except a failure of the environment (taxonomy
+-- timeout, rate_limited, connection_error, content_filtered, or http_error on an llm step), which
+-- no earlier turn causes. One row per failed conversation: its final failure (the latest turn's
+-- first, then as above) with its root cause, which may lie in an earlier trace: root_trace_id and
+-- root_turn_index say where. In the other modes turn_index and root_turn_index are the turn of the
+-- trace in its conversation and root_trace_id = trace_id.
 -- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
--- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
--- after $max_hops hops.
+-- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the walks stop after
+-- $max_hops hops.
 with recursive
 win as (
     select trace_id, conversation_id from trace_window($since_ns, $trace_id)
 ),
+turns as materialized (
+    -- the turn of every trace of the window's conversations (per=conversation reads them all)
+    select trace_id, conversation_id, turn_index
+    from conversation_turns((
+        select list(trace_id) from traces
+        where coalesce(conversation_id, trace_id) in (select coalesce(conversation_id, trace_id) from win)))
+),
 g as materialized (
-    from failure_roots($fail_threshold, (select list(trace_id) from win), $max_hops)
+    -- one call: within each trace, or (per=conversation) across the turns of whole conversations
+    from failure_dag_roots($fail_threshold,
+                           (select list(trace_id) from turns
+                            where cast($per as varchar) = 'conversation' or trace_id in (select trace_id from win)),
+                           $max_hops, cast($per as varchar) = 'conversation')
 ),
 fail as (
     select * exclude (nearest, ancestors, greedy_root_id, greedy_hops, final) from g
 ),
 fe as (
     -- the failure DAG: an edge up -> down
-    select trace_id, unnest(nearest) as up, span_id as down from g
+    select grp, unnest(nearest) as up, node as down from g
 ),
 anc as (
     -- its closure: a fails upstream of v, dist = hops of the longest path from a to v
-    select trace_id, span_id as v, unnest(ancestors, recursive := true) from g
+    select grp, node as v, unnest(ancestors, recursive := true) from g
 ),
 greedy as (
-    select trace_id, span_id, greedy_root_id as root_id, greedy_hops as hops from g
+    select grp, node, greedy_root_id as root_id, greedy_hops as hops from g
 ),
 full_path_min as (
-    select anc.trace_id, anc.v as span_id, anc.a as root_id, anc.dist as hops
-    from anc join fail a on a.trace_id = anc.trace_id and a.span_id = anc.a
+    select anc.grp, anc.v as node, anc.a as root_id, anc.dist as hops
+    from anc join fail a on a.grp = anc.grp and a.node = anc.a
     qualify row_number() over (
-        partition by anc.trace_id, anc.v order by a.score, a.start_time_unix_nano, anc.a) = 1
+        partition by anc.grp, anc.v order by a.score, a.start_time_unix_nano, anc.a) = 1
 ),
 blast as (
-    select trace_id, a as span_id, count(*) as downstream_failures
+    select grp, a as node, count(*) as downstream_failures
     from anc group by all
 ),
 weighted as (
-    select anc.trace_id, anc.v as span_id, anc.a as root_id, anc.dist as hops
+    select anc.grp, anc.v as node, anc.a as root_id, anc.dist as hops
     from anc
-    join fail a on a.trace_id = anc.trace_id and a.span_id = anc.a
-    join blast b on b.trace_id = anc.trace_id and b.span_id = anc.a
-    where not exists (select 1 from fe where fe.trace_id = anc.trace_id and fe.down = anc.a)
+    join fail a on a.grp = anc.grp and a.node = anc.a
+    join blast b on b.grp = anc.grp and b.node = anc.a
+    where not exists (select 1 from fe where fe.grp = anc.grp and fe.down = anc.a)
     qualify row_number() over (
-        partition by anc.trace_id, anc.v
+        partition by anc.grp, anc.v
         order by (5.0 - a.score) * (1 + b.downstream_failures) desc, a.start_time_unix_nano, anc.a) = 1
+),
+direct_next as (
+    -- AgentEval: the source of each failure with a failing direct parent
+    select d.grp, d.down as v, d.up as nxt
+    from (select grp, node as down, unnest(direct) as up from g where cast($strategy as varchar) = 'agenteval') d
+    join fail u on u.grp = d.grp and u.node = d.up
+    qualify row_number() over (
+        partition by d.grp, d.down order by u.score, u.start_time_unix_nano, d.up) = 1
+),
+direct_walk(grp, start_id, cur, hops) as (
+    select grp, node, node, 0 from fail where cast($strategy as varchar) = 'agenteval'
+    union all
+    select w.grp, w.start_id, n.nxt, w.hops + 1
+    from direct_walk w join direct_next n on n.grp = w.grp and n.v = w.cur
+    where w.hops < cast($max_hops as integer)
+),
+agenteval as (
+    select grp, start_id as node, cur as root_id, hops
+    from direct_walk
+    qualify row_number() over (partition by grp, start_id order by hops desc) = 1
 ),
 chosen as (
     select * from greedy where cast($strategy as varchar) = 'greedy'
@@ -79,12 +129,14 @@ chosen as (
     select * from full_path_min where cast($strategy as varchar) = 'full_path_min'
     union all
     select * from weighted where cast($strategy as varchar) = 'weighted'
+    union all
+    select * from agenteval where cast($strategy as varchar) = 'agenteval'
 ),
 upstream_count as (
-    select trace_id, v as span_id, count(*) as n from anc group by all
+    select grp, v as node, count(*) as n from anc group by all
 ),
 final as (
-    select trace_id, span_id from g where final
+    select grp, node from g where final
 ),
 per_trace as (
     select trace_id, count(*) as failed_steps from fail group by all
@@ -92,21 +144,25 @@ per_trace as (
 select f.trace_id, cast($strategy as varchar) as strategy,
        f.span_id as failed_span_id, f.step_type as failed_step_type, f.step_name as failed_step_name,
        f.score as failed_score, f.recovered,
-       case when c.span_id is null then 'originating' else 'propagated' end as kind,
+       case when cast($strategy as varchar) = 'agenteval'
+            then case when len(f.direct) = 0 then 'originating' else 'propagated' end
+            when c.node is null then 'originating' else 'propagated' end as kind,
        r.span_id as root_span_id, r.step_type as root_step_type, r.step_name as root_step_name,
        r.score as root_score, r.taxonomy_l1 as root_taxonomy_l1, r.taxonomy_l2 as root_taxonomy_l2,
        r.taxonomy_l3 as root_taxonomy_l3, coalesce(ch.hops, 0) as hops,
-       p.failed_steps as failed_steps_in_trace, w.conversation_id,
-       make_timestamp(f.start_time_unix_nano // 1000) as start_time
+       p.failed_steps as failed_steps_in_trace, tf.conversation_id,
+       make_timestamp(f.start_time_unix_nano // 1000) as start_time,
+       tf.turn_index, r.trace_id as root_trace_id, tr.turn_index as root_turn_index, r.cancelled as root_cancelled
 from fail f
-join win w on w.trace_id = f.trace_id
+join turns tf on tf.trace_id = f.trace_id
 join per_trace p on p.trace_id = f.trace_id
-left join upstream_count c on c.trace_id = f.trace_id and c.span_id = f.span_id
-left join chosen ch on ch.trace_id = f.trace_id and ch.span_id = f.span_id
-join fail r on r.trace_id = f.trace_id and r.span_id = coalesce(ch.root_id, f.span_id)
-where (case when cast($strategy as varchar) in ('greedy', 'full_path_min', 'weighted')
-             and cast($per as varchar) in ('trace', 'step') then true
-            else error('strategy must be greedy|full_path_min|weighted and per trace|step') end)
+left join upstream_count c on c.grp = f.grp and c.node = f.node
+left join chosen ch on ch.grp = f.grp and ch.node = f.node
+join fail r on r.grp = f.grp and r.node = coalesce(ch.root_id, f.node)
+join turns tr on tr.trace_id = r.trace_id
+where (case when cast($strategy as varchar) in ('greedy', 'full_path_min', 'weighted', 'agenteval')
+             and cast($per as varchar) in ('trace', 'step', 'conversation') then true
+            else error('strategy must be greedy|full_path_min|weighted|agenteval and per trace|step|conversation') end)
   and (cast($per as varchar) = 'step'
-       or exists (select 1 from final x where x.trace_id = f.trace_id and x.span_id = f.span_id))
+       or exists (select 1 from final x where x.grp = f.grp and x.node = f.node))
 order by f.trace_id, f.start_time_unix_nano, f.span_id

@@ -1,6 +1,7 @@
 -- run_steps: the ordered steps of every run that determinism and graph utility are computed from.
 -- A run is one conversation: all traces sharing run_id, else conversation_id; a trace without
--- either is a run of its own. Each trace of a run is one turn.
+-- either is a run of its own. Each trace of a run is a turn of its trace order; the number of
+-- user turns is counted from user_input (see below), not from the traces.
 -- Inputs: views spans, dag_nodes, step_scores. (--group-by is applied by the caller, on the root
 --   spans, after this query.)
 -- agent = the agent_name of the earliest span that has one, else the root's service_name.
@@ -12,11 +13,16 @@
 --             are not nodes. failed = status ERROR in the node's subtree or a step score <= 2.
 --   tool      a tool span (step_type 'tool'); name = tool_name, detail = its arguments
 --             (gen_ai.tool.call.arguments, else input_text).
---   response  one per trace: the root's output_text, else the last llm/agent/chain output_text.
+--   response  one per trace: the root's output_text, else the last llm/agent/chain output_text;
+--             user_input = the user's message the trace answers: the input_text (last user
+--             message) of its earliest llm step that has one, else the root's input_text. A run's
+--             user turns are its traces with a user_input that differs from the previous one (an
+--             agent whose every model call is a trace of its own gives several traces per turn).
 -- Params: none.
 -- Output columns: run_key, trace_id, span_id, kind, name, detail, failed, agent, agent_version,
 --   scenario, variant_id, replay_index, trace_start, topo_index, start_time_unix_nano,
---   end_time_unix_nano, langgraph_step (node visits), intended_path (JSON text of tracedag.intended_path on the root span or resource).
+--   end_time_unix_nano, langgraph_step (node visits), intended_path (JSON text of tracedag.intended_path on the root span or resource),
+--   user_input (response rows).
 -- Order: run_key, trace_start, trace_id, topo_index (nulls last), start_time_unix_nano, span_id.
 with recursive
 s as materialized (  -- one read of the columns this query needs
@@ -31,7 +37,7 @@ s as materialized (  -- one read of the columns this query needs
     from spans
 ),
 roots as (
-    select trace_id, span_id, service_name, start_time_unix_nano, output_text, intended_path
+    select trace_id, span_id, service_name, start_time_unix_nano, input_text, output_text, intended_path
     from s
     where parent_span_id is null
     qualify row_number() over (partition by trace_id order by start_time_unix_nano, span_id) = 1
@@ -47,7 +53,10 @@ trace_info as materialized (
            max(s.replay_index) as replay_index,
            coalesce(any_value(r.start_time_unix_nano), min(s.start_time_unix_nano)) as trace_start,
            any_value(r.intended_path) as intended_path,
-           any_value(r.output_text) as root_output
+           any_value(r.output_text) as root_output,
+           coalesce(min_by(s.input_text, s.start_time_unix_nano)
+                        filter (where s.step_type = 'llm' and s.input_text is not null),
+                    any_value(r.input_text)) as user_input
     from s
     left join roots r on r.trace_id = s.trace_id
     group by s.trace_id
@@ -89,12 +98,12 @@ node_failed as (
 ),
 steps as (
     select n.trace_id, n.span_id, 'node' as kind, n.node as name, null::varchar as detail,
-           f.failed, n.start_time_unix_nano, n.end_time_unix_nano, n.langgraph_step
+           f.failed, n.start_time_unix_nano, n.end_time_unix_nano, n.langgraph_step, null::varchar as user_input
     from node_spans n
     join node_failed f on f.trace_id = n.trace_id and f.node_span_id = n.span_id
     union all
     select trace_id, span_id, 'tool', coalesce(tool_name, step_name, name),
-           coalesce(a_args, input_text), status_code = 2, start_time_unix_nano, end_time_unix_nano, null
+           coalesce(a_args, input_text), status_code = 2, start_time_unix_nano, end_time_unix_nano, null, null
     from s
     where step_type = 'tool'
     union all
@@ -102,14 +111,14 @@ steps as (
            coalesce(any_value(i.root_output),
                     max_by(s.output_text, s.end_time_unix_nano)
                       filter (where s.output_text is not null and s.step_type in ('llm', 'agent', 'chain'))),
-           null, max(s.end_time_unix_nano), max(s.end_time_unix_nano), null
+           null, max(s.end_time_unix_nano), max(s.end_time_unix_nano), null, any_value(i.user_input)
     from s join trace_info i on i.trace_id = s.trace_id
     group by s.trace_id
 )
 select i.run_key, st.trace_id, st.span_id, st.kind, st.name, st.detail, coalesce(st.failed, false) as failed,
        coalesce(i.agent, 'unknown') as agent, i.agent_version, i.scenario, i.variant_id, i.replay_index,
        i.trace_start, d.topo_index, st.start_time_unix_nano, st.end_time_unix_nano, st.langgraph_step,
-       i.intended_path
+       i.intended_path, st.user_input
 from steps st
 join trace_info i on i.trace_id = st.trace_id
 left join dag_nodes d on d.trace_id = st.trace_id and d.span_id = st.span_id

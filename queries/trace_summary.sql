@@ -1,6 +1,6 @@
 -- trace_summary: one row per trace for dashboards: shape, failures, workflow score, pass/fail and greedy root cause.
 --
--- Inputs:  traces, dag_nodes, dag_edges, step_scores, read through the macros trace_window,
+-- Inputs:  traces, dag_nodes, dag_edges, step_scores, spans, read through the macros trace_window,
 --          failure_roots and workflow_weights of _failure_graph.sql
 -- Output:  trace_id, service_name, service_version, conversation_id, run_id, scenario_id, variant_id,
 --          start_time, start_time_unix_nano, duration_ms, span_count, error_count, method,
@@ -30,7 +30,11 @@ g as materialized (
     from failure_roots($fail_threshold, (select list(trace_id) from win), $max_hops)
 ),
 weights as (
-    from workflow_weights((select list(trace_id) from win), $unscored_score)
+    -- a recovered failure weighs 1, as in workflow_scores.sql
+    select w.trace_id, w.span_id, w.score, case when r.span_id is null then w.weight else 1 end as weight,
+           w.used_score
+    from workflow_weights((select list(trace_id) from win), $unscored_score) w
+    left join g r on r.trace_id = w.trace_id and r.span_id = w.span_id and r.recovered
 ),
 wscore as (
     select trace_id, count(*) as steps, count(score) as scored_steps, min(score) as min_score,

@@ -1,7 +1,7 @@
--- workflow_scores: per trace, the weighted harmonic mean of its step scores (weights grow with descendants) and pass/fail.
+-- workflow_scores: per trace, the weighted harmonic mean of its step scores (weight 1 + the steps that depend on it) and pass/fail.
 --
--- Inputs:  traces, dag_nodes (nested_left/right: call-tree descendants), step_scores, read
---          through the macros trace_window and workflow_weights of _failure_graph.sql
+-- Inputs:  traces, dag_nodes (depth, nested_left/right), dag_edges, step_scores, spans, read
+--          through the macros trace_window, failure_steps and workflow_weights of _failure_graph.sql
 -- Output:  trace_id, conversation_id, method, steps, scored_steps, failed_steps, min_score,
 --          workflow_score, passed, start_time, start_time_unix_nano
 -- Params:
@@ -13,19 +13,31 @@
 --   $trace_id        varchar = ''   only this trace ('' = every trace)
 --
 -- Step score as in failures.sql (minimum over metrics, human labels override other sources).
--- weight(step) = 1 + number of its descendants in the call tree, read from the nested-set bounds
--- of dag_nodes ((nested_right - nested_left - 1) / 2: one counter per trace, bumped on entering and
--- leaving a node), so the root that answers the user weighs most; a flat-fallback trace (no nested
--- set) weighs every step 1.
+-- weight(step) = 1 + desc(step), AgentEval's number of steps that depend on it: along the
+-- dependency direction (a child feeds its parent, an earlier sibling a later one) these are its
+-- call-tree ancestors plus, for the step and each ancestor, the siblings that start at or after it
+-- ends (the sibling order the DAG builder uses; explicit edges are not followed). So the first
+-- steps, whose errors reach the most others, weigh most and the root that only collects them
+-- weighs 1; a flat-fallback trace (no nested set, no edges) weighs every step 1. (Before issue 18
+-- the weight was 1 + call-tree descendants: the inverse direction.)
 -- workflow_score = sum(weight) / sum(weight / score) over the counted steps (scores below 1 are
--- clamped to 1); null, and passed null, when the trace has no scored step. Recovered failures count
--- (the retry cost something); failed_steps counts them too.
+-- clamped to 1); null, and passed null, when the trace has no scored step. Recovered failures (a
+-- retry or another route fixed them, see propagation.sql) count with weight 1, since nothing
+-- downstream used their result: the retry cost something, but a recovered trace can pass;
+-- failed_steps counts them too.
 with
 win as (
     select trace_id, conversation_id, method, start_time_unix_nano from trace_window($since_ns, $trace_id)
 ),
+recovered as (
+    select trace_id, span_id from failure_steps($fail_threshold, (select list(trace_id) from win)) where recovered
+),
 counted as (
-    from workflow_weights((select list(trace_id) from win), $unscored_score)
+    -- a recovered failure weighs 1: nothing downstream used its result (the retry or route replaced it)
+    select w.trace_id, w.span_id, w.score, case when r.span_id is null then w.weight else 1 end as weight,
+           w.used_score
+    from workflow_weights((select list(trace_id) from win), $unscored_score) w
+    left join recovered r on r.trace_id = w.trace_id and r.span_id = w.span_id
 ),
 per_trace as (
     select trace_id, count(*) as steps, count(score) as scored_steps,

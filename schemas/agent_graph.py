@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 LANGGRAPH_START = "__start__"
 LANGGRAPH_END = "__end__"
 _TOP_KEYS = {"version", "name", "description", "nodes", "edges", "start", "terminals", "required"}
-_NODE_KEYS = {"name", "id", "description", "intents", "match"}
+_NODE_KEYS = {"name", "id", "description", "intents", "match", "role"}
+STEP_ROLES = ("PLAN", "TOOLSEL", "PARAMGEN", "EXEC", "SYNTH")
+"""AgentEval step roles (``dag_nodes.step_role``); a node's ``role`` gives its steps one of them."""
 _MATCH_KEYS = {"step_type", "step_name"}
 _EDGE_KEYS = {"source", "target", "condition"}
 
@@ -53,6 +55,7 @@ class Node:
     intents: tuple[str, ...] = ()
     match_type: str | None = None  # as a workflow spec: the steps this node stands for (default: by name)
     match_name: str | None = None
+    role: str | None = None  # as a workflow spec: the AgentEval role of the steps it stands for
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ def _node_dict(n: Node) -> dict[str, Any]:
     match = {k: v for k, v in (("step_type", n.match_type), ("step_name", n.match_name)) if v}
     if match:
         d["match"] = match
+    if n.role:
+        d["role"] = n.role
     return d
 
 
@@ -165,7 +170,10 @@ def _parse_node(raw: object, index: int) -> Node:
     if desc is not None and not isinstance(desc, str):
         raise GraphInvalid(where, "description must be a string")
     match_type, match_name = _parse_match(raw.get("match"), where)
-    return Node(name, desc, tuple(intents), match_type, match_name)
+    role = raw.get("role")
+    if role is not None and role not in STEP_ROLES:
+        raise GraphInvalid(where, f"role must be one of {', '.join(STEP_ROLES)}, got {role!r}")
+    return Node(name, desc, tuple(intents), match_type, match_name, role)
 
 
 def _parse_match(raw: object, where: str) -> tuple[str | None, str | None]:

@@ -1,4 +1,4 @@
-"""Derived tables: evaluations, traces, dag_nodes, dag_edges, step_scores, human_labels.
+"""Derived tables: evaluations, traces, dag_nodes, dag_edges, step_scores, human_labels, validations.
 
 Each is a versioned Arrow schema whose Parquet files carry ``tracedag.schema`` in their metadata.
 ``traces``, ``dag_nodes`` and ``dag_edges`` rows carry the ``build_id`` of the build that wrote
@@ -94,6 +94,7 @@ DAG_NODES_V1 = _schema(
         pa.field("duration_ns", pa.int64()),
         pa.field("status_code", pa.int8()),
         pa.field("spec_node", _S),
+        pa.field("step_role", _S),  # AgentEval role: PLAN | TOOLSEL | PARAMGEN | EXEC | SYNTH (null: none)
     ],
 )
 
@@ -104,7 +105,7 @@ DAG_EDGES_V1 = _schema(
         pa.field("build_id", _S, nullable=False),
         pa.field("src_span_id", _S, nullable=False),
         pa.field("dst_span_id", _S, nullable=False),
-        pa.field("edge_kind", _S),  # parent | sequence | explicit | orphan_attach
+        pa.field("edge_kind", _S),  # parent | sequence | explicit | orphan_attach | tool_call
         # dependency direction used for propagation: upstream influences downstream
         # (earlier sibling -> later sibling, child -> parent)
         pa.field("upstream_span_id", _S),
@@ -145,5 +146,32 @@ HUMAN_LABELS_V1 = _schema(
         pa.field("annotator", _S),
         pa.field("note", _S),
         pa.field("imported_unix_nano", pa.int64()),
+    ],
+)
+
+
+# One row per run checked by `tracedag validate check` against a validation model (DESIGN.md §10).
+VALIDATIONS_V1 = _schema(
+    "validations/v1",
+    [
+        pa.field("run_key", _S, nullable=False),
+        pa.field("agent", _S),
+        pa.field("agent_version", _S),
+        pa.field("scenario", _S),
+        pa.field("trace_ids", pa.list_(_S)),
+        pa.field("passed", pa.bool_()),  # null: the model has no skeleton for the scenario
+        pa.field("coverage", pa.float64()),
+        pa.field("essential_states", pa.int32()),
+        pa.field("matched_states", pa.int32()),
+        pa.field("missing", pa.list_(_S)),
+        pa.field("out_of_order", pa.list_(pa.struct([("expected_first", _S), ("expected_second", _S)]))),
+        pa.field("explanation", _S),
+        pa.field("too_slow", pa.list_(_S)),
+        pa.field("failure_paths", pa.list_(_S)),
+        pa.field("run_failed", pa.bool_()),
+        pa.field("model", _S),
+        pa.field("state", _S),
+        pa.field("start_time_unix_nano", pa.int64()),
+        pa.field("checked_unix_nano", pa.int64()),
     ],
 )

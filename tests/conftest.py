@@ -10,9 +10,10 @@ from tests.analysis.analysis_support import store
 from tests.collector.collector_support import collector, small_collector
 from tests.ingest.ingest_support import data
 from tests.queries.query_store import query_store
+from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
 
-__all__ = ["builder", "collector", "data", "query_store", "small_collector", "store"]
+__all__ = ["builder", "collector", "data", "query_store", "rca_store", "small_collector", "store"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -76,25 +76,15 @@ def _run_query(con: duckdb.DuckDBPyConnection, name: str) -> pa.Table:
         raise QueryFailed(name, str(e)) from e
 
 
-def _base_reference(base_runs: list[Run], base_path: list[str] | None) -> str | None:
-    """The final response of the first exact replay whose node path is the base path."""
-    ordered = sorted(base_runs, key=lambda r: (r.replay_index is None, r.replay_index or 0, r.start_ns))
-    for r in ordered:
-        if base_path is None or r.nodes == base_path:
-            response: str | None = r.final_response
-            return response
-    return None
-
-
 def _row_agreement(row: dict[str, object], members: list[Run], scorer: ResponseScorer) -> Agreement | None:
     """The response consistency of one determinism row (replays, or variants against the base)."""
     base = [r for r in members if r.is_base]
     if row["comparison"] == "replays":
         key = f"{row['agent']}|{row['agent_version']}|{row['scenario']}|response"
         return replay_consistency(scorer, [r.final_response for r in base], key)
-    base_path = row["base_node_path"]
-    ref = _base_reference(base, base_path if isinstance(base_path, list) else None) if base else None
-    value = variant_consistency(scorer, ref, [r.final_response for r in members if not r.is_base])
+    # each variant against each exact replay (EDGE), not against one reference reply
+    value = variant_consistency(scorer, [r.final_response for r in base],
+                                [r.final_response for r in members if not r.is_base])
     return None if value is None else Agreement(value, scorer.method)
 
 

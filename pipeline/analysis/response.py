@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -155,10 +156,12 @@ def replay_consistency(scorer: ResponseScorer, responses: list[str | None], key:
 
 
 def variant_consistency(
-    scorer: ResponseScorer, base: str | None, variants: list[str | None]
+    scorer: ResponseScorer, bases: list[str | None], variants: list[str | None]
 ) -> float | None:
-    """Mean over variant runs of the agreement of each variant's response with the base response."""
-    if not base:
+    """Mean agreement over every (exact replay, variant) pair that both have a response (EDGE: each
+    variant is compared with each exact replay); null without such a pair. Equal pairs are scored once."""
+    pairs = Counter((b, v) for v in variants if v for b in bases if b)
+    if not pairs:
         return None
-    scores = [scorer.agreement([base, v]) for v in variants if v]
-    return sum(scores) / len(scores) if scores else None
+    total = sum(n * scorer.agreement([b, v]) for (b, v), n in pairs.items())
+    return total / sum(pairs.values())

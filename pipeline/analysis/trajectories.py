@@ -1,7 +1,8 @@
 """Per-run trajectories from the store: node paths, tool-call paths, tool+argument paths, responses.
 
 A run is one conversation (all traces sharing ``run_id``, else ``conversation_id``) or a single
-trace without either; each trace is a turn. Its node path is the ordered list of graph-node
+trace without either; its traces come in start order (``turns`` counts the user turns, see
+``Run.turns``). Its node path is the ordered list of graph-node
 visits across turns (trace start time, then DAG topological index, then span start time); which
 spans count as nodes is documented in ``queries/run_steps.sql``. Visits of one turn that overlap
 in time, or run in the same LangGraph super-step, are parallel branches (a LangGraph ``Send`` fan-out, say): they are ordered by node name,
@@ -52,6 +53,8 @@ class Run:
     actions: list[str] = field(default_factory=list)
     action_inputs: list[str] = field(default_factory=list)
     responses: list[str | None] = field(default_factory=list)
+    user_inputs: list[str | None] = field(default_factory=list)
+    """Per trace, the user's message it answers (``run_steps.sql``: user_input)."""
     intended_path: list[str] | None = None
     trace_ids: list[str] = field(default_factory=list)
 
@@ -62,8 +65,12 @@ class Run:
 
     @property
     def turns(self) -> int:
-        """Number of turns (traces)."""
-        return len(self.trace_ids)
+        """Number of user turns: traces whose user message differs from the previous one's (EDGE);
+        the number of traces when no user message was captured."""
+        said = [u for u in self.user_inputs if u]
+        if not said:
+            return len(self.trace_ids)
+        return 1 + sum(1 for a, b in zip(said, said[1:], strict=False) if a != b)
 
     @property
     def final_response(self) -> str | None:
@@ -117,6 +124,7 @@ def _add_step(run: Run, row: dict[str, Any]) -> None:
         run.action_inputs.append(action_with_input(row["name"], row["detail"]))
     else:
         run.responses.append(row["detail"])
+        run.user_inputs.append(row.get("user_input"))
 
 
 _FETCH_ROWS = 20_000

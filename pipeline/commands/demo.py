@@ -50,8 +50,15 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
               help="Share of calendar calls that fail (timeout or HTTP 503).")
 @click.option("--max-visits", default=2, show_default=True, type=click.IntRange(min=1),
               help="Most visits of one node in an enumerated conversation path (bounds loops).")
+@click.option("--service-version", default="1.0", show_default=True,
+              help="service.version of the spans (a run label `tracedag regress` selects by).")
+@click.option("--simulation-id", default=None, help="Names the whole simulation (default sim-seed<SEED>).")
+@click.option("--agent-opt", "agent_opts", multiple=True, metavar="NAME=VALUE",
+              help="A default-off change to the agent (repeatable): drop_time_rate, skip_availability_rate, "
+                   "calendar_latency, rephrase (see tracedag.pipeline.demo.agent.tweaks).")
 def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int, variants: int,
-                     fault_rate: float, max_visits: int) -> None:
+                     fault_rate: float, max_visits: int, service_version: str = "1.0", simulation_id: str | None = None,
+                     agent_opts: tuple[str, ...] = ()) -> None:
     """Drive the bundled court-booking agent through its conversation paths and export the spans over OTLP.
 
     Both variants (constrained and permissive transitions) run every DFS path of the designed
@@ -60,10 +67,13 @@ def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], 
     from rich.progress import Progress
 
     from tracedag.pipeline.demo import simulate as sim
+    from tracedag.pipeline.demo.agent.tweaks import Tweaks
     from tracedag.pipeline.demo.stages import conversation_paths
 
     config = sim.SimulationConfig(endpoint=endpoint, protocol=protocol,
-                                  seed=seed, replays=replays, variants=variants, fault_rate=fault_rate)
+                                  seed=seed, replays=replays, variants=variants, fault_rate=fault_rate,
+                                  service_version=service_version, simulation_id=simulation_id,
+                                  tweaks=Tweaks.from_pairs(agent_opts))
     with Progress() as progress:
         task = progress.add_task("simulate conversations")
         result = sim.simulate(config, conversation_paths(max_visits),

@@ -34,6 +34,9 @@ class Graph:
     seq_src: IntArray
     seq_dst: IntArray
     step_mode: BoolArray
+    agent_group: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # nearest agent (toolcalls)
+    tc_src: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # tool_call edges: LLM row
+    tc_dst: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # tool_call edges: tool row
     x_src: list[int] = field(default_factory=list)
     x_dst: list[int] = field(default_factory=list)
     flat: dict[int, str] = field(default_factory=dict)  # trace_no -> fallback reason

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.dag.graph import Graph
+from tracedag.pipeline.dag.roles import step_roles
 from tracedag.pipeline.dag.siblings import arrow
 from tracedag.pipeline.dag.spec import WorkflowSpec
 from tracedag.pipeline.dag.traces import traces_table
@@ -18,7 +19,7 @@ from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
 
 logger = logging.getLogger(__name__)
 
-EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit"])
+EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit", "tool_call"])
 
 
 def _ids(prep: pa.Table, rows: IntArray) -> pa.Array:
@@ -32,6 +33,7 @@ def nodes_table(prep: pa.Table, g: Graph, build_id: str, spec: WorkflowSpec | No
     parent_ids = pc.if_else(pa.array(has_parent), _ids(prep, np.maximum(g.parent, 0)), None)
     step_type = prep.column("step_type")
     keys = pa.array(g.key_texts, pa.string()).take(pa.array(g.key))
+    spec_nodes = _spec_nodes(spec, step_type, prep.column("step_name"))
     cols = {
         "trace_id": prep.column("trace_id"),
         "span_id": prep.column("span_id"),
@@ -53,7 +55,8 @@ def nodes_table(prep: pa.Table, g: Graph, build_id: str, spec: WorkflowSpec | No
         "end_time_unix_nano": g.eff_e,
         "duration_ns": g.eff_e - g.eff_s,
         "status_code": prep.column("status_code"),
-        "spec_node": _spec_nodes(spec, step_type, prep.column("step_name")),
+        "spec_node": spec_nodes,
+        "step_role": step_roles(prep, g, spec_nodes, spec),
     }
     arrays = [pa.array(cols[f.name]).cast(f.type) if not isinstance(cols[f.name], pa.ChunkedArray)
               else cols[f.name].cast(f.type) for f in DAG_NODES_V1]
@@ -71,17 +74,19 @@ def _spec_nodes(spec: WorkflowSpec | None, step_type: pa.ChunkedArray, step_name
 
 
 def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
-    """The ``dag_edges`` rows: call tree (parent / orphan_attach), sequence and explicit edges."""
+    """The ``dag_edges`` rows: call tree (parent / orphan_attach), sequence, explicit and tool_call edges."""
     child = np.flatnonzero(g.parent >= 0)
     flat_rows = np.isin(g.trace, np.fromiter(g.flat, dtype=np.int64, count=len(g.flat)))
     seq = ~flat_rows[g.seq_src] if g.seq_src.size else np.zeros(0, dtype=np.bool_)
     x_src, x_dst = np.asarray(g.x_src, dtype=np.int64), np.asarray(g.x_dst, dtype=np.int64)
-    src = np.concatenate([g.parent[child], g.seq_src[seq], x_src])
-    dst = np.concatenate([child, g.seq_dst[seq], x_dst])
+    tc = ~flat_rows[g.tc_dst] if g.tc_dst.size else np.zeros(0, dtype=np.bool_)
+    src = np.concatenate([g.parent[child], g.seq_src[seq], x_src, g.tc_src[tc]])
+    dst = np.concatenate([child, g.seq_dst[seq], x_dst, g.tc_dst[tc]])
     kinds = np.concatenate([
         np.where(g.attached[child], 1, 0),
         np.full(int(seq.sum()), 2),
         np.full(x_src.size, 3),
+        np.full(int(tc.sum()), 4),
     ]).astype(np.int8)
     n, c = src.size, child.size
     src_ids, dst_ids = _ids(prep, src), _ids(prep, dst)

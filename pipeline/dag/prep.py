@@ -21,13 +21,13 @@ INPUT_COLUMNS = [
     "start_time_unix_nano", "end_time_unix_nano", "received_unix_nano", "batch_id", "links",
     "step_type", "step_name", "conversation_id", "langgraph_node", "langgraph_step", "graph_node_id",
     "graph_node_parent_id", "node_execution_id", "previous_execution_id", "run_id", "scenario_id",
-    "replay_index", "variant_id", "service_version",
+    "replay_index", "variant_id", "service_version", "kind", "tool_call_id", "finish_reason",
 ]  # fmt: skip
 
 _CARRIED = [
     "trace_id", "span_id", "parent_span_id", "received_unix_nano", "links", "langgraph_step", "langgraph_node",
     "graph_node_id", "graph_node_parent_id", "node_execution_id", "previous_execution_id", "service_version",
-    "conversation_id", "run_id", "scenario_id", "replay_index", "variant_id",
+    "conversation_id", "run_id", "scenario_id", "replay_index", "variant_id", "tool_call_id", "finish_reason",
 ]  # fmt: skip
 
 
@@ -88,6 +88,7 @@ def prepare_table(spans: pa.Table) -> pa.Table:
         "step_type": _text(wide.column("step_type")),
         "step_name": name,
         "service_name": _text(wide.column("service_name")),
+        "kind": pc.fill_null(wide.column("kind"), 0).cast(pa.int8()),
     }
     for c in _CARRIED:
         cols[c] = wide.column(c)

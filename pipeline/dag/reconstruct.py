@@ -31,6 +31,7 @@ from tracedag.pipeline.dag.prep import INPUT_COLUMNS, prepare_table
 from tracedag.pipeline.dag.siblings import SiblingOrder, sibling_order
 from tracedag.pipeline.dag.spec import WorkflowSpec
 from tracedag.pipeline.dag.timing import stage
+from tracedag.pipeline.dag.toolcalls import agent_groups, tool_call_edges
 from tracedag.pipeline.dag.tree import BoolArray, IntArray
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,26 @@ def repair(f: Frame, has_ref: BoolArray, tolerance: int) -> CallTree:
     parent[rows[target >= 0]] = target[target >= 0]
     if attached.any():
         lv = tree.levels(parent)
-    eff_s, eff_e, skew = tree.clamp_skew(parent, lv.by_depth, f.s, f.e, tolerance)
+    eff_s, eff_e, skew = tree.clamp_skew(parent, lv.by_depth, f.s, f.e, tolerance, remote_calls(f.prep, parent))
     return CallTree(parent, lv, orphan, attached, true_root, eff_s, eff_e, skew)
+
+
+SERVER, CLIENT = 2, 3  # OTLP SpanKind
+
+
+def remote_calls(prep: pa.Table, parent: IntArray) -> BoolArray:
+    """Rows that start another service's part of a remote call: a SERVER span, or any span under a
+    CLIENT span, whose ``service_name`` differs from its parent's (the other service's clock)."""
+    has = parent >= 0
+    if not has.any():
+        return np.zeros(parent.size, dtype=np.bool_)
+    p = pa.array(np.maximum(parent, 0))
+    service = prep.column("service_name")
+    other = pc.fill_null(pc.not_equal(service, service.take(p)), False).to_numpy(zero_copy_only=False)
+    kind = np.asarray(prep.column("kind").to_numpy(zero_copy_only=False), dtype=np.int64)
+    call = (kind == SERVER) | (kind[np.maximum(parent, 0)] == CLIENT)
+    out: BoolArray = has & np.asarray(other, dtype=np.bool_) & call
+    return out
 
 
 def _sibling_input(f: Frame, ct: CallTree) -> tuple[pa.Table, IntArray]:
@@ -175,7 +194,7 @@ def reconstruct(
             sorted_rows = _sibling_sort(f, ct, group, order)
             left, right = tree.nested_sets(ct.parent, ct.levels.by_depth, sorted_rows, group)
         with stage("loops+explicit"):
-            graph = _graph(con, f, ct, order, left, right)
+            graph = _graph(con, f, ct, order, left, right, tolerance_ns)
         with stage("assemble"):
             out: tuple[pa.Table, pa.Table, pa.Table] = assemble(f.prep, graph, build_id, built_unix_nano, spec)
         return out
@@ -184,7 +203,8 @@ def reconstruct(
 
 
 def _graph(
-    con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, order: SiblingOrder, left: IntArray, right: IntArray
+    con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, order: SiblingOrder, left: IntArray, right: IntArray,
+    tolerance_ns: int = DEFAULT_TOLERANCE_NS,
 ) -> Graph:
     """Everything per row and per edge that the output tables need."""
     names = f.prep.column("step_name").combine_chunks().dictionary_encode()
@@ -205,7 +225,19 @@ def _graph(
     x_src, x_dst = explicit_edges(con, left, right)
     if x_src.size:
         _apply_explicit(f, g, x_src, x_dst)
+    is_agent = np.asarray(pc.fill_null(pc.equal(f.prep.column("step_type"), "agent"), False)
+                          .to_numpy(zero_copy_only=False), dtype=np.bool_)
+    g.agent_group = agent_groups(ct.parent, ct.levels.by_depth, is_agent, f.trace)
+    g.tc_src, g.tc_dst = _tool_calls(con, f, ct, g.agent_group, left, right, tolerance_ns)
     return g
+
+
+def _tool_calls(con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, group: IntArray, left: IntArray,
+                right: IntArray, tolerance_ns: int) -> tuple[IntArray, IntArray]:
+    """The tool_call edges (LLM row -> tool row), none between a span and its own ancestor."""
+    src, dst = tool_call_edges(con, f.prep, group, ct.eff_s, ct.eff_e, tolerance_ns)
+    nested = ((left[src] < left[dst]) & (right[dst] < right[src])) | ((left[dst] < left[src]) & (right[src] < right[dst]))
+    return src[~nested], dst[~nested]
 
 
 def _apply_explicit(f: Frame, g: Graph, x_src: IntArray, x_dst: IntArray) -> None:

@@ -53,6 +53,7 @@ class WorkflowSpec:
     nodes: tuple[tuple[str, str | None, str | None], ...]  # (spec node, step_type, step_name)
     allowed: frozenset[tuple[str, str]]
     required: tuple[str, ...] = ()
+    roles: tuple[tuple[str, str], ...] = ()  # (spec node, AgentEval step role): dag_nodes.step_role
 
     def match(self, step_type: str | None, step_name: str | None) -> str | None:
         """Return the spec node of a step, or None."""
@@ -76,7 +77,8 @@ def spec_from_graph(graph: AgentGraph) -> WorkflowSpec:
     nodes = tuple(
         (n.name, n.match_type, n.match_name if (n.match_type or n.match_name) else n.name) for n in graph.nodes
     )
-    return WorkflowSpec(nodes, frozenset((e.source, e.target) for e in graph.edges), graph.required)
+    roles = tuple((n.name, n.role) for n in graph.nodes if n.role)
+    return WorkflowSpec(nodes, frozenset((e.source, e.target) for e in graph.edges), graph.required, roles)
 
 
 def parse_spec(doc: Any, origin: str = "<spec>") -> WorkflowSpec:

@@ -105,20 +105,34 @@ def attach_orphans(
 
 
 def clamp_skew(
-    parent: IntArray, by_depth: list[IntArray], start: IntArray, end: IntArray, tolerance: int
+    parent: IntArray, by_depth: list[IntArray], start: IntArray, end: IntArray, tolerance: int,
+    remote: BoolArray | None = None,
 ) -> tuple[IntArray, IntArray, BoolArray]:
-    """Shift each subtree that starts before its parent to the parent's start; flag shifts beyond tolerance.
+    """Shift subtrees into their parent's interval; flag shifts beyond tolerance.
 
-    Returns effective start, effective end and the clock_skew flag. A shift keeps durations.
+    A ``remote`` row (the first span of another service under the call that reached it: a SERVER
+    span, or a span under a CLIENT span, of another ``service.name``) that starts outside its
+    parent's interval (beyond ``tolerance``) ran on another clock (a server span may end after its
+    client span, the response being flushed first; it cannot start outside it): its subtree is shifted so that
+    it is centred in the parent (the network time split evenly between request and response, as
+    NTP and Jaeger's clock-skew adjuster assume), or starts with it when it lasted longer. Any
+    other subtree that starts before its parent is shifted to the parent's start. Returns
+    effective start, effective end and the clock_skew flag. A shift keeps durations.
     """
     shift = np.zeros(start.size, dtype=np.int64)
     skew = np.zeros(start.size, dtype=np.bool_)
     for rows in by_depth[1:]:
         p = parent[rows]
         base = start[rows] + shift[p]
-        extra = np.maximum(0, start[p] + shift[p] - base)
+        p_start, p_end = start[p] + shift[p], end[p] + shift[p]
+        extra = np.maximum(0, p_start - base)
+        if remote is not None and remote[rows].any():
+            dur = end[rows] - start[rows]
+            outside = (base < p_start - tolerance) | (base > p_end + tolerance)
+            centred = p_start + np.maximum(0, (p_end - p_start - dur) // 2) - base
+            extra = np.where(remote[rows] & outside, centred, extra)
         shift[rows] = shift[p] + extra
-        skew[rows] = extra > tolerance
+        skew[rows] = np.abs(extra) > tolerance
     return start + shift, end + shift, skew
 
 

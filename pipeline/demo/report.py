@@ -69,6 +69,34 @@ def propagation_line(result: DemoResult) -> str:
             f"{len(rows) - originating} propagated; longest chain {longest} hops")
 
 
+def attribution_line(result: DemoResult) -> str:
+    """One line: failed conversations (attributed across turns), failures recovered by a retry or
+    another route, cancelled steps, and the command that attributes across turns."""
+    convs = _rows(result, "root_causes_conversation")
+    fails = _rows(result, "failures")
+    earlier = sum(1 for r in convs if r["root_trace_id"] != r["trace_id"])
+    retried = sum(1 for r in fails if r["recovery"] == "retry")
+    routed = sum(1 for r in fails if r["recovery"] == "route")
+    cancelled = sum(1 for r in fails if r["cancelled"])
+    return (f"attribution: {len(convs)} failed conversations ({earlier} caused in an earlier turn); "
+            f"{retried + routed} failures recovered ({retried} by a retry, {routed} by another route), "
+            f"{cancelled} cancelled steps (never a root cause); try: tracedag query root_causes "
+            f"--data {shlex.quote(str(result.data))} -p per=conversation")
+
+
+def roles_line(result: DemoResult) -> str:
+    """One line: steps per AgentEval role with their mean score, tool-call edges, re-timed remote spans."""
+    rows = [r for r in _rows(result, "step_roles") if r["step_role"] != "-"]
+    first = _rows(result, "step_roles")[:1]
+    edges = int(first[0]["tool_call_edges"]) if first else 0
+    skew = int(first[0]["clock_skew"] or 0) if first else 0
+    roles = ", ".join(f"{r['step_role']} {r['steps']} (mean {_f2(r['mean_score'])})" for r in rows)
+    data = shlex.quote(str(result.data))
+    return (f"step roles (AgentEval): {roles or 'none'}; {edges} tool-call edges (the model call that emitted "
+            f"each tool call), {skew} spans re-timed for clock skew; try: tracedag sql --data {data} "
+            "\"select step_role, avg(score) from dag_nodes join step_scores using (trace_id, span_id) group by 1\"")
+
+
 def amplification_table(result: DemoResult) -> Table:
     """Per failure category: failures, share propagated, downstream failures per originating one."""
     t = _table("amplification by failure category",
@@ -195,6 +223,10 @@ def print_demo(console: Console, result: DemoResult) -> None:
     if result.ok("queries"):
         console.print(root_causes_table(result))
         console.print(propagation_line(result), soft_wrap=True)
+        if "root_causes_conversation" in result.tables:
+            console.print(attribution_line(result), soft_wrap=True, highlight=False)
+        if "step_roles" in result.tables:
+            console.print(roles_line(result), soft_wrap=True, highlight=False)
         console.print(amplification_table(result))
     if result.ok("determinism"):
         console.print(determinism_table(result))
@@ -205,7 +237,38 @@ def print_demo(console: Console, result: DemoResult) -> None:
         console.print(node_table(result))
     if result.ok("queries"):
         console.print(slowest_table(result))
+    if result.ok("validate"):
+        console.print(validation_line(result), soft_wrap=True, highlight=False)
+    if result.ok("regress"):
+        console.print(regress_line(result), soft_wrap=True, highlight=False, markup=False)
     _print_next(console, result)
+
+
+def regress_line(result: DemoResult) -> str:
+    """One line: the regression gate's verdict on the permissive agent against the constrained one,
+    its worst alerts, and the command that runs it."""
+    from tracedag.pipeline.demo.stages import REGRESS_SIDES
+
+    rows = _rows(result, "regress")
+    fails = [r for r in rows if r["status"] == "fail"]
+    worst = ", ".join(f"{r['metric']} {r['delta']:+.2f}" for r in fails[:3])
+    verdict = "FAIL" if rows and rows[0]["exit_code"] else "PASS"
+    return (f"regression gate, permissive vs constrained agent: {verdict}, {len(fails)} of {len(rows)} metrics "
+            f"regressed{' (' + worst + ')' if worst else ''}; try: tracedag regress --data "
+            f"{shlex.quote(str(result.data))} --baseline {REGRESS_SIDES[0]} --candidate {REGRESS_SIDES[1]}")
+
+
+def validation_line(result: DemoResult) -> str:
+    """One line: runs of the designed agent that reach every essential state in order, a failing
+    run's explanation, and the command that checks them."""
+    rows = _rows(result, "validations")
+    judged = [r for r in rows if r["passed"] is not None]
+    failing = [r for r in judged if not r["passed"]]
+    model = shlex.quote(str(result.files.get("validation model", "MODEL")))
+    example = f"; e.g. {failing[0]['explanation']}" if failing else ""
+    return (f"structural validation: {len(judged) - len(failing)} of {len(judged)} {_agent(rows[0]) if rows else ''} "
+            f"runs reach every essential state in order{example}; try: tracedag validate check "
+            f"--data {shlex.quote(str(result.data))} --model {model}")
 
 
 def _print_next(console: Console, result: DemoResult) -> None:

@@ -124,11 +124,17 @@ def _analysis_stages(runner: _Runner, config: DemoConfig) -> None:
         if task is not None:
             result.tables.update(stages.named_queries(config.data))
             result.counts.update(stages.store_counts(config.data))
+    with runner.stage("validate", "structural validation", ("score",)) as task:
+        if task is not None:
+            result.tables["validations"], result.files["validation model"] = stages.validation(config.data)
     with runner.stage("determinism", "determinism, utility, picture", ("build",)) as task:
         if task is not None:
             tables, files = stages.determinism(config.data)
             result.tables.update(tables)
             result.files.update(files)
+    with runner.stage("regress", "regression gate: permissive vs constrained", ("score",)) as task:
+        if task is not None:
+            result.tables["regress"] = stages.regress_variants(config.data)
 
 
 def _advance(progress: Progress, task: Any) -> Callable[[int, int], None]:

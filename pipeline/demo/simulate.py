@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from tracedag import instrument as td
 from tracedag.pipeline.demo.agent import booking_graph as graph
 from tracedag.pipeline.demo.agent.booking_agent import BookingAgent, ConversationResult
+from tracedag.pipeline.demo.agent.tweaks import Tweaks
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class SimulationConfig:
     agent_variants: tuple[graph.Variant, ...] = graph.VARIANTS
     simulation_id: str | None = None
     service_name: str = "court-booking-agent"
+    service_version: str = "1.0"
+    tweaks: Tweaks = field(default_factory=Tweaks)
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ def run_one(config: SimulationConfig, run: Run, simulation_id: str) -> Conversat
         fault_rate=config.fault_rate,
         noise=config.noise,
         latency_scale=config.latency_scale,
+        tweaks=config.tweaks,
     )
     labels = td.run_labels(
         run_id=f"{simulation_id}/{run.conversation_id}",
@@ -174,7 +178,7 @@ def simulate(
     td.configure(
         config.endpoint,
         service_name=config.service_name,
-        service_version="1.0",
+        service_version=config.service_version,
         protocol=config.protocol,
         set_global=False,
         exporter=exporter,

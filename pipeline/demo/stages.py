@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from tracedag.pipeline.analysis.determinism import analyze, write_outputs
 from tracedag.pipeline.analysis.paths import enumerate_paths
+from tracedag.pipeline.analysis.validate_learn import LearnOptions
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.demo import simulate as sim
 from tracedag.pipeline.demo.agent import booking_graph
@@ -20,6 +21,7 @@ from tracedag.pipeline.score import score_store
 from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
 from tracedag.pipeline.store.querying import run_named, run_sql
 from tracedag.schemas.agent_graph import parse_graph
+from tracedag.schemas.layout import graphs_dir
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +105,22 @@ def score(data: Path) -> None:
 
 
 def named_queries(data: Path) -> dict[str, pa.Table]:
-    """Run the named queries the demo prints."""
-    return {name: run_named(data, name) for name in QUERIES}
+    """Run the named queries the demo prints (and the step roles line's figures)."""
+    out = {name: run_named(data, name) for name in QUERIES}
+    out["step_roles"] = run_sql(data, ROLES_SQL)
+    out["failures"] = run_named(data, "failures")
+    out["root_causes_conversation"] = run_named(data, "root_causes", {"per": "conversation"})
+    return out
+
+
+# Steps per AgentEval role with their mean lowest score, tool-call edges and re-timed remote spans.
+ROLES_SQL = """
+with s as (select trace_id, span_id, min(score) as score from step_scores group by all)
+select coalesce(n.step_role, '-') as step_role, count(*) as steps, avg(s.score) as mean_score,
+       (select count(*) from dag_edges where edge_kind = 'tool_call') as tool_call_edges,
+       (select coalesce(sum(clock_skew_count), 0) from traces) as clock_skew
+from dag_nodes n left join s using (trace_id, span_id) group by all order by 1
+"""
 
 
 _COUNTS_SQL = """
@@ -127,3 +143,31 @@ def determinism(data: Path) -> tuple[dict[str, pa.Table], dict[str, Path]]:
     written = write_outputs(result, data)
     files = {name: Path(path) for name, path in written.items() if name.startswith("picture")}
     return dict(result.tables), files
+
+
+def validation(data: Path) -> tuple[pa.Table, Path]:
+    """Learn the designed agent's essential states from its passing runs, check every run of it
+    (``tracedag validate learn`` then ``check``): the validations table and the model file."""
+    from tracedag.pipeline.analysis.validate_model import save_model
+    from tracedag.pipeline.analysis.validation import check, learn
+
+    agent = booking_graph.agent_name(DESIGN_VARIANT)
+    model = graphs_dir(data) / f"{agent}.validation.json"
+    save_model(learn(data, LearnOptions(agent=agent, skip_thin=True)).model, model)
+    return check(data, model), model
+
+
+REGRESS_SIDES = tuple(f"agent_name={booking_graph.agent_name(v)}" for v in booking_graph.VARIANTS)
+"""``tracedag regress`` selectors of the demo: the constrained agent (baseline) vs the permissive one."""
+
+
+def regress_variants(data: Path) -> pa.Table:
+    """The regression gate over the two agent variants, paired by scenario and replay: one row per
+    metric (``regress.MetricResult`` fields), alerts first."""
+    from dataclasses import asdict
+
+    from tracedag.pipeline.regress import RegressConfig, run_regress
+    from tracedag.pipeline.regress.report import ordered
+
+    result = run_regress(data, REGRESS_SIDES[0], REGRESS_SIDES[1], RegressConfig())
+    return pa.Table.from_pylist([{**asdict(m), "exit_code": result.exit_code} for m in ordered(result)])

@@ -46,6 +46,7 @@ from tracedag.pipeline.normalize.rules import (
     VOLATILE_PATTERNS,
     span_keys,
 )
+from tracedag.pipeline.normalize.toolcalls import output_call_ids
 from tracedag.schemas.spans import AGENT_FIELDS, SPANS_V1
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,10 @@ def agent_columns(base: pa.Table, reference: bool = False) -> Cols:
     out.update(_langgraph(a, name))
     out.update(_kinds(a, name, out))
     out["error_type"] = _error_type(a, base)
-    out.update(_texts(pick_sparse(entries, TEXT_KEYS), entries, text.fill_reference if reference else text.fill))
+    sparse = pick_sparse(entries, TEXT_KEYS)
+    msgs = with_prefixes(entries, MESSAGE_PREFIXES)  # the indexed message families
+    out.update(_texts(sparse, entries, text.fill_reference if reference else text.fill, msgs))
+    out["tool_call_id"] = _llm_call_ids(out, sparse, entries, msgs)
     out.update(_labels(a, res))
     out["conversation_id"] = inherit_by_trace(base, out["conversation_id"])
     return out
@@ -204,10 +208,19 @@ def exception_types(events: pa.ChunkedArray) -> pa.Array:
     return scatter(kinds, rows[is_exc], len(ev))
 
 
-def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: text.Filler) -> Cols:
+def _llm_call_ids(out: Cols, sp: dict[str, Sparse], entries: Entries, msgs: Entries) -> pa.Array:
+    """``tool_call_id``: a tool step's own call id; for an LLM step, the ids of the calls its output holds."""
+    key = COLUMN_SOURCES["output_messages"][0]
+    ids = output_call_ids(sp[key], entries.values, msgs)
+    if all_null(ids):
+        return out["tool_call_id"]
+    llm = pc.fill_null(pc.equal(out["step_type"], "llm"), False)
+    return coalesce(out["tool_call_id"], pc.if_else(llm, ids, _NULL))
+
+
+def _texts(sp: dict[str, Sparse], entries: Entries, fill_with: text.Filler, msgs: Entries) -> Cols:
     """input_text / output_text in source priority order, capped, with the truncation flag."""
     src = {k: first_present(*(sp[x] for x in COLUMN_SOURCES[k])) for k in TEXT_SOURCES}
-    msgs = with_prefixes(entries, MESSAGE_PREFIXES)  # the indexed message families
     inp, out = text.Assembly(entries.n), text.Assembly(entries.n)
     fill_with(inp, src["tool_args"], entries.values, text.readable)
     fill_with(inp, src["input_messages"], entries.values, text.genai_input)

@@ -202,6 +202,11 @@ def _tool_step_failed(f: StepFacts) -> bool:
     return f.step_type == "tool" and failed_signal(f)
 
 
+def tool_rejected_arguments(f: StepFacts) -> bool:
+    """A tool step that failed because of its arguments (the error says so: validation, call signature)."""
+    return f.step_type == "tool" and bool(_ARGS_REJECTED.search(error_text(f)))
+
+
 def _status_error(f: StepFacts) -> bool:
     return f.status_code == 2 or bool(f.error_type) or (f.task_status or "").lower() == "failure"
 
@@ -213,6 +218,12 @@ _RATE = r"rate[_ ]?limit|too many requests|quota|\b429\b"
 _NOT_FOUND = r"not a valid tool|tool\W*not\W*found|unknown tool|no such tool|tool .{1,80} (?:does not exist|not found)"
 _CONNECTION = r"connect(?:ion)?[_ ]?error|connection (?:refused|reset|aborted)|name or service not known|network is unreachable|name resolution"
 _HTTP = r"http(?:status)?error|apistatuserror|badrequesterror|internalservererror|notfounderror|authenticationerror|permissiondeniederror|unprocessableentityerror|serviceunavailable|^[45]\d\d$"
+# a tool that raised or reported because of its arguments (validation libraries, Python call errors)
+_BAD_ARGS = (r"validation ?error|invalid (?:tool )?(?:argument|parameter|input|param)s?\b|invalid_argument"
+             r"|unexpected keyword argument|missing \d+ required (?:positional |keyword-only )?argument"
+             r"|is a required property|(?:field|property|argument|parameter) required|required (?:field|property|argument|parameter)"
+             r"|jsondecodeerror|arguments? (?:is|are) not (?:valid )?json|additional properties are not allowed")
+_ARGS_REJECTED = re.compile(_BAD_ARGS, re.I | re.M)
 _LOOP = r"graphrecursionerror|recursion ?limit|recursionerror|maxturnsexceeded|max(?:imum)?[_ ]?(?:iterations|turns|steps)|iteration limit"
 
 
@@ -255,6 +266,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tool_args_not_json",     "arguments",  1,     "malformed_arguments",    _args("not_json"), "the tool arguments are not JSON"),
     Rule("tool_args_unknown_field","arguments",  2,     "hallucinated_arguments", _args("unknown_field"), "the arguments name a field the tool does not have"),
     Rule("tool_args_schema",       "arguments",  2,     "malformed_arguments",    _args("schema"), "the arguments fail the tool's JSON schema"),
+    F(   "tool_args_rejected",     "arguments",  2,     "malformed_arguments",    tool_rejected_arguments, "the tool rejected its arguments"),
     Rule("iteration_bound",        "termination",2,     "loop_limit_reached",     over_iteration_bound, "the loop reached --max-iterations"),
 )  # fmt: skip
 
@@ -279,9 +291,9 @@ def metrics_for(f: StepFacts) -> list[str]:
 
 
 def _detail(rule: Rule, f: StepFacts) -> str:
-    if rule.metric == "arguments":
-        problem = args_problem(f)
-        return f"{rule.explain}: {problem.detail}" if problem else rule.explain
+    problem = args_problem(f) if rule.metric == "arguments" and not rule.needs_failure else None
+    if problem is not None:
+        return f"{rule.explain}: {problem.detail}"
     text = error_text(f).strip().replace("\n", " | ")
     return f"{rule.explain}: {text[:300]}" if text else rule.explain
 

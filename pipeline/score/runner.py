@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.score import columnar, inputs
+from tracedag.pipeline.score import columnar, inputs, paramgen
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
@@ -145,6 +145,9 @@ def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table
     _write_passing(writes, scan.facts, quiet, stats)  # while the other steps are scored
     rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
     rows = columnar.step_rows(rest, scan.defs, max_iterations)
+    upstream = paramgen.upstream_table(con, chunk, rows)  # the LLM steps behind rejected tool calls
+    if upstream.num_rows:
+        rows = pa.concat_tables([rows, upstream])
     if rows.num_rows:
         writes.write(lambda: rows)
     quiet_steps = _distinct_steps(scan.facts, quiet, chunk)

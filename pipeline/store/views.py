@@ -2,7 +2,7 @@
 
 ``connect(data)`` returns an in-memory DuckDB connection with one view per table:
 ``spans``, ``evaluations``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``,
-``human_labels``. Any other ``tables/<name>/`` directory with Parquet files (analysis outputs
+``human_labels``, ``validations``. Any other ``tables/<name>/`` directory with Parquet files (analysis outputs
 such as ``determinism``, ``node_utility``, ``run_paths``) is a view named ``<name>`` too.
 A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
@@ -29,6 +29,7 @@ from tracedag.schemas.tables import (
     HUMAN_LABELS_V1,
     STEP_SCORES_V1,
     TRACES_V1,
+    VALIDATIONS_V1,
 )
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -39,6 +40,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "dag_edges": DAG_EDGES_V1,
     "step_scores": STEP_SCORES_V1,
     "human_labels": HUMAN_LABELS_V1,
+    "validations": VALIDATIONS_V1,
 }
 
 # Views built on the raw file views: keep only the latest build of each trace.

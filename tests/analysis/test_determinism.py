@@ -139,5 +139,6 @@ def test_offline_variant_response_consistency_averages_over_variants():
     runs = [run("A", response="x y", replay=1), run("A", response="z", replay=0),
             run("A", variant="v", response="z"), run("A", variant="w", response="z q")]
     row = det(runs, "variants")
-    # base reference: the response of replay 0 ("z"); "z" -> 4, "z q" -> 1 + 3/2 = 2.5; mean 3.25
-    assert row["response_consistency"] == pytest.approx(3.25)
+    # each variant with each exact replay ("x y", "z"): "z" -> 1 and 4, "z q" -> 1 and 1 + 3/2 = 2.5;
+    # mean (1 + 4 + 1 + 2.5) / 4
+    assert row["response_consistency"] == pytest.approx(2.125)

@@ -33,25 +33,27 @@ RUNS = [
 
 
 def test_judge_scores_variants_and_replays_through_the_openai_client():
-    replies = [(200, chat_completion(d)) for d in ("3", "4", "4", "3")]
+    # the replays once, then each variant with each exact replay: (v1, b0) (v1, b1) (v2, b0) ...
+    replies = [(200, chat_completion(d)) for d in ("3", "4", "4", "4", "4", "3", "3")]
     with fake_openai_server(replies) as srv:
         scorer = make_scorer("judge-model-x", srv.base_url)
         rows = analyze_runs(RUNS, scorer=scorer).tables["determinism"].to_pylist()
     replays = next(r for r in rows if r["comparison"] == "replays")
     variants = next(r for r in rows if r["comparison"] == "variants")
     assert replays["response_consistency"] == 3.0
-    # the issue's worked example: 4, 4, 3 -> 3.67
-    assert variants["response_consistency"] == pytest.approx(11 / 3)
+    # per variant 4, 4 and 3 over the two replays -> 22/6 = 3.67
+    assert variants["response_consistency"] == pytest.approx(22 / 6)
     assert round(variants["response_consistency"], 2) == 3.67
     assert variants["response_consistency_method"] == "judge:judge-model-x"
-    assert len(srv.requests) == 4
+    assert len(srv.requests) == 7
     first = srv.requests[0]
     assert first["model"] == "judge-model-x" and first["temperature"] == 0
     assert "4 = all agree" in first["messages"][0]["content"]
-    # each variant is compared with the base reference: replay 0's response
-    for req, variant in zip(srv.requests[1:], RUNS[2:], strict=True):
+    # each variant is compared with each exact replay (EDGE), not with one reference reply
+    pairs = [(b, v) for v in RUNS[2:] for b in RUNS[:2]]
+    for req, (base, variant) in zip(srv.requests[1:], pairs, strict=True):
         user = req["messages"][1]["content"]
-        assert RUNS[0].final_response in user and variant.final_response in user
+        assert base.final_response in user and variant.final_response in user
 
 
 def test_judge_answer_outside_the_scale_is_an_error():

@@ -181,3 +181,44 @@ def test_same_langgraph_superstep_is_parallel_even_without_overlap(store):
     r = load_runs(connect(store.write()))[0]
     assert r.nodes == ["plan", "write", "write", "check"]
     assert r.node_parallel == [False, False, True, False]
+
+
+def test_turns_count_user_turns_not_traces(tmp_path):
+    """EDGE: the openai client traced by opentelemetry-instrumentation-openai-v2 without an agent
+    span makes every model call a trace of its own; a run's turns are its user turns."""
+    import openai
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tests.queries.rca_scenarios import genai_content_env
+    from tests.realspans import WEATHER_TOOL, chat_completion, fake_openai_server
+    from tracedag import instrument as td
+
+    call = {"id": "call_1", "name": "lookup_weather", "args": {"city": "Paris"}}
+    replies = [(200, chat_completion(None, [call])), (200, chat_completion("21C in Paris.")),
+               (200, chat_completion("Sunny tomorrow."))]
+    exporter = InMemorySpanExporter()
+    with genai_content_env(), fake_openai_server(replies) as srv:
+        provider = td.configure(service_name="bare-openai", exporter=exporter, set_global=False)
+        instrumentor = OpenAIInstrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+        try:
+            client = openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
+            history = [{"role": "user", "content": "Weather in Paris?"}]
+            with td.conversation("conv-bare"):
+                first = client.chat.completions.create(model="m", messages=history, tools=[WEATHER_TOOL])
+                history += [first.choices[0].message.model_dump(exclude_none=True),
+                            {"role": "tool", "tool_call_id": "call_1", "content": "21C"}]
+                client.chat.completions.create(model="m", messages=history, tools=[WEATHER_TOOL])
+                history += [{"role": "assistant", "content": "21C in Paris."},
+                            {"role": "user", "content": "And tomorrow?"}]
+                client.chat.completions.create(model="m", messages=history)
+            td.force_flush()
+        finally:
+            instrumentor.uninstrument()
+            td.shutdown()
+    data = _store_of(tmp_path, to_table(exporter.get_finished_spans()))
+    (run,) = load_runs(connect(data))
+    assert len(run.trace_ids) == 3
+    assert run.user_inputs == ["Weather in Paris?", "Weather in Paris?", "And tomorrow?"]
+    assert run.turns == 2

@@ -127,3 +127,20 @@ def test_a_failure_made_good_by_a_later_visit_does_not_fail_the_conversation():
                 and s.attributes["gen_ai.conversation.id"] == run.conversation_id)
     assert root.status.status_code != StatusCode.ERROR
     assert out.path.count(out.failed_nodes[0]) >= 2
+
+
+def test_final_reply_sums_up_the_conversation():
+    """EDGE's response consistency compares final replies: they carry what the conversation came to."""
+    agent = BookingAgent.create("constrained", random.Random(3), random.Random(3), fault_rate=0.0,
+                                noise=0.0, latency_scale=0.0)
+    td.configure(exporter=InMemorySpanExporter(), set_global=False)
+    try:
+        booked = agent.run(sim.Scenario("b", ("router", "ask_details", "ask_details", "check_availability",
+                                              "propose_slot", "book_court", "finalize")).user_turns(0))
+        info = agent.run(sim.Scenario("i", ("router", "club_info", "finalize")).user_turns(0))
+    finally:
+        td.shutdown()
+    assert booked.booking_id and booked.path[-1] == info.path[-1] == "finalize"
+    assert "You are booked on court" in booked.replies[-1], booked.replies[-1]
+    assert "You asked about our" in info.replies[-1], info.replies[-1]
+    assert booked.replies[-1].split(".")[0] != info.replies[-1].split(".")[0]

@@ -124,6 +124,18 @@ def test_pictures_graphs_and_next_commands(demo_run):
     assert shown.exit_code == 0 and "calendar_search" in shown.output
 
 
+def test_validation_line_matches_the_validations_table(demo_run):
+    data, result = demo_run
+    rows = run_named(data, "validations").to_pylist()
+    judged = [r for r in rows if r["passed"] is not None]
+    assert judged and {r["agent"] for r in rows} == {"court_booking.constrained"}
+    passed = sum(1 for r in judged if r["passed"])
+    line = re.search(r"structural validation: (\d+) of (\d+) constrained runs.*--model (\S+)", result.output)
+    assert line and (int(line.group(1)), int(line.group(2))) == (passed, len(judged))
+    checked = CliRunner().invoke(cli, ["validate", "check", "--data", str(data), "--model", line.group(3)])
+    assert checked.exit_code == 0 and f"{passed} of {len(judged)} runs passed" in checked.output
+
+
 def test_failed_stage_is_reported_not_faked(tmp_path, monkeypatch):
     from tracedag.pipeline.demo import stages
 
@@ -161,3 +173,43 @@ def test_data_dir_safety(tmp_path):
     (old / "tables").mkdir()
     demo_mod.prepare_data_dir(old, keep=False)
     assert not (old / "tables").exists()
+
+
+def test_regress_line_matches_the_gate(demo_run):
+    import json
+    import shlex
+
+    data, result = demo_run
+    line = re.search(r"regression gate, permissive vs constrained agent: (PASS|FAIL), (\d+) of (\d+) metrics "
+                     r"regressed.*; try: (tracedag regress .*)$", result.output, re.MULTILINE)
+    assert line, result.output
+    again = CliRunner().invoke(cli, [*shlex.split(line.group(4))[1:], "--format", "json"])
+    assert again.exit_code == (1 if line.group(1) == "FAIL" else 0), again.output
+    doc = json.loads(again.output)
+    assert sum(m["status"] == "fail" for m in doc["metrics"]) == int(line.group(2))
+    assert len(doc["metrics"]) == int(line.group(3)) and doc["paired_cases"] == 15
+
+
+def test_attribution_line_matches_the_queries(demo_run):
+    data, result = demo_run
+    convs = run_named(data, "root_causes", {"per": "conversation"}).to_pylist()
+    fails = run_named(data, "failures").to_pylist()
+    line = next(x for x in result.output.splitlines() if x.startswith("attribution:"))
+    assert _number(r"attribution: (\d+) failed conversations", line) == len(convs)
+    assert _number(r"(\d+) failures recovered", line) == sum(1 for r in fails if r["recovered"])
+    assert _number(r"(\d+) by a retry", line) == sum(1 for r in fails if r["recovery"] == "retry")
+    assert _number(r"(\d+) cancelled steps", line) == sum(1 for r in fails if r["cancelled"])
+    assert "-p per=conversation" in line
+
+
+def test_step_roles_line_matches_the_store(demo_run):
+    data, result = demo_run
+    line = next(x for x in result.output.splitlines() if x.startswith("step roles (AgentEval):"))
+    roles = {r["step_role"]: r["n"] for r in _sql(data, "select step_role, count(*) as n from dag_nodes "
+                                                          "where step_role is not null group by 1")}
+    assert roles and set(roles) <= {"PLAN", "TOOLSEL", "PARAMGEN", "EXEC", "SYNTH"}
+    for role, n in roles.items():
+        assert f"{role} {n} (mean" in line
+    edges = _sql(data, "select count(*) as n from dag_edges where edge_kind = 'tool_call'")[0]["n"]
+    assert _number(r"(\d+) tool-call edges", line) == edges
+    assert "step_role" in line and "tracedag sql --data" in line

@@ -31,6 +31,9 @@ class Step:
     model: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    input_text: str | None = None
+    error_type: str | None = None
+    status_message: str | None = None
 
 
 @dataclass
@@ -148,6 +151,7 @@ def _span_rows(t: Trace) -> list[dict[str, object]]:
         "duration_ns": (s.end_ms - s.start_ms) * MS, "received_unix_nano": base + s.end_ms * MS,
         "step_type": s.step_type, "step_name": s.name, "conversation_id": t.conversation_id,
         "model": s.model, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+        "input_text": s.input_text, "error_type": s.error_type, "status_message": s.status_message,
     } for s in t.steps]
 
 

@@ -13,19 +13,26 @@ def rows(query_store: Path, name: str, **params: str) -> list[dict[str, object]]
     return run_named(query_store, name, params).to_pylist()
 
 
-# weight = 1 + call-tree descendants; score = sum(w) / sum(w / s); unscored steps count as 5.
+# weight = 1 + desc(v), the steps that depend on v (AgentEval): its call-tree ancestors (a child feeds
+# its parent) and the siblings that start after it, or after an ancestor, ended (the builder's order).
+# score = sum(w) / sum(w / s); unscored steps count as 5.
 WORKFLOW = {
-    # r (w5, 2.0), s1 1.0, s2 2.0, s3 2.0, s4 1.5: 9 / (5/2 + 1 + 1/2 + 1/2 + 1/1.5) = 54/31
-    "t1-chain": (5, 5, 5, 54 / 31, False),
-    # r2 unscored -> 5 (w6), a1 2, a2 1, b1 1.5, b2 2, j 1: 11 / (6/5 + 1/2 + 1 + 2/3 + 1/2 + 1) = 165/73
-    "t2-converge": (6, 5, 5, 165 / 73, False),
-    # r3 4.0 (w4), c1 1.0, c2 min(5, 4) = 4, m 2.0: 7 / (1 + 1 + 1/4 + 1/2) = 28/11
-    "t3-retry": (4, 4, 2, 28 / 11, False),
-    # r4 unscored -> 5 (w5), x 1 (human), y 1, k 2, z 4 (human): 9 / (1 + 1 + 1 + 1/2 + 1/4) = 2.4
-    "t4-ties": (5, 4, 3, 2.4, False),
-    # r5 5.0 (w2), q 4.0: 3 / (2/5 + 1/4) = 60/13
-    "t5-clean": (2, 2, 0, 60 / 13, True),
-    # flat: no nested set, every weight 1: f0 unscored -> 5, f1 1, f2 2: 3 / (1/5 + 1 + 1/2) = 30/17
+    # r (w1, 2.0), s1 (w5: s2 s3 s4 r) 1.0, s2 (w4) 2.0, s3 (w3) 2.0, s4 (w2) 1.5:
+    # 15 / (1/2 + 5 + 4/2 + 3/2 + 2/1.5) = 15 / (31/3) = 45/31
+    "t1-chain": (5, 5, 5, 45 / 31, False),
+    # by time, not by the hand-made edges: a1 (10-20) is followed by a2 (22), b2 (23) and j (32), so
+    # a1 (w5: a2 b2 j r2) 2, b1 (21, w5) 1.5, a2 (30, w3: j r2) 1, b2 (w3) 2, j (w2) 1, r2 unscored 5 (w1):
+    # 19 / (5/2 + 5/1.5 + 3 + 3/2 + 2 + 1/5) = 19 / (188/15) = 285/188
+    "t2-converge": (6, 5, 5, 285 / 188, False),
+    # c1 recovered by its retry weighs 1 (nothing used its result; desc would be c2 m r3), c2 (w3)
+    # min(5, 4) = 4, m (w2) 2.0, r3 (w1) 4.0: 7 / (1 + 3/4 + 1 + 1/4) = 7/3
+    "t3-retry": (4, 4, 2, 7 / 3, False),
+    # x (w4: k z r4) 1 (human), y (w4) 1, k (w3) 2, z (w2) 4 (human), r4 unscored -> 5 (w1):
+    # 14 / (4 + 4 + 3/2 + 1/2 + 1/5) = 14 / 10.2 = 70/51
+    "t4-ties": (5, 4, 3, 70 / 51, False),
+    # q (w2) 4.0, r5 (w1) 5.0: 3 / (2/4 + 1/5) = 30/7
+    "t5-clean": (2, 2, 0, 30 / 7, True),
+    # flat: no edges, nothing depends on anything, every weight 1: f0 unscored -> 5, f1 1, f2 2: 3 / (1/5 + 1 + 1/2) = 30/17
     "t6-flat": (3, 2, 2, 30 / 17, False),
 }
 
@@ -38,16 +45,17 @@ def test_workflow_scores_weighted_harmonic_mean(query_store: Path) -> None:
 
 def test_workflow_scores_leave_unscored_steps_out_when_asked(query_store: Path) -> None:
     got = {r["trace_id"]: r["workflow_score"] for r in rows(query_store, "workflow_scores", unscored_score="-1")}
-    # t2 without r2: 5 / (1/2 + 1 + 2/3 + 1/2 + 1) = 15/11; t4 without r4: 4 / 2.75; t6 without f0: 2 / 1.5
-    assert got["t2-converge"] == pytest.approx(15 / 11)
-    assert got["t4-ties"] == pytest.approx(4 / 2.75)
+    # t2 without r2: 18 / (5/2 + 5/1.5 + 3 + 3/2 + 2) = 18 / (37/3) = 54/37; t4 without r4: 13 / 10;
+    # t6 without f0: 2 / 1.5
+    assert got["t2-converge"] == pytest.approx(54 / 37)
+    assert got["t4-ties"] == pytest.approx(1.3)
     assert got["t6-flat"] == pytest.approx(4 / 3)
-    assert got["t1-chain"] == pytest.approx(54 / 31)
+    assert got["t1-chain"] == pytest.approx(45 / 31)
 
 
 def test_pass_threshold_is_a_parameter(query_store: Path) -> None:
-    got = {r["trace_id"] for r in rows(query_store, "workflow_scores", pass_threshold="2.3") if r["passed"]}
-    assert got == {"t3-retry", "t4-ties", "t5-clean"}  # 2.545, 2.4, 4.615 >= 2.3; t2's 2.260 is not
+    got = {r["trace_id"] for r in rows(query_store, "workflow_scores", pass_threshold="1.6") if r["passed"]}
+    assert got == {"t3-retry", "t5-clean", "t6-flat"}  # 2.333, 4.286, 1.765 >= 1.6; t2's 1.516 is not
 
 
 def test_step_stats_per_step(query_store: Path) -> None:

@@ -18,6 +18,7 @@ from tracedag import instrument as td
 from tracedag.pipeline.demo.agent import booking_graph as graph
 from tracedag.pipeline.demo.agent.booking_tools import BookingSystem, Calendar, club_info
 from tracedag.pipeline.demo.agent.fake_llm import MODEL, PROVIDER, ScriptedLLM
+from tracedag.pipeline.demo.agent.tweaks import REPHRASED, Tweaks
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class BookingAgent:
     llm: ScriptedLLM
     calendar: Calendar
     bookings: BookingSystem
+    tweaks: Tweaks = field(default_factory=Tweaks)
 
     @classmethod
     def create(
@@ -104,11 +106,17 @@ class BookingAgent:
         fault_rate: float = 0.25,
         noise: float = 0.04,
         latency_scale: float = 1.0,
+        tweaks: Tweaks | None = None,
     ) -> BookingAgent:
-        """Build an agent whose model and tools draw from the given seeded generators."""
-        llm = ScriptedLLM(rng, noise=noise, latency_scale=latency_scale)
-        calendar = Calendar(fault_rng, fault_rate=fault_rate, latency_scale=latency_scale)
-        return cls(variant, llm, calendar, BookingSystem(rng, latency_scale=latency_scale))
+        """Build an agent whose model and tools draw from the given seeded generators.
+
+        ``tweaks``: default-off changes that simulate an update of the agent (``tweaks.Tweaks``).
+        """
+        tweaks = tweaks or Tweaks()
+        llm = ScriptedLLM(rng, noise=noise, latency_scale=latency_scale,
+                          templates=REPHRASED if tweaks.rephrase else None)
+        calendar = Calendar(fault_rng, fault_rate=fault_rate, latency_scale=latency_scale * tweaks.calendar_latency)
+        return cls(variant, llm, calendar, BookingSystem(rng, latency_scale=latency_scale), tweaks)
 
     def run(self, user_turns: Sequence[str]) -> ConversationResult:
         """Hold one conversation driven by the scripted ``user_turns``; one trace."""
@@ -151,7 +159,11 @@ class BookingAgent:
             return self._route(state, name)
 
     def _route(self, state: State, node: str) -> str:
-        return str(self.llm.choose(intended_next(state), graph.allowed(self.variant, node)))
+        nxt = str(self.llm.choose(intended_next(state), graph.allowed(self.variant, node)))
+        skip = self.tweaks.skip_availability_rate
+        if skip and nxt == "check_availability" and self.llm.rng.random() < skip:
+            return "propose_slot"  # tweak: the router skips the calendar search
+        return nxt
 
     def _say(self, state: State, template: str, prompt: Sequence[str], **facts: object) -> str:
         """One model call: reply from ``template`` and record it on a ``chat`` span."""
@@ -201,6 +213,9 @@ class BookingAgent:
         """Search the calendar for free courts."""
         state.slots = []
         args = {"date": state.date, "time_of_day": state.time}
+        drop = self.tweaks.drop_time_rate
+        if drop and self.llm.rng.random() < drop:
+            del args["time_of_day"]  # tweak: the prompt no longer makes the model pass the time
         state.slots = self._tool("calendar_search", args, self.calendar.search)
         self._say(state, "availability", [f"{len(state.slots)} slots"], n=len(state.slots))
         return self._route(state, "check_availability")
@@ -228,9 +243,24 @@ class BookingAgent:
         return self._route(state, "book_court")
 
     def finalize(self, state: State) -> str:
-        """Close the conversation."""
-        self._say(state, "finalize", state.replies[-1:])
+        """Close the conversation with a reply that sums it up (so replies can be compared)."""
+        self._say(state, "finalize", state.replies[-1:], summary=summary(state))
         return "finalize"
+
+
+def summary(state: State) -> str:
+    """What the conversation came to, in one sentence: the final reply carries it (EDGE's response
+    consistency compares final replies; a bare goodbye would make every run agree)."""
+    slot = state.proposed or {}
+    if state.booking_id:
+        return f"You are booked on court {slot.get('court')} on {state.date} at {state.time}."
+    if state.intent == "info":
+        return f"You asked about our {state.topic or 'hours'}." if state.answered else "I could not answer your question."
+    if state.booking_tried or state.accepted:
+        return f"I could not book a court on {state.date} at {state.time}."
+    if state.accepted is False:
+        return "You did not want the court I proposed, so nothing is booked."
+    return f"Nothing is booked for {state.date or 'any day'} at {state.time or 'any time'}."
 
 
 def intended_next(state: State) -> str:

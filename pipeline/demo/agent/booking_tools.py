@@ -53,7 +53,7 @@ class Calendar:
     latency_scale: float = 1.0
     timeout_s: float = 0.025
 
-    def search(self, date: str | None, time_of_day: str | None) -> list[dict[str, Any]]:
+    def search(self, date: str | None, time_of_day: str | None = None) -> list[dict[str, Any]]:
         """Free slots on ``date`` around ``time_of_day``; raises on a fault or missing input."""
         draw, kind = self.rng.random(), self.rng.random()
         if draw < self.fault_rate:

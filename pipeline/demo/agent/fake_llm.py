@@ -13,7 +13,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
     "accepted": ("Great, booking it now.", "Booking court {court} for you."),
     "declined": ("No problem.", "Alright, I will not book it."),
     "booked": ("Done! Your booking number is {booking_id}.", "Booked: {booking_id}."),
-    "finalize": ("Thanks for contacting the club. Goodbye!", "Have a great game. Bye!"),
+    "finalize": ("{summary} Thanks for contacting the club. Goodbye!", "{summary} Have a great game. Bye!"),
 }
 
 
@@ -66,10 +66,12 @@ class Completion:
 class ScriptedLLM:
     """Seeded fake chat model: keyword understanding, template replies, noisy routing."""
 
-    def __init__(self, rng: random.Random, *, noise: float = 0.04, latency_scale: float = 1.0) -> None:
+    def __init__(self, rng: random.Random, *, noise: float = 0.04, latency_scale: float = 1.0,
+                 templates: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.rng = rng
         self.noise = noise
         self.latency_scale = latency_scale
+        self.templates = {**TEMPLATES, **(templates or {})}
 
     def understand(self, message: str) -> Understanding:
         """Read intent, topic, date, time and yes/no from a user message."""
@@ -85,7 +87,7 @@ class ScriptedLLM:
     def complete(self, prompt: Sequence[str], template: str, **facts: object) -> Completion:
         """Write a reply from one of the template's phrasings (an empty reply for an empty template)."""
         self._think()
-        options = TEMPLATES.get(template, ("",))
+        options = self.templates.get(template, ("",))
         text = self.rng.choice(options).format(**facts) if template else ""
         words_in = sum(len(p.split()) for p in prompt)
         return Completion(text, 40 + 2 * words_in, max(1, len(text.split()) * 4 // 3), "stop")

@@ -1,0 +1,106 @@
+"""Tool-call edges: each tool step linked to the LLM step that emitted its call (edge kind ``tool_call``).
+
+The LLM step that wrote a tool call's arguments is upstream of the tool step that ran it, whatever
+the nesting (LangGraph runs the tool in another node than the model; an agent may run a guardrail
+model call between the two). For each tool step, in this order:
+
+1. **by id**: the LLM step whose output holds the tool's call id (``spans.tool_call_id``: a tool's
+   own id; for an LLM step, the ``,``-joined ids of the calls in its output, from
+   ``gen_ai.output.messages``, OpenInference ``llm.output_messages.*.tool_calls.*`` or indexed
+   ``gen_ai.completion.*.tool_calls.*``), the latest one that ended before the tool started;
+2. **by time** otherwise (no id, or ids from another namespace than the model's): under the same
+   agent (nearest ``agent`` ancestor, else the trace), the LLM step that ended last before the tool
+   started (within the tolerance), among those whose finish reason, when recorded, is a tool call.
+
+A tool step without such an LLM step (a tool called by code) gets no edge. Pure function of the
+``prep`` rows and the repaired call tree; vectorized in DuckDB (an ASOF join per rule).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracedag.pipeline.dag.siblings import arrow
+from tracedag.pipeline.dag.tree import BoolArray, IntArray
+
+_TOOL_CALL_FINISH = r"tool|function"
+
+_LINK_SQL = """
+with llm as (
+    select idx, trace_no, grp, e, tool_call_id as ids,
+           finish_reason is null or regexp_matches(lower(finish_reason), $finish) as may_call
+    from tc where step_type = 'llm'
+), tool as (
+    select idx, trace_no, grp, s + $tol as lim, tool_call_id as cid from tc where step_type = 'tool'
+), llm_id as (
+    select idx, trace_no, e, unnest(string_split(ids, ',')) as cid from llm where ids is not null
+), by_id as (
+    select t.idx as dst, l.idx as src
+    from tool t asof join llm_id l on l.trace_no = t.trace_no and l.cid = t.cid and t.lim >= l.e
+), rest as (
+    select t.* from tool t anti join by_id b on b.dst = t.idx
+), any_llm as (
+    select idx, grp, e from llm where may_call
+)
+select src, dst from by_id
+union all
+select l.idx, t.idx from rest t asof join any_llm l on l.grp = t.grp and t.lim >= l.e
+"""
+
+# No LLM step of the chunk lists call ids (dialects or stores without them): time alone, one ASOF join
+# (the same edges as _LINK_SQL then).
+_BY_TIME_SQL = """
+with llm as (
+    select idx, grp, e from tc
+    where step_type = 'llm' and (finish_reason is null or regexp_matches(lower(finish_reason), $finish))
+), tool as (
+    select idx, grp, s + $tol as lim from tc where step_type = 'tool'
+)
+select l.idx as src, t.idx as dst from tool t asof join llm l on l.grp = t.grp and t.lim >= l.e
+"""
+
+
+def agent_groups(parent: IntArray, by_depth: list[IntArray], is_agent: BoolArray, trace: IntArray) -> IntArray:
+    """Per row, the row of its nearest agent ancestor (itself excluded), else ``n + trace number``."""
+    n = parent.size
+    own = np.full(n, -1, dtype=np.int64)  # nearest agent among the row and its ancestors
+    for rows in by_depth:
+        up = np.where(parent[rows] >= 0, own[np.maximum(parent[rows], 0)], -1)
+        own[rows] = np.where(is_agent[rows], rows, up)
+    anc = np.where(parent >= 0, own[np.maximum(parent, 0)], -1)
+    return np.where(anc >= 0, anc, n + trace)
+
+
+def tool_call_edges(
+    con: duckdb.DuckDBPyConnection,
+    prep: pa.Table,
+    group: IntArray,
+    eff_s: IntArray,
+    eff_e: IntArray,
+    tolerance_ns: int,
+) -> tuple[IntArray, IntArray]:
+    """(LLM row, tool row) pairs: each tool step and the LLM step that emitted its call."""
+    step_type = prep.column("step_type")
+    tc = pa.table({
+        "idx": prep.column("idx"), "trace_no": prep.column("trace_no"), "grp": group, "s": eff_s, "e": eff_e,
+        "step_type": step_type, "tool_call_id": prep.column("tool_call_id"),
+        "finish_reason": prep.column("finish_reason"),
+    })  # fmt: skip
+    tc = tc.filter(pc.is_in(step_type, pa.array(["llm", "tool"])))
+    if tc.num_rows == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    llm_ids = pc.and_(pc.equal(tc.column("step_type"), "llm"), pc.is_valid(tc.column("tool_call_id")))
+    sql = _LINK_SQL if pc.any(llm_ids).as_py() else _BY_TIME_SQL
+    con.register("tc", tc)
+    try:
+        t = arrow(con, sql, {"tol": tolerance_ns, "finish": _TOOL_CALL_FINISH})
+    finally:
+        con.unregister("tc")
+    src = np.asarray(t.column("src").to_numpy(zero_copy_only=False), dtype=np.int64)
+    dst = np.asarray(t.column("dst").to_numpy(zero_copy_only=False), dtype=np.int64)
+    order = np.argsort(dst, kind="stable")
+    return src[order], dst[order]
