@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.realspans import WEATHER_TOOL, capture, chat_completion, fake_openai_server
+from tests.realspans import WEATHER_TOOL, capture, chat_completion, environ, fake_openai_server
 
 DIALECTS = ("openai-v2", "openai-v2-no-content", "openinference")
 
@@ -75,28 +75,20 @@ def lookup_weather(city: str) -> str:
 @contextmanager
 def _instrumented(dialect: str) -> Iterator[tuple[Any, Any]]:
     """A tracer provider with the dialect's openai instrumentation on; yields (provider, exporter)."""
-    env = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "NO_CONTENT" if dialect.endswith("no-content")
-           else "SPAN_ONLY", "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     if dialect == "openinference":
         from openinference.instrumentation.openai import OpenAIInstrumentor as Instrumentor
     else:
         from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as Instrumentor
-    try:
-        with capture("weather-agent") as (provider, exporter):
-            instrumentor = Instrumentor()
-            instrumentor.instrument(tracer_provider=provider)
-            try:
-                yield provider, exporter
-            finally:
-                instrumentor.uninstrument()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    content = "NO_CONTENT" if dialect.endswith("no-content") else "SPAN_ONLY"
+    with (environ(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=content,
+                  OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental"),
+          capture("weather-agent") as (provider, exporter)):
+        instrumentor = Instrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+        try:
+            yield provider, exporter
+        finally:
+            instrumentor.uninstrument()
 
 
 class Agent:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +45,21 @@ RUN_LABELS = {
     "tracedag.replay_index": 2,
     "tracedag.variant_id": "baseline",
 }
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the block, then put back what was there (or remove them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextmanager

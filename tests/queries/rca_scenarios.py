@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tests.realspans import chat_completion, fake_openai_server, to_table
+from tests.realspans import chat_completion, environ, fake_openai_server, to_table
 
 MODEL = "gpt-4o-mini"
 CHAT = f"chat {MODEL}"
@@ -197,18 +196,9 @@ def _conversation(td: Any, client: Any, s: Scenario) -> None:
 @contextmanager
 def genai_content_env() -> Iterator[None]:
     """The GenAI instrumentations record messages on spans, with the latest attribute names."""
-    env = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY",
-           "OTEL_SEMCONV_STABILITY_OPT_IN": "gen_ai_latest_experimental"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY",
+                 OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental"):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def capture(scenarios: Sequence[Scenario]) -> pa.Table:
