@@ -16,6 +16,7 @@ from tracedag.pipeline.commands import (
     ingest,
     query,
     regress,
+    replay,
     score,
     validate,
 )
@@ -41,6 +42,6 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture):
+for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

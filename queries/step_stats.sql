@@ -17,23 +17,15 @@
 -- runs = traces, failures = traces with a failure no retry recovered, latency = trace duration,
 -- tokens and cost summed over the trace's spans.
 -- cost_usd = input_tokens * input price + output_tokens * output price, the price of a span's
--- model taken from the list below (USD per 1M tokens, public list prices of late 2024/2025); the
--- longest name in the list contained in the lower-cased model name wins.
+-- model taken from the price list of _costs.sql (macros model_prices and span_costs; USD per 1M
+-- tokens, public list prices of late 2024/2025); the longest name in the list contained in the
+-- lower-cased model name wins.
 with
 win as (
     select trace_id, duration_ns
     from traces
     where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)
       and (cast($trace_id as varchar) = '' or trace_id = cast($trace_id as varchar))
-),
-prices(model_key, input_per_mtok, output_per_mtok) as (
-    values ('gpt-4o-mini', 0.15, 0.60), ('gpt-4o', 2.50, 10.00), ('gpt-4.1-nano', 0.10, 0.40),
-           ('gpt-4.1-mini', 0.40, 1.60), ('gpt-4.1', 2.00, 8.00), ('gpt-3.5-turbo', 0.50, 1.50),
-           ('o3-mini', 1.10, 4.40), ('o1', 15.00, 60.00), ('claude-3-5-sonnet', 3.00, 15.00),
-           ('claude-3-7-sonnet', 3.00, 15.00), ('claude-sonnet-4', 3.00, 15.00),
-           ('claude-3-5-haiku', 0.80, 4.00), ('claude-3-haiku', 0.25, 1.25),
-           ('claude-3-opus', 15.00, 75.00), ('gemini-1.5-flash', 0.075, 0.30),
-           ('gemini-1.5-pro', 1.25, 5.00), ('gemini-2.0-flash', 0.10, 0.40)
 ),
 candidate as (
     -- only a step with a score row <= threshold can fail
@@ -51,30 +43,9 @@ step_score as (
     where s.score is not null
     group by s.trace_id, s.span_id
 ),
-span_model as (
-    select trace_id, span_id, model, coalesce(input_tokens, 0) as input_tokens,
-           coalesce(output_tokens, 0) as output_tokens
-    from spans
-    where (input_tokens is not null or output_tokens is not null) and trace_id in (select trace_id from win)
-),
-model_price as (
-    -- the longest price-list name contained in the model name
-    select m.model,
-           coalesce(arg_max(p.input_per_mtok, length(p.model_key)), cast($default_input_per_mtok as double))
-               as input_per_mtok,
-           coalesce(arg_max(p.output_per_mtok, length(p.model_key)), cast($default_output_per_mtok as double))
-               as output_per_mtok
-    from (select distinct model from span_model where model is not null) m
-    left join prices p on contains(lower(m.model), p.model_key)
-    group by m.model
-),
 span_cost as (
-    select s.trace_id, s.span_id, s.input_tokens, s.output_tokens,
-           (s.input_tokens * coalesce(p.input_per_mtok, cast($default_input_per_mtok as double))
-            + s.output_tokens * coalesce(p.output_per_mtok, cast($default_output_per_mtok as double))) / 1e6
-               as cost_usd
-    from span_model s
-    left join model_price p on p.model = s.model
+    select trace_id, span_id, input_tokens, output_tokens, cost_usd
+    from span_costs((select list(trace_id) from win), $default_input_per_mtok, $default_output_per_mtok)
 ),
 node as (
     select n.trace_id, n.span_id, cast(n.step_type as varchar) as step_type, n.step_name,

@@ -139,7 +139,7 @@ def _row(run: RunSteps, model: Model, model_path: str, now: int) -> dict[str, An
         outcome = Outcome(None, None, 0, [], [], f"no model for scenario '{run.scenario}' (the model has {known})",
                           [], [])
     else:
-        outcome = judge(visits(run, model.state, model.merge), scenario, model.duration_slack)
+        outcome = judge(visits(run, model.state, model.merge, scenario.renames), scenario, model.duration_slack)
     return {
         "run_key": run.run_key, "agent": run.agent, "agent_version": run.agent_version, "scenario": run.scenario,
         "trace_ids": run.trace_ids, "passed": outcome.passed, "coverage": outcome.coverage,

@@ -9,7 +9,8 @@ steps (DESIGN.md §10):
    same state: the same *merge key* (the state name, exactly, or after ``normalize`` replaced
    ids, numbers and dates in it) and the same visit number (the k-th time the run reaches that
    key; a loop's second pass is not its first, as the DAG's loop unrolling counts iterations).
-   All accepting nodes merge into one accepting state.
+   All accepting nodes merge into one accepting state. With ``merge="semantic"``, names an LLM
+   confidently calls the same step are renamed to one first (``validate_semantic``).
 3. **Dominators** (``networkx.immediate_dominators``) of the merged graph from its start: the
    states that dominate acceptance lie on every path of every run to the end, so they are the
    *essential* states; everything else is optional. The dominators of one node form a chain, so
@@ -25,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +34,14 @@ import networkx as nx
 
 from tracedag.pipeline.analysis.validate_model import Model, ScenarioModel, StateSpec
 from tracedag.pipeline.analysis.validate_runs import DEFAULT_STATE, RunSteps, Step, agents_of, states_of
+from tracedag.pipeline.analysis.validate_semantic import SameStepAsker, SemanticResult, semantic_merges
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
-MERGES = ("normalized", "exact")
-"""Merge keys: ``normalized`` (ids, numbers and dates in names replaced) or ``exact`` names."""
+MERGES = ("normalized", "exact", "semantic")
+"""Merge keys: ``normalized`` (ids, numbers and dates in names replaced), ``exact`` names, or ``semantic``
+(normalized, then names an LLM confidently calls the same step merged: ``validate_semantic``)."""
 START = "(start)"
 ACCEPT = "(accept)"
 
@@ -73,12 +76,20 @@ class Visit:
     step: Step
 
 
-def visits(run: RunSteps, state: str, merge: str) -> list[Visit]:
-    """The run as merged states: each step's merge key, numbered by visit (``visit_name``)."""
+def merge_key(raw: str, merge: str) -> str:
+    """The key a state name merges by before any semantic renames: normalized unless ``merge`` is exact."""
+    return raw if merge == "exact" else normalize(raw)
+
+
+def visits(run: RunSteps, state: str, merge: str, renames: Mapping[str, str] | None = None) -> list[Visit]:
+    """The run as merged states: each step's merge key (then ``renames``, the semantic merges), numbered
+    by visit (``visit_name``)."""
     seen: Counter[str] = Counter()
     out: list[Visit] = []
+    renames = renames or {}
     for raw, step in states_of(run, state):
-        key = normalize(raw) if merge == "normalized" else raw
+        key = merge_key(raw, merge)
+        key = renames.get(key, key)
         seen[key] += 1
         out.append(Visit(visit_name(key, seen[key]), raw, step))
     return out
@@ -144,9 +155,10 @@ def dominators_of_accept(graph: nx.DiGraph) -> list[str]:
     return chain[::-1]
 
 
-def learn_skeleton(runs: Sequence[RunSteps], state: str, merge: str) -> Skeleton:
+def learn_skeleton(runs: Sequence[RunSteps], state: str, merge: str,
+                   renames: Mapping[str, str] | None = None) -> Skeleton:
     """The skeleton of one scenario from its passing ``runs`` (at least one)."""
-    seqs = [visits(r, state, merge) for r in runs]
+    seqs = [visits(r, state, merge, renames) for r in runs]
     names = [[v.name for v in seq] for seq in seqs]
     tree, accepting = prefix_tree(names)
     graph = merge_tree(tree, accepting)
@@ -216,6 +228,8 @@ class LearnOptions:
     keep_outliers: bool = False
     skip_thin: bool = False
     """Leave out the scenarios with too few passing runs (listed in the model) instead of failing."""
+    min_confidence: float = 0.9
+    """``merge="semantic"``: merge two names only when the LLM calls them the same with this confidence."""
 
 
 def pick_agent(runs: Sequence[RunSteps], agent: str | None) -> tuple[str, list[RunSteps]]:
@@ -231,9 +245,17 @@ def pick_agent(runs: Sequence[RunSteps], agent: str | None) -> tuple[str, list[R
     return agent, mine
 
 
+class AskerMissing(TracedagError):  # type: ignore[misc,unused-ignore]
+    """``merge="semantic"`` without an LLM to ask."""
+
+
 def learn_model(runs: Sequence[RunSteps], options: LearnOptions, learned_from: dict[str, Any],
-                previous: Model | None = None) -> Model:
-    """One skeleton per scenario of the agent's runs; a person's edits in ``previous`` are kept."""
+                previous: Model | None = None, asker: SameStepAsker | None = None) -> Model:
+    """One skeleton per scenario of the agent's runs; a person's edits in ``previous`` are kept;
+    ``asker`` answers whether two names are the same step (needed by ``merge="semantic"``)."""
+    if options.merge == "semantic" and asker is None:
+        raise AskerMissing("--merge semantic needs an LLM to ask (set TRACEDAG_JUDGE_MODEL and its endpoint)")
+    asked: list[SemanticResult] = []
     agent, mine = pick_agent(runs, options.agent)
     by_scenario: dict[str, list[RunSteps]] = defaultdict(list)
     for r in mine:
@@ -247,21 +269,42 @@ def learn_model(runs: Sequence[RunSteps], options: LearnOptions, learned_from: d
             short.append((name, len(passing), len(group)))
             continue
         failing = [r for r in group if not r.passed]
-        kept, dropped = (passing, []) if options.keep_outliers else drop_outliers(passing, options)
-        scenarios[name] = scenario_model(kept, failing, options)
+        sem = _semantic(passing, options, asker)
+        asked.append(sem)
+        kept, dropped = (passing, []) if options.keep_outliers else drop_outliers(passing, options, sem.renames)
+        scenarios[name] = scenario_model(kept, failing, options, sem.renames)
         scenarios[name].excluded_runs = dropped
+        scenarios[name].semantic_merges = sem.merges
         if previous is not None and name in previous.scenarios:
             keep_edits(previous.scenarios[name], scenarios[name])
     if short and not (options.skip_thin and scenarios):
         raise TooFewRuns(options.min_runs, short)
     versions = sorted({r.agent_version for r in mine if r.agent_version})
     origin = {**learned_from, "skipped_scenarios": [{"scenario": s, "passing_runs": p, "runs": n} for s, p, n in short]}
+    if asker is not None and options.merge == "semantic":
+        origin["semantic_merge"] = _semantic_summary(asked, asker.model, options.min_confidence)
     return Model(agent, options.state, options.merge, scenarios, versions, options.duration_slack, origin)
 
 
-def scenario_model(passing: Sequence[RunSteps], failing: Sequence[RunSteps], options: LearnOptions) -> ScenarioModel:
+def _semantic(passing: Sequence[RunSteps], options: LearnOptions, asker: SameStepAsker | None) -> SemanticResult:
+    """The semantic merges of one scenario's passing runs (none unless ``merge="semantic"``)."""
+    if options.merge != "semantic" or asker is None:
+        return SemanticResult()
+    base = {raw: merge_key(raw, options.merge) for r in passing for raw, _ in states_of(r, options.state)}
+    return semantic_merges(passing, options.state, base, asker, options.min_confidence)
+
+
+def _semantic_summary(asked: Sequence[SemanticResult], model: str, min_confidence: float) -> dict[str, Any]:
+    """How the semantic merging went, over all scenarios (kept in ``learned_from``)."""
+    return {"model": model, "min_confidence": min_confidence, "pairs_asked": sum(a.asked for a in asked),
+            "merged": sum(len(a.merges) for a in asked), "not_same": sum(a.not_same for a in asked),
+            "not_confident": sum(a.not_confident for a in asked), "failed": sum(a.failed for a in asked)}
+
+
+def scenario_model(passing: Sequence[RunSteps], failing: Sequence[RunSteps], options: LearnOptions,
+                   renames: Mapping[str, str] | None = None) -> ScenarioModel:
     """The model of one scenario: its skeleton, plus the transitions only its failed runs took."""
-    sk = learn_skeleton(passing, options.state, options.merge)
+    sk = learn_skeleton(passing, options.state, options.merge, renames)
     essential = set(sk.essential)
     states = [
         StateSpec(name=n, essential=n in essential, learned="essential" if n in essential else "optional",
@@ -271,15 +314,15 @@ def scenario_model(passing: Sequence[RunSteps], failing: Sequence[RunSteps], opt
     ]
     transitions = [{"from": a, "to": b, "runs": c} for (a, b), c in sorted(sk.edges.items())]
     return ScenarioModel([r.run_key for r in passing], states, sk.pta_states, transitions,
-                         failure_transitions(failing, sk.edges, options))
+                         failure_transitions(failing, sk.edges, options, renames))
 
 
 def failure_transitions(failing: Sequence[RunSteps], passing_edges: Counter[tuple[str, str]],
-                        options: LearnOptions) -> list[dict[str, Any]]:
+                        options: LearnOptions, renames: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Transitions that failed runs took and no passing run did, with how many failed runs took each."""
     seen: Counter[tuple[str, str]] = Counter()
     for r in failing:
-        path = [START, *(v.name for v in visits(r, options.state, options.merge)), ACCEPT]
+        path = [START, *(v.name for v in visits(r, options.state, options.merge, renames)), ACCEPT]
         seen.update(set(zip(path, path[1:], strict=False)) - set(passing_edges))
     return [{"from": a, "to": b, "failed_runs": c} for (a, b), c in sorted(seen.items())]
 
@@ -298,13 +341,14 @@ OUTLIER_QUORUM = 3
 at least this many others."""
 
 
-def drop_outliers(passing: Sequence[RunSteps], options: LearnOptions) -> tuple[list[RunSteps], list[dict[str, str]]]:
+def drop_outliers(passing: Sequence[RunSteps], options: LearnOptions,
+                  renames: Mapping[str, str] | None = None) -> tuple[list[RunSteps], list[dict[str, str]]]:
     """Split off the lone deviants: passing runs that lack states all the others (at least
     ``OUTLIER_QUORUM``) reach, such as a run the model routed to the wrong branch without an error.
     Never leaves fewer than ``options.min_runs`` runs."""
     if len(passing) <= OUTLIER_QUORUM:
         return list(passing), []
-    names = [{v.name for v in visits(r, options.state, options.merge)} for r in passing]
+    names = [{v.name for v in visits(r, options.state, options.merge, renames)} for r in passing]
     kept: list[RunSteps] = []
     dropped: list[dict[str, str]] = []
     for i, run in enumerate(passing):

@@ -12,10 +12,16 @@ Format (version 1)::
                            "max_duration_ms": 9.1, "names": ["router"]}, ...],
                "transitions": [{"from": "(start)", "to": "router", "runs": 5}, ...],
                "failure_transitions": [{"from": "router", "to": "book_court", "failed_runs": 2}],
-               "excluded_runs": [{"run": "...", "reason": "lacks 'book_court', which the 6 other ..."}]}}}
+               "excluded_runs": [{"run": "...", "reason": "lacks 'book_court', which the 6 other ..."}],
+               "semantic_merges": [{"names": ["availability_check", "check_availability"],
+                                    "into": "check_availability", "confidence": 0.97, "model": "gpt-4o-mini",
+                                    "after": "router", "reason": "..."}]}}}
 
 A person edits ``essential`` (true/false) to make a state required or optional; ``learned`` keeps
-what the learner said. Essential states are checked in the order ``states`` lists them. Loading
+what the learner said. Essential states are checked in the order ``states`` lists them. With
+``"merge": "semantic"`` each ``semantic_merges`` entry records names an LLM called the same step
+(``validate_semantic``): ``check`` reads every name of an entry as its ``into``; delete an entry to
+undo it. Loading
 checks every field and names the first bad one (``ModelInvalid``).
 """
 
@@ -70,6 +76,17 @@ class ScenarioModel:
     failure_transitions: list[dict[str, Any]] = field(default_factory=list)
     excluded_runs: list[dict[str, str]] = field(default_factory=list)
     """Passing runs left out as outliers, with the reason (``validate_learn.drop_outliers``)."""
+    semantic_merges: list[dict[str, Any]] = field(default_factory=list)
+    """Names merged because an LLM called them the same step (``validate_semantic``), for review."""
+
+    @property
+    def renames(self) -> dict[str, str]:
+        """What the recorded semantic merges stand for: every name of a merge -> its ``into``."""
+        out: dict[str, str] = {}
+        for m in self.semantic_merges:
+            into = str(m["into"])
+            out.update({str(n): into for n in m["names"] if str(n) != into})
+        return out
 
     @property
     def essential(self) -> list[str]:
@@ -114,6 +131,7 @@ def _scenario_dict(s: ScenarioModel) -> dict[str, Any]:
         ],
         "transitions": s.transitions, "failure_transitions": s.failure_transitions,
         "excluded_runs": s.excluded_runs,
+        **({"semantic_merges": s.semantic_merges} if s.semantic_merges else {}),
     }
 
 
@@ -221,7 +239,22 @@ def _scenario(r: _Reader, raw: Any, where: str) -> ScenarioModel:
         failure_transitions=_pairs(r, raw, "failure_transitions", where),
         excluded_runs=[dict(x) for x in r.get(raw, "excluded_runs", list, where, required=False, default=[])
                        if isinstance(x, dict)],
+        semantic_merges=_merges(r, raw, where),
     )
+
+
+def _merges(r: _Reader, raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    items = r.get(raw, "semantic_merges", list, where, required=False, default=[])
+    for i, item in enumerate(items):
+        at = f"{where}.semantic_merges[{i}]"
+        if not isinstance(item, dict):
+            raise r.fail(at, f"must be a mapping with names and into, got {item!r}")
+        names = r.get(item, "names", list, at)
+        if len(names) < 2 or not all(isinstance(n, str) for n in names):
+            raise r.fail(f"{at}.names", f"must list at least two state names, got {names!r}")
+        if not r.get(item, "into", str, at).strip():
+            raise r.fail(f"{at}.into", "is empty")
+    return [dict(i) for i in items]
 
 
 def _state(r: _Reader, raw: Any, where: str) -> StateSpec:

@@ -18,6 +18,7 @@ from tracedag.pipeline.analysis.validate_check import check_runs, write_validati
 from tracedag.pipeline.analysis.validate_learn import MERGES, LearnOptions, learn_model
 from tracedag.pipeline.analysis.validate_model import Model, diff, load_model
 from tracedag.pipeline.analysis.validate_runs import STATES, RunSteps, load_run_steps
+from tracedag.pipeline.analysis.validate_semantic import SameStepAsker
 from tracedag.pipeline.store.views import connect
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,13 @@ class Learned:
 
 
 def learn(data: Path, options: LearnOptions, selection: str | None = None, by: str | None = None,
-          previous: Model | None = None) -> Learned:
-    """Learn a model from the passing runs in ``data``; with ``previous``, keep its edits and list changes."""
+          previous: Model | None = None, asker: SameStepAsker | None = None) -> Learned:
+    """Learn a model from the passing runs in ``data``; with ``previous``, keep its edits and list changes;
+    ``asker`` is the LLM of ``merge="semantic"``."""
     runs = read_runs(data, selection, by)
     origin = {"data": str(data), "runs": selection, "by": by,
               "at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-    model = learn_model(runs, options, origin, previous)
+    model = learn_model(runs, options, origin, previous, asker)
     changes = diff(previous, model) if previous is not None else []
     return Learned(model, len(runs), changes, updated=previous is not None)
 

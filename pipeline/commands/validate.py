@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from tracedag.pipeline.analysis.validation import Learned
+    from tracedag.pipeline.score.same_step import SameStepJudge
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _STATES = ("step_key", "step_name", "step_type:step_name", "node", "tool")  # validate_runs.STATES
-_MERGES = ("normalized", "exact")  # validate_learn.MERGES
+_MERGES = ("normalized", "exact", "semantic")  # validate_learn.MERGES
 
 
 class BadInput(click.ClickException):
@@ -67,7 +68,14 @@ def validate_group() -> None:
                    "graph nodes only, or tools only.")
 @click.option("--merge", "merge", type=click.Choice(_MERGES), default="normalized", show_default=True,
               help="Merge states whose names are equal after replacing ids, numbers and dates (normalized), "
-                   "or only equal names (exact).")
+                   "or only equal names (exact); semantic: normalized, then ask the judge's LLM whether two names "
+                   "at the same point of the runs are the same step (recorded in the model for review).")
+@click.option("--merge-confidence", "merge_confidence", default=0.9, show_default=True, type=click.FloatRange(0, 1),
+              help="--merge semantic: merge only when the LLM says 'same' with at least this confidence.")
+@click.option("--judge-model", envvar="TRACEDAG_JUDGE_MODEL", default=None,
+              help="--merge semantic: the LLM to ask (env TRACEDAG_JUDGE_MODEL).")
+@click.option("--judge-base-url", envvar="TRACEDAG_JUDGE_BASE_URL", default=None,
+              help="--merge semantic: its OpenAI-compatible endpoint (env TRACEDAG_JUDGE_BASE_URL).")
 @click.option("--agent", "agent", default=None, help="Agent to learn (needed when the runs are of several).")
 @click.option("--min-runs", default=2, show_default=True, type=click.IntRange(min=1),
               help="Fewest passing runs a scenario needs.")
@@ -81,7 +89,8 @@ def validate_group() -> None:
               help="Re-learn into an existing --out model: keep a person's edits and print what changed.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Model file to write (.json, or .yaml/.yml for YAML).")
-def learn_command(data: Path, selection: str | None, by: str | None, state: str, merge: str, agent: str | None,
+def learn_command(data: Path, selection: str | None, by: str | None, state: str, merge: str,
+                  merge_confidence: float, judge_model: str | None, judge_base_url: str | None, agent: str | None,
                   min_runs: int, max_runs: int | None, skip_thin: bool, keep_outliers: bool, update: bool,
                   out: Path) -> None:
     """Learn each scenario's essential states from its passing runs (dominators of acceptance)."""
@@ -89,14 +98,37 @@ def learn_command(data: Path, selection: str | None, by: str | None, state: str,
     from tracedag.pipeline.analysis.validation import learn, read_model
 
     options = LearnOptions(state=state, merge=merge, min_runs=min_runs, max_runs=max_runs, agent=agent,
-                           keep_outliers=keep_outliers, skip_thin=skip_thin)
+                           keep_outliers=keep_outliers, skip_thin=skip_thin, min_confidence=merge_confidence)
     with _clean_errors("learning skeletons"):
-        previous = read_model(out) if update and out.exists() else None
-        learned = learn(data, options, selection, by, previous)
+        asker = _semantic_asker(data, judge_model, judge_base_url) if merge == "semantic" else None
+        try:
+            previous = read_model(out) if update and out.exists() else None
+            learned = learn(data, options, selection, by, previous, asker)
+        finally:
+            if asker is not None:
+                asker.close()
     from tracedag.pipeline.analysis.validate_model import save_model
 
     save_model(learned.model, out)
     _print_learned(learned, out, data)
+
+
+def _semantic_asker(data: Path, model: str | None, base_url: str | None) -> SameStepJudge:
+    from tracedag.pipeline.score.same_step import same_step_judge
+
+    return same_step_judge(data, model=model, base_url=base_url)
+
+
+def _print_semantic(learned: Learned) -> None:
+    info = learned.model.learned_from.get("semantic_merge")
+    if not isinstance(info, dict):
+        return
+    click.echo(f"semantic merge by {info['model']} (confidence >= {info['min_confidence']}): "
+               f"{info['pairs_asked']} pair(s) asked, {info['merged']} merged, {info['not_confident']} not confident, "
+               f"{info['failed']} without an answer")
+    for name, s in learned.model.scenarios.items():
+        for m in s.semantic_merges:
+            click.echo(f"  merged in {name}: {' = '.join(m['names'])} -> {m['into']} ({m['confidence']:.2f})")
 
 
 def _print_learned(learned: Learned, out: Path, data: Path) -> None:
@@ -112,6 +144,7 @@ def _print_learned(learned: Learned, out: Path, data: Path) -> None:
         t.add_row(name, str(len(s.runs)), str(len(s.excluded_runs)), f"{s.prefix_tree_states} -> {len(s.states)}",
                   " > ".join(s.essential))
     print_whole(t)
+    _print_semantic(learned)
     for thin in model.learned_from.get("skipped_scenarios", []):
         click.echo(f"left out scenario {thin['scenario']}: {thin['passing_runs']} passing of {thin['runs']} run(s)")
     for line in learned.changes:

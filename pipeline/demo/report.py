@@ -239,8 +239,13 @@ def print_demo(console: Console, result: DemoResult) -> None:
         console.print(slowest_table(result))
     if result.ok("validate"):
         console.print(validation_line(result), soft_wrap=True, highlight=False)
+        console.print(semantic_merge_line(result), soft_wrap=True, highlight=False, markup=False)
     if result.ok("regress"):
         console.print(regress_line(result), soft_wrap=True, highlight=False, markup=False)
+    if result.ok("replay"):
+        from tracedag.pipeline.demo.replay_example import replay_line
+
+        console.print(replay_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
     _print_next(console, result)
 
 
@@ -256,6 +261,14 @@ def regress_line(result: DemoResult) -> str:
     return (f"regression gate, permissive vs constrained agent: {verdict}, {len(fails)} of {len(rows)} metrics "
             f"regressed{' (' + worst + ')' if worst else ''}; try: tracedag regress --data "
             f"{shlex.quote(str(result.data))} --baseline {REGRESS_SIDES[0]} --candidate {REGRESS_SIDES[1]}")
+
+
+def semantic_merge_line(result: DemoResult) -> str:
+    """One line: learning can also merge states an LLM calls the same step, and the command (the demo runs offline)."""
+    return ("structural validation, semantic merge: off in the demo (no LLM); steps named differently for the same "
+            "action (check_availability / availability_check) merge when the judge's LLM is confident; try: "
+            f"TRACEDAG_JUDGE_MODEL=... tracedag validate learn --data {shlex.quote(str(result.data))} "
+            "--merge semantic --out model.json")
 
 
 def validation_line(result: DemoResult) -> str:

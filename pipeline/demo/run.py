@@ -135,6 +135,11 @@ def _analysis_stages(runner: _Runner, config: DemoConfig) -> None:
     with runner.stage("regress", "regression gate: permissive vs constrained", ("score",)) as task:
         if task is not None:
             result.tables["regress"] = stages.regress_variants(config.data)
+    with runner.stage("replay", "replay failed conversations", ("flush",)) as task:
+        if task is not None:
+            from tracedag.pipeline.demo.replay_example import demo_replay
+
+            result.counts.update(demo_replay(config.data))
 
 
 def _advance(progress: Progress, task: Any) -> Callable[[int, int], None]:

@@ -12,14 +12,18 @@ td.shutdown()
 ```
 """
 
-from tracedag.instrument.api import agent, llm, node, tool
+from tracedag.instrument.api import USER_MESSAGE_EVENT, agent, llm, node, tool, user_message
 from tracedag.instrument.labels import LabelSpanProcessor, conversation, current_labels, run_labels
+from tracedag.instrument.recorded import RecordedCall, ToolRecording, recorded_tools
 from tracedag.instrument.setup import configure, force_flush, resolve_endpoint, shutdown, tracer
 from tracedag.instrument.steps import Step, StepSpec, error_type, messages_json
 
 __all__ = [
+    "USER_MESSAGE_EVENT",
     "LabelSpanProcessor",
+    "RecordedCall",
     "Step",
+    "ToolRecording",
     "StepSpec",
     "agent",
     "configure",
@@ -30,9 +34,11 @@ __all__ = [
     "llm",
     "messages_json",
     "node",
+    "recorded_tools",
     "resolve_endpoint",
     "run_labels",
     "shutdown",
     "tool",
     "tracer",
+    "user_message",
 ]

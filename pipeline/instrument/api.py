@@ -92,8 +92,25 @@ def tool(
     if arguments is not None and setup.capture_content():
         attrs["gen_ai.tool.call.arguments"] = to_json(dict(arguments))
     return StepSpec(
-        f"execute_tool {name}", attrs, new_span=new_span, on_call=_record_arguments, on_return=_record_result
+        f"execute_tool {name}", attrs, new_span=new_span, on_call=_record_arguments, on_return=_record_result,
+        tool=(name, dict(arguments) if arguments is not None else None),
     )
+
+
+def user_message(text: str) -> None:
+    """Record a message the user sent on the current span, as a ``gen_ai.user.message`` event.
+
+    For agents that hold several user turns in one trace: ``tracedag replay`` reads a conversation's
+    user turns from these events first (attribute ``content``), in their order.
+    """
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if text and span.is_recording() and setup.capture_content():
+        span.add_event(USER_MESSAGE_EVENT, {"content": text})
+
+
+USER_MESSAGE_EVENT = "gen_ai.user.message"
 
 
 def _record_reply(step: Step, result: object) -> None:

@@ -23,7 +23,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from tracedag.instrument import setup
+from tracedag.instrument import recorded, setup
 from tracedag.instrument.labels import AttrValue, set_if_absent
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ Attrs = Mapping[str, AttrValue | Sequence[str] | None]
 Message = Mapping[str, Any] | tuple[str, str] | str
 
 _CHAIN_KEY = otel_context.create_key("tracedag.node_chain")
+ToolCall = tuple[str, Mapping[str, Any] | None]
+"""A tool step's name and arguments (None: the decorated function's arguments)."""
 
 
 def to_json(value: object) -> str:
@@ -72,8 +74,9 @@ def messages_json(messages: Sequence[Message], *, default_role: str = "user") ->
 class Step:
     """Handle on the span of a running step: record its output, usage and result."""
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, tool: ToolCall | None = None) -> None:
         self.span = span
+        self._tool = tool
 
     def set(self, key: str, value: AttrValue | Sequence[str] | None) -> bool:
         """Set an attribute unless the span already has it; True when it was set."""
@@ -102,6 +105,19 @@ class Step:
         if setup.capture_content():
             self.set("gen_ai.tool.call.result", result if isinstance(result, str) else to_json(result))
 
+    def run(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run a tool's function, or, in a replay with recorded tools, return the recorded result.
+
+        The call is looked up by the step's tool name and its ``arguments`` (else ``kwargs``); see
+        ``tracedag.instrument.recorded``. Outside a tool step, or with nothing recorded, ``fn`` runs.
+        """
+        if self._tool is not None:
+            name, arguments = self._tool
+            served = recorded.serve(self.span, name, arguments if arguments is not None else kwargs)
+            if served is not recorded.MISSING:
+                return served  # type: ignore[no-any-return]
+        return fn(*args, **kwargs)
+
     def fail(self, kind: str, message: str = "") -> None:
         """Mark the step failed without an exception (e.g. a tool that returned an error)."""
         self.set("error.type", kind)
@@ -127,6 +143,7 @@ class StepSpec:
         on_return: Callable[[Step, object], None] | None = None,
         is_node: bool = False,
         opens_chain: bool = False,
+        tool: ToolCall | None = None,
     ) -> None:
         self.span_name = span_name
         self.attributes = {k: v for k, v in attributes.items() if v is not None}
@@ -135,6 +152,7 @@ class StepSpec:
         self.on_return = on_return
         self.is_node = is_node
         self.opens_chain = opens_chain
+        self.tool = tool  # (tool name, arguments): served from a recording in replays
         self._local = threading.local()  # open blocks per thread, so one spec may be shared
 
     def _stack(self) -> list[AbstractContextManager[Step]]:
@@ -165,7 +183,7 @@ class StepSpec:
             set_status_on_exception=False,
         ) as span, _node_scope(span, self.is_node, self.is_node or self.opens_chain):
             try:
-                yield Step(span)
+                yield Step(span, self.tool)
             except BaseException as exc:
                 _record_exception(span, exc)
                 raise
@@ -175,7 +193,7 @@ class StepSpec:
         for key, value in self.attributes.items():
             set_if_absent(span, key, value)
         try:
-            yield Step(span)
+            yield Step(span, self.tool)
         except BaseException as exc:
             _record_exception(span, exc)
             raise
@@ -198,8 +216,9 @@ class StepSpec:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             with self._open() as step:
-                self._called(step, signature, args, kwargs)
-                result = fn(*args, **kwargs)
+                bound = self._called(step, signature, args, kwargs)
+                served = self._serve(step, bound)
+                result = fn(*args, **kwargs) if served is recorded.MISSING else served
                 if self.on_return is not None:
                     self.on_return(step, result)
                 return result
@@ -210,17 +229,27 @@ class StepSpec:
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self._open() as step:
-                self._called(step, signature, args, kwargs)
-                result = await fn(*args, **kwargs)
+                bound = self._called(step, signature, args, kwargs)
+                served = self._serve(step, bound)
+                result = await fn(*args, **kwargs) if served is recorded.MISSING else served
                 if self.on_return is not None:
                     self.on_return(step, result)
                 return result
 
         return wrapper
 
-    def _called(self, step: Step, signature: inspect.Signature, args: Any, kwargs: Any) -> None:
+    def _called(self, step: Step, signature: inspect.Signature, args: Any, kwargs: Any) -> dict[str, Any]:
+        bound = dict(signature.bind_partial(*args, **kwargs).arguments)
         if self.on_call is not None:
-            self.on_call(step, dict(signature.bind_partial(*args, **kwargs).arguments))
+            self.on_call(step, bound)
+        return bound
+
+    def _serve(self, step: Step, bound: Mapping[str, Any]) -> Any:
+        """The recorded result of a tool call in a replay with recorded tools, else ``MISSING``."""
+        if self.tool is None:
+            return recorded.MISSING
+        name, arguments = self.tool
+        return recorded.serve(step.span, name, arguments if arguments is not None else bound)
 
 
 class _NodeChain:

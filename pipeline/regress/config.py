@@ -9,6 +9,8 @@ correction: bh           # p-values adjusted over all metrics: bh (false discove
 pair_by: [scenario_id, replay_index]   # replay_index is dropped when a side has none
 fail_threshold: 2.0      # a step fails at score <= this (queries' $fail_threshold)
 pass_threshold: 3.0      # a trace passes at workflow score >= this
+default_input_per_mtok: 0.0    # cost_usd: USD per 1M input tokens of a model not in queries/_costs.sql
+default_output_per_mtok: 0.0   # cost_usd: USD per 1M output tokens of such a model
 absent: warn             # a per-step metric measured on one side only: warn | ok
 metrics:                 # a family (model.FAMILIES) or one metric id
   workflow_score: {warn: 0.1, fail: 0.25}
@@ -46,6 +48,8 @@ class RegressConfig:
     pair_by: tuple[str, ...] = ("scenario_id", "replay_index")
     fail_threshold: float = 2.0
     pass_threshold: float = 3.0
+    default_input_per_mtok: float = 0.0
+    default_output_per_mtok: float = 0.0
     absent: str = "warn"
     correction: str = "bh"
     metrics: dict[str, Thresholds] = field(default_factory=dict)
@@ -85,7 +89,7 @@ def parse_config(doc: dict[str, Any], where: str = "config") -> RegressConfig:
     for key in ("resamples", "seed", "min_pairs"):
         if key in doc:
             values[key] = _number(where, key, doc[key], int, minimum=1 if key != "seed" else 0)
-    for key in ("fail_threshold", "pass_threshold"):
+    for key in ("fail_threshold", "pass_threshold", "default_input_per_mtok", "default_output_per_mtok"):
         if key in doc:
             values[key] = _number(where, key, doc[key], float, minimum=0)
     if "confidence" in doc:

@@ -3,7 +3,8 @@
 Each definition is the one of the query that owns it: workflow score, pass/fail, duration and root
 cause per trace from ``trace_summary``; a step's score from the ``workflow_weights`` macro of
 ``_failure_graph.sql`` (lowest score, human labels override; unscored steps are left out); failed
-steps and their taxonomy from ``failures``; tokens from the ``spans`` columns. A case's value is
+steps and their taxonomy from ``failures``; tokens from the ``spans`` columns; cost from the
+``span_costs`` macro of ``_costs.sql`` (the price list ``step_stats`` uses). A case's value is
 the mean over its traces (or steps); the counting families (``step_visits``, ``failure_rate``,
 ``root_cause``) are 0 for a case without such a step, so a step that disappears reads as a drop.
 
@@ -39,6 +40,12 @@ select trace_id,
        case when count(input_tokens) + count(output_tokens) > 0
             then sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) end as tokens
 from spans group by trace_id
+"""
+# USD per trace: the spans' tokens at the price list of queries/_costs.sql (null without token counts)
+_COST_SQL = """
+select trace_id, sum(cost_usd) as cost_usd
+from span_costs((select list(trace_id) from traces), $default_input_per_mtok, $default_output_per_mtok)
+group by trace_id
 """
 
 # structural validation (``tracedag validate check``): the latest verdict on each selected trace's run
@@ -92,17 +99,22 @@ def _sql(con: duckdb.DuckDBPyConnection, label: str, sql: str, params: Mapping[s
         raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
 
 
-def load_facts(con: duckdb.DuckDBPyConnection, fail_threshold: float, pass_threshold: float) -> StoreFacts:
-    """Run the named queries once over the (selected) traces on ``con``."""
+def load_facts(con: duckdb.DuckDBPyConnection, fail_threshold: float, pass_threshold: float,
+               default_prices: tuple[float, float] = (0.0, 0.0)) -> StoreFacts:
+    """Run the named queries once over the (selected) traces on ``con``; ``default_prices`` (USD per 1M
+    input, output tokens) price a model the price list does not know."""
     params = {"fail_threshold": str(fail_threshold), "pass_threshold": str(pass_threshold)}
     summary = _named(con, "trace_summary", params).select(
         "trace_id", "workflow_score", pl.col("passed").cast(pl.Float64), "duration_ms", "root_cause_step",
         "root_cause_type")
     tokens = _sql(con, "tokens", _TOKENS_SQL)
+    cost = _sql(con, "cost", _COST_SQL, {"default_input_per_mtok": float(default_prices[0]),
+                                         "default_output_per_mtok": float(default_prices[1])})
     steps = _sql(con, "steps", _STEPS_SQL)
     failures = _named(con, "failures", {"fail_threshold": str(fail_threshold)}).select(
         "trace_id", pl.col("taxonomy_l1").fill_null("unclassified").alias("category"))
-    traces = summary.join(tokens, on="trace_id", how="left").join(_validations(con), on="trace_id", how="left")
+    traces = summary.join(tokens, on="trace_id", how="left").join(cost, on="trace_id", how="left").join(
+        _validations(con), on="trace_id", how="left")
     return StoreFacts(traces, steps, failures)
 
 
@@ -138,7 +150,7 @@ def _trace_level(traces: pl.DataFrame) -> pl.DataFrame:
         pl.col("workflow_score").mean(), pl.col("passed").mean().alias("pass_rate"),
         pl.col("duration_ms").median().alias("latency_p50"),
         pl.col("duration_ms").quantile(0.95, interpolation="linear").alias("latency_p95"),
-        pl.col("tokens").mean(), pl.col("validation_pass_rate").mean(),
+        pl.col("tokens").mean(), pl.col("cost_usd").mean(), pl.col("validation_pass_rate").mean(),
     )
     return wide.unpivot(index="case", variable_name="metric", value_name="value")
 

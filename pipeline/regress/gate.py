@@ -94,10 +94,11 @@ def run_regress(
     progress("selecting runs")
     base, cand = _sides(data, baseline, candidate)
     pair_by, notes, cb, cc, common, unpaired = _pairing(base, cand, config)
-    progress("reading scores, failures, latency, tokens")
+    progress("reading scores, failures, latency, tokens, cost")
     con = selection_connection(data, [*base["trace_id"], *cand["trace_id"]])
     try:
-        facts = load_facts(con, config.fail_threshold, config.pass_threshold)
+        facts = load_facts(con, config.fail_threshold, config.pass_threshold,
+                           (config.default_input_per_mtok, config.default_output_per_mtok))
         runs = det.load_all_runs(con)
     finally:
         con.close()

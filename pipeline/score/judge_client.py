@@ -134,6 +134,16 @@ class Judge:
                           {"role": "user", "content": f"That answer is invalid ({e}). Reply with only the JSON object."}]
         raise JudgeCallFailed("no answer")
 
+    def answer_text(self, messages: list[dict[str, str]]) -> str | None:
+        """One answer's text, with the transport retries of ``grade`` but no validation (callers with
+        their own answer format, such as ``same_step``); ``JudgeCallFailed`` after the last try."""
+        resp = self._create(messages)
+        usage = getattr(resp, "usage", None)
+        self.stats.add(input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+                       output_tokens=getattr(usage, "completion_tokens", 0) or 0)
+        text: str | None = resp.choices[0].message.content if resp.choices else None
+        return text
+
     def grade(self, task: JudgeTask) -> Verdict | None:
         """The verdict for one task (cached), or None after a recorded judge error."""
         messages = [{"role": "system", "content": system_prompt(task.rubric)},

@@ -27,6 +27,7 @@ _MACRO = re.compile(r"create or replace macro (\w+)\(([^)]*)\) as table", re.IGN
 _EXAMPLE_ARGS = {
     "p_since_ns": "0", "p_trace_id": "''", "p_fail_threshold": "2.0", "p_trace_ids": "[]::varchar[]",
     "p_max_hops": "1000", "p_unscored_score": "5.0", "p_across_turns": "false",
+    "p_default_input_per_mtok": "0.0", "p_default_output_per_mtok": "0.0",
 }
 
 

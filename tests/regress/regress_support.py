@@ -3,7 +3,7 @@
 ``gate_store(data, versions)`` writes, for each version and each scenario s1..s4 x replay 0..3, one
 trace: an agent root, a ``plan`` node and a ``search`` tool call (failed, status ERROR, in the
 traces the version's ``fails(scenario, replay)`` picks, and
-its node with it), with tokens on the root. Then the DAGs are
+its node with it), with tokens (and the version's ``model``, if any) on the root. Then the DAGs are
 built and the steps scored by the rules, so every number the gate reads comes from the real queries.
 """
 
@@ -31,7 +31,8 @@ def half(scenario: str, replay: int) -> bool:
 
 
 def write_version(store: Store, version: str, fails: Fails = never, tool_ms: int = 5, replay_labels: bool = True,
-                  scenarios: tuple[str, ...] = SCENARIOS, tokens: int | None = 100) -> None:
+                  scenarios: tuple[str, ...] = SCENARIOS, tokens: int | None = 100,
+                  model: str | None = None) -> None:
     for scenario in scenarios:
         for replay in range(REPLAYS):
             labels = {"run_id": f"{version}/{scenario}/{replay}", "conversation_id": f"{version}-{scenario}-{replay}",
@@ -42,7 +43,7 @@ def write_version(store: Store, version: str, fails: Fails = never, tool_ms: int
             trace_id = f"{abs(hash((version, scenario, replay))):032x}"[:32]
             root = store.span(trace_id, None, "invoke_agent bot", "agent", agent_name="bot", start=start,
                               end=start + 50_000_000, input_tokens=tokens, output_tokens=tokens and tokens // 2,
-                              **labels)
+                              model=model, **labels)
             failed = fails(scenario, replay)
             node = store.span(trace_id, root, "invoke_node plan", "chain", step_name="plan", start=start + 1000,
                               end=start + 40_000_000, attributes={"gen_ai.node.name": "plan"},

@@ -66,7 +66,9 @@ class State:
 
     def next_user_turn(self) -> str:
         """The user's next message ('' once the script is exhausted)."""
-        return self.user_turns.pop(0) if self.user_turns else ""
+        message = self.user_turns.pop(0) if self.user_turns else ""
+        td.user_message(message)  # on the node reading it: `tracedag replay` reads the turns back
+        return message
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ class BookingAgent:
 
     def _tool(self, name: str, arguments: dict[str, Any], call: Callable[..., Any]) -> Any:
         with td.tool(name, call_id=self.llm.tool_call_id(), arguments=arguments) as step:
-            result = call(**arguments)
+            result = step.run(call, **arguments)  # a replay with --tools recorded serves the recorded result
             step.set_result(result)
             return result
 
