@@ -55,15 +55,50 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
 @click.option("--simulation-id", default=None, help="Names the whole simulation (default sim-seed<SEED>).")
 @click.option("--agent-opt", "agent_opts", multiple=True, metavar="NAME=VALUE",
               help="A default-off change to the agent (repeatable): drop_time_rate, skip_availability_rate, "
-                   "calendar_latency, rephrase (see tracedag.pipeline.demo.agent.tweaks).")
+                   "calendar_latency, rephrase (see tracedag.pipeline.demo.agent.tweaks); with --agent, an option "
+                   "of that agent (as in tracedag replay).")
+@click.option("--agent", "agent", default=None, metavar="TARGET",
+              help="Simulated users against this agent (module:function, an OpenAI-compatible URL, or 'example'); "
+                   "needs --graph. Measures CCR and PCR with backtracking.")
+@click.option("--graph", "graph_file", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="With --agent: the agent graph (DSL JSON) whose DFS paths are the users' intents; 'example': the "
+                   "bundled agent's designed graph.")
+@click.option("--personas", "personas", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="With --agent: personas YAML (name, prompt, temperature); default: terse, chatty, rude, confused.")
+@click.option("--persona", "persona_names", multiple=True, metavar="NAME",
+              help="With --agent: only this persona (repeatable; default every persona of the file).")
+@click.option("--conversations", default=1, show_default=True, type=click.IntRange(min=1),
+              help="With --agent: conversations per intent and persona.")
+@click.option("--max-backtracks", default=2, show_default=True, type=click.IntRange(min=0),
+              help="With --agent: restarts from the beginning after an unintended transition.")
+@click.option("--user-model", default=None, envvar="TRACEDAG_USER_MODEL",
+              help="With --agent: a model plays the user (OpenAI-compatible); default: the offline scripted user.")
+@click.option("--user-base-url", default=None, envvar="TRACEDAG_USER_BASE_URL",
+              help="OpenAI-compatible endpoint of --user-model (default: the openai client's).")
+@click.option("--data", "data", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="With --agent: store the runs into this data directory (in-process collector) instead of --endpoint.")
 def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int, variants: int,
                      fault_rate: float, max_visits: int, service_version: str = "1.0", simulation_id: str | None = None,
-                     agent_opts: tuple[str, ...] = ()) -> None:
+                     agent_opts: tuple[str, ...] = (), agent: str | None = None, graph_file: Path | None = None,
+                     personas: Path | None = None, persona_names: tuple[str, ...] = (), conversations: int = 1,
+                     max_backtracks: int = 2, user_model: str | None = None, user_base_url: str | None = None,
+                     data: Path | None = None) -> None:
     """Drive the bundled court-booking agent through its conversation paths and export the spans over OTLP.
 
     Both variants (constrained and permissive transitions) run every DFS path of the designed
     graph as exact replays and rephrased variants, with run labels; point it at `tracedag collect`.
+    With --agent and --graph: simulated users (EDGE §3.1) play the graph's paths against any agent,
+    restarting after an unintended transition, and CCR/PCR are printed per intent.
     """
+    if agent is not None or graph_file is not None:
+        from tracedag.pipeline.commands._usersim import UserSimArgs, run_user_simulation
+
+        if agent is None or graph_file is None:
+            raise click.UsageError("--agent and --graph go together")
+        run_user_simulation(UserSimArgs(agent, graph_file, agent_opts, personas, persona_names, conversations,
+                                        max_backtracks, max_visits, user_model, user_base_url, seed, data, endpoint,
+                                        simulation_id))
+        return
     from rich.progress import Progress
 
     from tracedag.pipeline.demo import simulate as sim

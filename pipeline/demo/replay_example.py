@@ -49,6 +49,12 @@ class ExampleTarget:
         error = f"failed steps: {', '.join(result.unrecovered)} ({', '.join(result.errors)})" if result.failed else None
         return Outcome(result.replies, error)
 
+    def scripted_turns(self, path: Sequence[str], index: int) -> list[str]:
+        """The simulated user's turns that lead this agent along ``path`` (phrasing ``index``, 0..2)."""
+        from tracedag.pipeline.demo.simulate import Scenario
+
+        return [str(t) for t in Scenario("sim", tuple(path)).user_turns(index)]
+
 
 def example_target(opts: Mapping[str, str]) -> ExampleTarget:
     """Build the example target from ``--agent-opt`` pairs."""

@@ -140,6 +140,11 @@ def _analysis_stages(runner: _Runner, config: DemoConfig) -> None:
             from tracedag.pipeline.demo.replay_example import demo_replay
 
             result.counts.update(demo_replay(config.data))
+    with runner.stage("usersim", "simulated users: CCR and PCR", ("flush",)) as task:
+        if task is not None:
+            from tracedag.pipeline.demo.usersim_example import demo_usersim
+
+            result.counts.update(demo_usersim(config.data))
 
 
 def _advance(progress: Progress, task: Any) -> Callable[[int, int], None]:
