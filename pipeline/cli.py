@@ -18,6 +18,7 @@ from tracedag.pipeline.commands import (
     regress,
     replay,
     score,
+    serve,
     validate,
 )
 from tracedag.schemas.errors import TracedagError
@@ -42,6 +43,6 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay):
+for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

@@ -250,7 +250,16 @@ def print_demo(console: Console, result: DemoResult) -> None:
         from tracedag.pipeline.demo.usersim_example import usersim_line
 
         console.print(usersim_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
+    console.print(serve_line(result), soft_wrap=True, highlight=False, markup=False)
     _print_next(console, result)
+
+
+def serve_line(result: DemoResult) -> str:
+    """One line: the built traces a dashboard can show, and the commands that serve or report them."""
+    data = shlex.quote(str(result.data))
+    return (f"dashboards: {result.counts.get('traces', 0)} built traces with DAGs, scores and root causes; try: "
+            f"tracedag serve --data {data} (web UI at http://127.0.0.1:8080/, Prometheus /metrics), or "
+            f"tracedag report --data {data} --out report.html")
 
 
 def regress_line(result: DemoResult) -> str:

@@ -1,0 +1,261 @@
+"""The Starlette application of ``tracedag serve``: read-only API, ``/metrics``, the web UI.
+
+Routes (``openapi()`` describes them):
+
+- ``GET /api/queries`` and ``GET /api/queries/{name}?<param>=..&since=..&format=json|csv|arrow|parquet``
+- ``GET /api/traces?since=&status=passed|failed|error&agent=&conversation=&limit=&offset=``
+- ``GET /api/traces/{trace_id}``: summary, spans, nodes (with score), edges, scores, failures,
+  root cause and its propagation chain
+- ``POST /api/sql`` (body: the SQL, or JSON ``{"sql": ...}``; ``?format=``): one SELECT in a
+  killable worker (``sqlproc``); 400 refused, 408 timed out, 413 too long, 422 out of memory,
+  503 busy
+- ``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /openapi.json``, ``GET /`` (web UI)
+
+Blocking work (DuckDB, the worker) runs in the thread pool, so one slow request never stops the
+others. With a token, every API request needs ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tracedag import queries
+from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve.data import NotFound, Store
+from tracedag.pipeline.serve.metrics import Metrics
+from tracedag.pipeline.serve.openapi import openapi
+from tracedag.pipeline.serve.sqlguard import SqlTooLarge, check
+from tracedag.pipeline.serve.sqlproc import Busy, SqlLimits, SqlResources, SqlRunner, SqlTimeout
+from tracedag.schemas.errors import QueryFailed, TracedagError
+
+logger = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+WARM_INTERVAL = 5.0
+_RESERVED = {"format", "since"}
+_STATUS: list[tuple[type[BaseException], int]] = [
+    (NotFound, 404), (SqlTooLarge, 413), (SqlTimeout, 408), (SqlResources, 422), (Busy, 503),
+    (TracedagError, 400),
+]
+
+
+def _error(e: BaseException) -> JSONResponse:
+    status = next(code for kind, code in _STATUS if isinstance(e, kind))
+    reason = e.reason if isinstance(e, QueryFailed) else str(e)
+    return JSONResponse({"error": reason}, status_code=status)
+
+
+def _format(request: Request) -> str:
+    fmt = request.query_params.get("format", "json")
+    if fmt not in encode.FORMATS:
+        raise QueryFailed("format", f"{fmt!r} is not one of {', '.join(encode.FORMATS)}")
+    return fmt
+
+
+def _table_response(table: pa.Table, fmt: str, headers: dict[str, str] | None = None) -> Response:
+    return StreamingResponse(encode.stream(table, fmt), media_type=encode.FORMATS[fmt], headers=headers)
+
+
+class Api:
+    """The handlers, bound to one store."""
+
+    def __init__(self, data: Path, limits: SqlLimits | None = None) -> None:
+        self.store = Store(data)
+        self.sql = SqlRunner(data, limits)
+        self.metrics = Metrics(self.store)
+
+    async def list_queries(self, request: Request) -> Response:
+        out = []
+        for name in queries.names():
+            doc = queries.describe(name)
+            out.append({"name": name, "description": doc.description,
+                        "params": [{"name": p.name, "type": p.type, "default": p.default, "help": p.help,
+                                    "choices": list(p.choices)} for p in doc.params],
+                        "since": "since_ns" in doc.used})
+        return JSONResponse(out)
+
+    async def run_query(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in queries.names():
+            raise NotFound(f"no such query {name!r} (GET /api/queries lists them)")
+        fmt = _format(request)
+        params = {k: v for k, v in request.query_params.items() if k not in _RESERVED}
+        since = request.query_params.get("since")
+        table = await run_in_threadpool(self.store.named, name, params, since)
+        return _table_response(table, fmt)
+
+    async def traces(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            limit, offset = int(q.get("limit", "200")), int(q.get("offset", "0"))
+        except ValueError as e:
+            raise QueryFailed("traces", "limit and offset are integers") from e
+        total, page = await run_in_threadpool(self.store.traces, q.get("since"), q.get("status"), q.get("agent"),
+                                              q.get("conversation"), max(0, min(limit, 10_000)), max(0, offset))
+        fmt = _format(request)
+        if fmt != "json":
+            return _table_response(page, fmt, {"X-Total-Count": str(total)})
+        body = encode.dumps({"total": total, "traces": page.to_pylist()})
+        return Response(body, media_type="application/json")
+
+    async def trace(self, request: Request) -> Response:
+        doc = await run_in_threadpool(self.store.trace, request.path_params["trace_id"])
+        return Response(encode.dumps(doc), media_type="application/json")
+
+    async def run_sql(self, request: Request) -> Response:
+        raw = await request.body()
+        if len(raw) > 4 * 1024 * 1024:
+            raise SqlTooLarge("sql", "the request body is larger than 4 MiB")
+        sql = _sql_text(raw, request.headers.get("content-type", ""))
+        fmt = _format(request)
+        check(sql)  # refused here with the reason, before any process starts
+        table = await run_in_threadpool(self.sql.run, sql)
+        truncated = (table.schema.metadata or {}).get(b"truncated") == b"true"
+        if fmt != "json":
+            return _table_response(table, fmt, {"X-Truncated": str(truncated).lower()})
+        body = encode.dumps({"columns": table.column_names, "rows": table.to_pylist(), "truncated": truncated})
+        return Response(body, media_type="application/json")
+
+    async def metrics_text(self, request: Request) -> Response:
+        text = await run_in_threadpool(self.metrics.text)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def index(self, request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    async def openapi_json(self, request: Request) -> Response:
+        return JSONResponse(openapi())
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+
+def _sql_text(raw: bytes, content_type: str) -> str:
+    text = raw.decode("utf-8", errors="strict") if raw else ""
+    if "json" in content_type:
+        try:
+            doc = json.loads(text)
+        except ValueError as e:
+            raise QueryFailed("sql", "the body is not JSON") from e
+        if not isinstance(doc, dict) or not isinstance(doc.get("sql"), str):
+            raise QueryFailed("sql", 'the JSON body needs {"sql": "..."}')
+        text = doc["sql"]
+    if not text.strip():
+        raise QueryFailed("sql", "no SQL in the request body")
+    return text
+
+
+def _guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (TracedagError, UnicodeDecodeError) as e:
+            if isinstance(e, UnicodeDecodeError):
+                return JSONResponse({"error": "the body is not UTF-8"}, status_code=400)
+            return _error(e)
+    return wrapped
+
+
+class TokenMiddleware(BaseHTTPMiddleware):
+    """``Authorization: Bearer <token>`` on every path but /healthz and the UI's page and scripts (no data).
+
+    The UI takes the token from its address (``/#token=...``) and sends it with each API call."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        super().__init__(app)
+        self.expected = f"Bearer {token}".encode()
+
+    async def dispatch(self, request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if path not in ("/healthz", "/") and not path.startswith("/static/"):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        response: Response = await call_next(request)
+        return response
+
+
+class Warmer:
+    """A thread that computes the trace list, the root causes and /metrics whenever the build state changes.
+
+    So the first request after a build finds them ready. It waits at least ``WARM_INTERVAL`` and
+    twice its last pass between passes, so it takes at most a third of one core on a busy store.
+    """
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tracedag-serve-warm", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = None
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                state = self.api.store.state()
+                if state != last:
+                    self.api.store.warm()
+                    self.api.metrics.text()
+                    last = state
+            except Exception:  # a store mid-compaction or not built yet: the next pass tries again
+                logger.info("warm-up pass failed", exc_info=True)
+            self._stop.wait(max(WARM_INTERVAL, 2 * (time.monotonic() - t0)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def create_app(data: Path, token: str | None = None, limits: SqlLimits | None = None,
+               warm: bool = True) -> Starlette:
+    """The application over the store at ``data``; ``token`` required on every request when given.
+
+    ``warm``: compute the whole-store results in the background whenever the store changes (``Warmer``).
+    """
+    api = Api(data, limits)
+    routes = [
+        Route("/", _guard(api.index)),
+        Route("/healthz", _guard(api.healthz)),
+        Route("/openapi.json", _guard(api.openapi_json)),
+        Route("/metrics", _guard(api.metrics_text)),
+        Route("/api/queries", _guard(api.list_queries)),
+        Route("/api/queries/{name}", _guard(api.run_query)),
+        Route("/api/traces", _guard(api.traces)),
+        Route("/api/traces/{trace_id}", _guard(api.trace)),
+        Route("/api/sql", _guard(api.run_sql), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [Middleware(TokenMiddleware, token=token)] if token else []
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        api.sql.warm()
+        warmer = Warmer(api) if warm else None
+        try:
+            yield
+        finally:
+            if warmer is not None:
+                warmer.stop()
+            api.sql.close()
+
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

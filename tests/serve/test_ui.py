@@ -1,0 +1,122 @@
+"""The web UI in a real Chromium (Playwright): list, a click opens the DAG, the root cause is highlighted.
+
+The same page is checked served by ``tracedag serve`` and as the file ``tracedag report`` writes,
+opened with the network cut off (everything it needs is inlined).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.serve.serve_support import Server, running_server
+from tracedag.pipeline.cli import cli
+from tracedag.pipeline.store.querying import run_named
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def server(serve_store: Path) -> Iterator[Server]:
+    with running_server(serve_store) as s:
+        yield s
+
+
+def _target(data: Path) -> dict[str, Any]:
+    """The trace with a root cause and the most unrecovered failures (a propagation chain to draw)."""
+    rows = run_named(data, "trace_summary", {}).to_pylist()
+    return max((r for r in rows if r["root_cause_span_id"]), key=lambda r: (r["unrecovered_failures"], r["trace_id"]))
+
+
+def _check_dag(page: Any, trace: dict[str, Any]) -> None:
+    page.click(f'#traces tr[data-trace-id="{trace["trace_id"]}"]')
+    page.wait_for_selector(f'#dag[data-trace="{trace["trace_id"]}"]', timeout=20_000)
+    assert page.get_attribute("#dag", "data-nodes") == str(trace["steps"])
+    assert page.evaluate("window.tracedagCy.nodes().length") == trace["steps"]
+    roots = page.evaluate("window.tracedagCy.nodes('.root').map(n => n.id())")
+    assert roots == [trace["root_cause_span_id"]]
+    border = page.evaluate("window.tracedagCy.nodes('.root')[0].style('border-width')")
+    assert float(border.removesuffix("px")) >= 5  # drawn thicker than any other node
+    assert page.evaluate("window.tracedagCy.nodes('.chain').length") >= 1
+    # a click on the root cause fills the side panel with its span
+    page.evaluate(f"void window.tracedagCy.getElementById('{trace['root_cause_span_id']}').emit('tap')")
+    assert page.get_attribute("#panel", "data-span") == trace["root_cause_span_id"]
+    assert "root cause" in page.inner_text("#panel") and "attributes" in page.inner_text("#panel")
+
+
+def test_the_served_ui_lists_traces_and_draws_a_dag(browser: Any, server: Server, serve_store: Path) -> None:
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#traces tbody[data-loaded]", timeout=20_000)
+    built = run_named(serve_store, "trace_summary", {}).num_rows
+    assert page.locator("#traces tbody tr").count() == min(built, 500)
+    _check_dag(page, _target(serve_store))
+    page.select_option("select[name=status]", "failed")
+    page.click("#filters button")
+    failed = sum(1 for r in run_named(serve_store, "trace_summary", {}).column("passed").to_pylist() if r is False)
+    page.wait_for_function(f"document.querySelectorAll('#traces tbody tr').length === {failed}", timeout=10_000)
+    assert errors == []
+
+
+def test_the_report_is_one_file_that_works_offline(browser: Any, serve_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    done = CliRunner().invoke(cli, ["report", "--data", str(serve_store), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    html = out.read_text()
+    assert "<script src=" not in html and "<link rel=\"stylesheet\"" not in html  # everything inlined
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(out.as_uri())
+    page.wait_for_selector("#traces tbody[data-loaded]", timeout=20_000)
+    _check_dag(page, _target(serve_store))
+    assert [u for u in requests if not u.startswith("file:")] == []
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's store: its agents have node and edge utility (tracedag determinism ran)."""
+    data = tmp_path_factory.mktemp("serve-demo") / "demo"
+    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
+    assert done.exit_code == 0, done.output
+    return data
+
+
+def test_the_agent_graph_draws_utility_as_sizes_and_widths(browser: Any, demo_store: Path) -> None:
+    nodes = run_named(demo_store, "node_utility", {}).to_pylist()
+    edges = run_named(demo_store, "edge_utility", {}).to_pylist()
+    with running_server(demo_store) as s:
+        page = browser.new_page()
+        page.goto(s.url + "/")
+        page.click("nav a[data-view=agents]")
+        page.wait_for_selector("#agraph[data-agent]", timeout=20_000)
+        key = page.get_attribute("#agraph", "data-agent")
+        mine = [n for n in nodes if f"{n['agent']} {n['agent_version']}" == key]
+        names = {n["node"] for n in mine}
+        mine_edges = [e for e in edges if f"{e['agent']} {e['agent_version']}" == key
+                      and e["source"] in names and e["target"] in names]
+        assert page.evaluate("window.tracedagAgentCy.nodes().length") == len(mine) > 0
+        assert page.evaluate("window.tracedagAgentCy.edges().length") == len(mine_edges) > 0
+        widest = page.evaluate("(() => { const e = window.tracedagAgentCy.edges().max(x => x.data('width')).ele;"
+                               " return [e.data('source'), e.data('target')]; })()")
+        top = max(e["conversation_share"] for e in mine_edges)
+        assert any([e["source"], e["target"]] == widest and e["conversation_share"] == top for e in mine_edges)
