@@ -10,6 +10,8 @@
     ``state/``                  locks and the small files that make stages incremental
     ``quarantine/``             corrupt spool segments and Parquet files, kept for inspection
     ``pictures/``, ``graphs/``  what ``tracedag demo`` and ``determinism`` draw and write
+    ``reports/``                the JSON result of each ``tracedag regress`` run
+                                (``regress-<UTC time>-<hash>.json``), listed by ``tracedag serve``
 
 Readers glob ``tables/<table>/**/*.parquet``; writers write ``<name>.parquet.tmp`` and rename.
 """
@@ -24,7 +26,8 @@ STATE = "state"
 QUARANTINE = "quarantine"
 PICTURES = "pictures"
 GRAPHS = "graphs"
-TOP_LEVEL = frozenset({SPOOL, TABLES, STATE, QUARANTINE, PICTURES, GRAPHS})
+REPORTS = "reports"
+TOP_LEVEL = frozenset({SPOOL, TABLES, STATE, QUARANTINE, PICTURES, GRAPHS, REPORTS})
 """The folders a data directory may hold (``tracedag demo`` only wipes a directory made of these)."""
 
 # locks in state/: each is an exclusive flock held by one process at a time
@@ -141,3 +144,8 @@ def pictures_dir(data: Path) -> Path:
 def graphs_dir(data: Path) -> Path:
     """``<data>/graphs``: agent graphs written by the demo."""
     return data / GRAPHS
+
+
+def reports_dir(data: Path) -> Path:
+    """``<data>/reports``: saved ``tracedag regress`` results, one JSON file per run."""
+    return data / REPORTS

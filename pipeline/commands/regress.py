@@ -35,9 +35,11 @@ class DataError(click.ClickException):
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Bootstrap seed (overrides the config).")
 @click.option("--resamples", type=click.IntRange(min=100), default=None, help="Bootstrap resamples (config: 2000).")
 @click.option("--all", "all_rows", is_flag=True, help="Table: list unchanged metrics too.")
+@click.option("--no-save", "no_save", is_flag=True,
+              help="Do not keep the JSON result in <data>/reports/ (tracedag serve and report show the saved ones).")
 def regress_command(data: Path, baseline: str, candidate: str, config_path: Path | None, fmt: str,
                     junit_path: Path | None, markdown_path: Path | None, strict: bool, seed: int | None,
-                    resamples: int | None, all_rows: bool) -> None:
+                    resamples: int | None, all_rows: bool, no_save: bool) -> None:
     """Compare candidate runs against baseline runs, paired by scenario, and gate on regressions.
 
     Per metric (workflow score, pass rate, step scores, visits and latency per step type and name,
@@ -60,6 +62,15 @@ def regress_command(data: Path, baseline: str, candidate: str, config_path: Path
     if junit_path is not None:
         junit_path.write_text(rep.junit(result), encoding="utf-8")
     _print(result, fmt, all_rows)
+    if not no_save:
+        from tracedag.pipeline.regress.saved import save_report
+
+        saved = save_report(data, rep.to_json(result))
+        line = f"saved {saved} (tracedag serve shows it under Regressions; --no-save skips)"
+        if fmt == "table":
+            click.echo(line)
+        elif sys.stderr.isatty():  # json/markdown: stdout stays the document alone
+            click.echo(line, err=True)
     sys.exit(result.exit_code)
 
 

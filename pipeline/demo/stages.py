@@ -167,7 +167,9 @@ def regress_variants(data: Path) -> pa.Table:
     from dataclasses import asdict
 
     from tracedag.pipeline.regress import RegressConfig, run_regress
-    from tracedag.pipeline.regress.report import ordered
+    from tracedag.pipeline.regress.report import ordered, to_json
+    from tracedag.pipeline.regress.saved import save_report
 
     result = run_regress(data, REGRESS_SIDES[0], REGRESS_SIDES[1], RegressConfig())
+    save_report(data, to_json(result))  # as tracedag regress does: the served demo's Regressions tab shows it
     return pa.Table.from_pylist([{**asdict(m), "exit_code": result.exit_code} for m in ordered(result)])

@@ -6,6 +6,7 @@ Routes (``openapi()`` describes them):
 - ``GET /api/traces?since=&status=passed|failed|error&agent=&conversation=&limit=&offset=``
 - ``GET /api/traces/{trace_id}``: summary, spans, nodes (with score), edges, scores, failures,
   root cause and its propagation chain
+- ``GET /api/regressions`` (saved ``tracedag regress`` reports) and ``GET /api/regressions/{name}``
 - ``POST /api/sql`` (body: the SQL, or JSON ``{"sql": ...}``; ``?format=``): one SELECT in a
   killable worker (``sqlproc``); 400 refused, 408 timed out, 413 too long, 422 out of memory,
   503 busy
@@ -38,6 +39,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tracedag import queries
+from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.data import NotFound, Store
 from tracedag.pipeline.serve.metrics import Metrics
@@ -52,7 +54,7 @@ STATIC = Path(__file__).parent / "static"
 WARM_INTERVAL = 5.0
 _RESERVED = {"format", "since"}
 _STATUS: list[tuple[type[BaseException], int]] = [
-    (NotFound, 404), (SqlTooLarge, 413), (SqlTimeout, 408), (SqlResources, 422), (Busy, 503),
+    (NotFound, 404), (saved.NoSuchReport, 404), (SqlTooLarge, 413), (SqlTimeout, 408), (SqlResources, 422), (Busy, 503),
     (TracedagError, 400),
 ]
 
@@ -118,6 +120,14 @@ class Api:
 
     async def trace(self, request: Request) -> Response:
         doc = await run_in_threadpool(self.store.trace, request.path_params["trace_id"])
+        return Response(encode.dumps(doc), media_type="application/json")
+
+    async def regressions(self, request: Request) -> Response:
+        rows = await run_in_threadpool(saved.list_reports, self.store.data)
+        return JSONResponse(rows)
+
+    async def regression(self, request: Request) -> Response:
+        doc = await run_in_threadpool(saved.read_report, self.store.data, request.path_params["name"])
         return Response(encode.dumps(doc), media_type="application/json")
 
     async def run_sql(self, request: Request) -> Response:
@@ -242,6 +252,8 @@ def create_app(data: Path, token: str | None = None, limits: SqlLimits | None = 
         Route("/api/queries/{name}", _guard(api.run_query)),
         Route("/api/traces", _guard(api.traces)),
         Route("/api/traces/{trace_id}", _guard(api.trace)),
+        Route("/api/regressions", _guard(api.regressions)),
+        Route("/api/regressions/{name}", _guard(api.regression)),
         Route("/api/sql", _guard(api.run_sql), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -63,6 +63,14 @@ def openapi() -> dict[str, Any]:
                                                 "properties": {"sql": {"type": "string"}}}}}},
             "responses": {"200": {"description": "{columns, rows, truncated}"}, "400": _ERR, "408": _ERR,
                           "413": _ERR, "422": _ERR, "503": _ERR}}},
+        "/api/regressions": {"get": {
+            "operationId": "list_regressions",
+            "summary": "Saved tracedag regress reports, newest first: name, time, sides, verdict, fail/warn counts",
+            "responses": {"200": {"description": "list of reports"}}}},
+        "/api/regressions/{name}": {"get": {
+            "operationId": "get_regression", "summary": "One saved tracedag regress report (its JSON result)",
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "the report"}, "400": _ERR, "404": _ERR}}},
         "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus text of the analysis aggregates",
                              "responses": {"200": {"description": "text/plain; version=0.0.4"}}}},
     }

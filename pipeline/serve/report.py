@@ -2,7 +2,8 @@
 
 The trace list holds every trace (``trace_summary``, optionally ``since``); the full documents
 (spans, DAG, scores, failures, root cause) of ``max_traces`` of them are inlined: the traces with a
-root cause first (most unrecovered failures first), then the newest. The page needs no server and
+root cause first (most unrecovered failures first), then the newest; so are the newest
+``MAX_REGRESSIONS`` saved ``tracedag regress`` reports. The page needs no server and
 no network: mail it, or keep it as a CI artifact.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.data import Store
 from tracedag.pipeline.store.querying import run_named
@@ -19,6 +21,7 @@ from tracedag.schemas.errors import QueryFailed
 
 STATIC = Path(__file__).parent / "static"
 MAX_LIST = 5000
+MAX_REGRESSIONS = 20
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,20 @@ def _rows_or_none(data: Path, name: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _regressions(data: Path) -> list[dict[str, Any]]:
+    """The newest ``MAX_REGRESSIONS`` saved regression reports: each its list row and its document."""
+    return [{"summary": row, "doc": saved.read_report(data, row["name"])}
+            for row in saved.list_reports(data)[:MAX_REGRESSIONS]]
+
+
 def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tuple[str, int, int]:
     """The HTML text, the number of traces listed and of traces inlined in full."""
     store = Store(data)
     total, page = store.traces(since=since, limit=MAX_LIST)
     traces = page.to_pylist()
     details = store.documents(_pick(traces, max_traces))
-    extra = {name: _rows_or_none(data, name) for name in ("determinism", "node_utility", "edge_utility")}
+    extra: dict[str, Any] = {name: _rows_or_none(data, name) for name in ("determinism", "node_utility", "edge_utility")}
+    extra["regressions"] = _regressions(data)
     payload = encode.dumps({"traces": traces, "total": total, "details": details, **extra})
     html = (STATIC / "index.html").read_text()
     inline = _script("window.TRACEDAG_DATA = " + payload + ";")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.serve.regress_reports import regress_report_store
 from tests.serve.serve_support import Server, running_server
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.querying import run_named
@@ -120,3 +121,77 @@ def test_the_agent_graph_draws_utility_as_sizes_and_widths(browser: Any, demo_st
                                " return [e.data('source'), e.data('target')]; })()")
         top = max(e["conversation_share"] for e in mine_edges)
         assert any([e["source"], e["target"]] == widest and e["conversation_share"] == top for e in mine_edges)
+
+
+def test_the_determinism_tab_lists_each_scenario(browser: Any, demo_store: Path) -> None:
+    rows = run_named(demo_store, "determinism", {}).to_pylist()
+    assert rows
+    with running_server(demo_store) as s:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(s.url + "/")
+        page.click("nav a[data-view=determinism]")
+        page.wait_for_function(f"document.querySelectorAll('#det tbody tr').length === {len(rows)}", timeout=20_000)
+        assert page.is_visible("#determinism") and not page.is_visible("#list")
+        headers = page.locator("#det thead th").all_inner_texts()
+        assert "scenario_id" in headers or any("scenario" in h for h in headers)
+        assert str(rows[0][next(h for h in headers if "scenario" in h)]) in page.inner_text("#det tbody")
+        assert errors == []
+
+
+def test_the_demo_keeps_its_gate_report(demo_store: Path) -> None:
+    from tracedag.pipeline.demo.stages import REGRESS_SIDES
+    from tracedag.pipeline.regress.saved import list_reports
+
+    rows = list_reports(demo_store)
+    assert [(r["baseline"], r["candidate"]) for r in rows] == [REGRESS_SIDES]
+
+
+@pytest.fixture(scope="module")
+def reg_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    return regress_report_store(tmp_path_factory.mktemp("ui-regress") / "data")
+
+
+def _check_regressions(page: Any, name: str, doc: dict[str, Any]) -> None:
+    page.click("nav a[data-view=regressions]")
+    page.wait_for_selector(f'#reg-detail[data-name="{name}"]', timeout=20_000)
+    assert page.locator("#reg-list tbody tr").count() == 1
+    assert "FAIL" in page.inner_text(f'#reg-list tr[data-name="{name}"]')
+    assert page.inner_text("#reg-detail h3") == doc["verdict"]
+    statuses = page.locator("#reg-metrics tbody tr").evaluate_all("rs => rs.map(r => r.dataset.status)")
+    assert len(statuses) == len(doc["metrics"])
+    order = {"fail": 0, "warn": 1, "absent": 2, "insufficient": 3, "improved": 4, "ok": 5}
+    assert statuses == sorted(statuses, key=order.__getitem__) and statuses[0] == "fail"  # alerts first
+    failing = page.locator('#reg-metrics tr[data-metric="pass_rate"]')
+    assert failing.get_attribute("data-status") == "fail"
+    assert "-0.5" in failing.inner_text()  # the hand-computed effect (half the traces fail on v2)
+
+
+def test_the_regressions_tab_shows_a_saved_report(browser: Any, reg_store: tuple[Path, str, dict[str, Any]],
+                                                  tmp_path: Path) -> None:
+    data, name, doc = reg_store
+    errors: list[str] = []
+    with running_server(data) as s:
+        page = browser.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(s.url + "/")
+        _check_regressions(page, name, doc)
+    out = tmp_path / "report.html"
+    done = CliRunner().invoke(cli, ["report", "--data", str(data), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(out.as_uri())
+    _check_regressions(page, name, doc)
+    context.close()
+    assert errors == []
+
+
+def test_without_reports_the_tab_names_the_command(browser: Any, server: Server) -> None:
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    page.click("nav a[data-view=regressions]")
+    page.wait_for_selector("#reg-list tbody[data-loaded='0']", state="attached", timeout=20_000)
+    assert "tracedag regress --data DIR" in page.inner_text("#reg-detail")

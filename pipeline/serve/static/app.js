@@ -1,4 +1,5 @@
-// tracedag web UI: trace list, one trace's DAG (cytoscape + dagre), span panel, agent graph, determinism.
+// tracedag web UI: trace list, one trace's DAG (cytoscape + dagre), span panel, agent graph, determinism,
+// saved regression reports.
 // Served by `tracedag serve` (data from /api) or inlined by `tracedag report` (window.TRACEDAG_DATA).
 (function () {
   "use strict";
@@ -156,6 +157,62 @@
       : "<tr><td>No scenario has several runs yet (tracedag determinism needs runs labelled with a scenario).</td></tr>";
   }
 
+  // ---- regression reports (tracedag regress saves one per run in <data>/reports/) ----
+  const STATUS_ORDER = { fail: 0, warn: 1, absent: 2, insufficient: 3, improved: 4, ok: 5 };
+  const sig = (v) => (v == null ? "-" : Number(Number(v).toPrecision(3)));
+  const signed = (v) => (v == null ? "-" : (v > 0 ? "+" : "") + sig(v));
+
+  async function loadRegressions() {
+    let rows;
+    try {
+      rows = INLINE ? (INLINE.regressions || []).map((r) => r.summary) : await getJSON("api/regressions");
+    } catch (e) {
+      $("#reg-detail").textContent = "error: " + e.message;
+      return;
+    }
+    const body = $("#reg-list tbody");
+    body.innerHTML = rows.map((r) =>
+      `<tr data-name="${esc(r.name)}"><td>${esc((r.time || "").replace("T", " ").replace("Z", ""))}</td>` +
+      `<td>${esc(r.baseline)}</td><td>${esc(r.candidate)}</td>` +
+      `<td class="${r.exit_code ? "verdict-fail" : "verdict-pass"}">${r.exit_code ? "FAIL" : "PASS"}</td>` +
+      `<td>${esc(r.fail)}</td><td>${esc(r.warn)}</td></tr>`).join("");
+    body.dataset.loaded = String(rows.length);
+    if (!rows.length) {
+      $("#reg-detail").innerHTML = "<p>No regression report yet. <code>tracedag regress --data DIR --baseline SEL " +
+        "--candidate SEL</code> saves one in <code>DIR/reports/</code> on every run.</p>";
+      return;
+    }
+    openRegression(rows[0].name);
+  }
+
+  async function openRegression(name) {
+    document.querySelectorAll("#reg-list tr.selected").forEach((r) => r.classList.remove("selected"));
+    const row = document.querySelector(`#reg-list tr[data-name="${CSS.escape(name)}"]`);
+    if (row) row.classList.add("selected");
+    let doc;
+    try {
+      doc = INLINE ? (INLINE.regressions.find((r) => r.summary.name === name) || {}).doc
+        : await getJSON("api/regressions/" + encodeURIComponent(name));
+    } catch (e) {
+      $("#reg-detail").textContent = "error: " + e.message;
+      return;
+    }
+    const metrics = (doc.metrics || []).slice().sort((a, b) => (STATUS_ORDER[a.status] ?? 9) - (STATUS_ORDER[b.status] ?? 9));
+    $("#reg-detail").innerHTML =
+      `<h3 class="${doc.exit_code ? "verdict-fail" : "verdict-pass"}">${esc(doc.verdict)}</h3>` +
+      `<p class="muted">baseline ${esc(doc.baseline.selector)}: ${esc(doc.baseline.traces)} traces in ${esc(doc.baseline.cases)} cases · ` +
+      `candidate ${esc(doc.candidate.selector)}: ${esc(doc.candidate.traces)} traces in ${esc(doc.candidate.cases)} cases · ` +
+      `${esc(doc.paired_cases)} paired cases · ${esc(doc.resamples)} resamples, ${Math.round(100 * doc.confidence)}% CI, seed ${esc(doc.seed)}</p>` +
+      "<table id=\"reg-metrics\"><thead><tr><th>metric</th><th>status</th><th>baseline</th><th>candidate</th><th>delta</th>" +
+      "<th>CI</th><th>warn / fail at</th><th>p adj.</th><th>pairs</th><th>note</th></tr></thead><tbody>" +
+      metrics.map((m) => `<tr data-metric="${esc(m.metric)}" data-status="${esc(m.status)}"><td>${esc(m.metric)}</td>` +
+        `<td class="status">${esc(m.status)}</td><td>${sig(m.baseline_mean)}</td><td>${sig(m.candidate_mean)}</td>` +
+        `<td>${signed(m.delta)}</td><td>${m.ci_low == null ? "-" : "[" + signed(m.ci_low) + ", " + signed(m.ci_high) + "]"}</td>` +
+        `<td>${sig(m.warn_at)} / ${sig(m.fail_at)}</td><td>${m.p_adjusted == null ? "-" : sig(m.p_adjusted)}</td>` +
+        `<td>${esc(m.pairs)}</td><td>${esc(m.note)}</td></tr>`).join("") + "</tbody></table>";
+    $("#reg-detail").dataset.name = name;
+  }
+
   // ---- agent graph: node and edge utility ---------------------------------
   let utility = null;
 
@@ -210,17 +267,24 @@
     document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view));
     const det = view === "determinism";
     const agents = view === "agents";
+    const reg = view === "regressions";
     $("#determinism").hidden = !det;
     $("#agents").hidden = !agents;
-    ["#list", "#graph", "#panel"].forEach((s) => { $(s).hidden = det || agents; });
+    $("#regressions").hidden = !reg;
+    ["#list", "#graph", "#panel"].forEach((s) => { $(s).hidden = det || agents || reg; });
     if (det) loadDeterminism();
     if (agents) loadAgents();
+    if (reg) loadRegressions();
   }
 
   $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); loadTraces(); });
   $("#traces tbody").addEventListener("click", (ev) => {
     const tr = ev.target.closest("tr[data-trace-id]");
     if (tr) openTrace(tr.dataset.traceId);
+  });
+  $("#reg-list tbody").addEventListener("click", (ev) => {
+    const tr = ev.target.closest("tr[data-name]");
+    if (tr) openRegression(tr.dataset.name);
   });
   document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (ev) => { ev.preventDefault(); show(a.dataset.view); }));
   loadTraces();
