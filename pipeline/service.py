@@ -26,6 +26,8 @@ from tracedag.collector.metrics import REGISTRY
 from tracedag.collector.server import ReceiverConfig, Receivers
 from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.ingest.processes import ConverterProcess
+from tracedag.pipeline.store.manifests import KeepLocal, publish
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import JUDGE_LOCK, state_file
 
@@ -54,6 +56,8 @@ class CollectorConfig(ReceiverConfig):
     build_interval: float = 1.0
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0
+    publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
+    keep_local_seconds: float = 24 * 3600.0  # with an object store: local copies of uploaded spans kept this long
 
 
 class RunningCollector:
@@ -106,6 +110,8 @@ class RunningCollector:
             self._spawn("live-analysis", self._analysis_loop)
         if cfg.build and cfg.judge is not None:
             self._spawn("live-judge", self._judge_loop)
+        if remote_of(self.data) is not None:
+            self._spawn("publisher", self._publish_loop)
         logger.info("collector up: http=%s grpc=%s data=%s", self.http_port, self.grpc_port, self.data)
         return self
 
@@ -193,6 +199,21 @@ class RunningCollector:
             except Exception:
                 logger.exception("live judge round failed; retrying")
 
+    def publish_once(self) -> Any:
+        """With an object store: upload the files converted since the last call and publish them."""
+        stats = publish(self.data, keep_local=KeepLocal(self.config.keep_local_seconds))
+        if stats is not None and stats.errors:
+            logger.warning("publishing to the store: %d error(s), retried next round; first: %s",
+                           len(stats.errors), stats.errors[0])
+        return stats
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.config.publish_interval):
+            try:
+                self.publish_once()
+            except Exception:
+                logger.exception("publishing to the object store failed; the files stay here and go next round")
+
     # -- public control ----------------------------------------------------------------
 
     def flush(self) -> None:
@@ -201,6 +222,8 @@ class RunningCollector:
         if self._child is not None:
             self._child.flush()
         self.convert_once()
+        if remote_of(self.data) is not None:
+            self.publish_once()
 
     def stop(self, grace_seconds: float = 10.0) -> None:
         """Drain in-flight requests, seal the spool, run a final conversion, release the store."""
@@ -220,6 +243,11 @@ class RunningCollector:
             self.convert_once()
         except Exception:
             logger.exception("final conversion failed; the spool keeps the data for the next start")
+        if remote_of(self.data) is not None:
+            try:
+                self.publish_once()
+            except Exception:
+                logger.exception("final publish failed; the files stay in the work directory for the next start")
         self.receivers.release()
         logger.info("collector stopped")
 

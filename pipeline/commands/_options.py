@@ -8,6 +8,9 @@ from typing import Any, TypeVar
 
 import click
 
+from tracedag.pipeline.store.manifests import publish
+from tracedag.pipeline.store.remote import bind_store, is_url
+from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.layout import is_store
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -25,14 +28,61 @@ def _existing_store(ctx: click.Context, param: click.Parameter, value: Path) -> 
     return value
 
 
+class _StoreType(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.3
+    """A local directory (a ``Path``) or an object-store URL (kept as text: ``Path`` would fold ``//``)."""
+
+    name = "DIRECTORY|URL"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        if isinstance(value, Path):
+            return value
+        if is_url(str(value)):
+            return str(value)
+        converted = click.Path(file_okay=False, path_type=Path).convert(value, param, ctx)
+        return converted if isinstance(converted, Path) else Path(str(converted))
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"tracedag.{param.name}"] = value
+    return value
+
+
+def _resolve(create: bool) -> Callable[[click.Context, click.Parameter, Path | str], Path]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Path | str) -> Path:
+        if isinstance(value, Path):
+            return value if create else _existing_store(ctx, param, value)
+        try:
+            work = bind_store(value, ctx.meta.get("tracedag.work_dir"), ctx.meta.get("tracedag.writer_id"), create)
+        except TracedagError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from e
+        ctx.call_on_close(lambda: publish(work))
+        return work
+    return callback
+
+
 def _store_option(create: bool) -> Callable[[_F], _F]:
-    help_text = "Data directory (env TRACEDAG_DATA)" + ("; created when missing." if create else "; must exist.")
-    option: Callable[[_F], _F] = click.option(
+    help_text = ("Data directory, or an object store URL such as s3://bucket/prefix (env TRACEDAG_DATA)"
+                 + ("; created when missing." if create else "; must exist."))
+    data: Callable[[_F], _F] = click.option(
         "--data", "data", envvar="TRACEDAG_DATA", default="./tracedag-data", show_default=True,
-        type=click.Path(file_okay=False, path_type=Path), help=help_text,
-        callback=None if create else _existing_store,
+        type=_StoreType(), help=help_text, callback=_resolve(create),
     )
-    return option
+    work: Callable[[_F], _F] = click.option(
+        "--work-dir", "--spool", "work_dir", envvar="TRACEDAG_WORK_DIR", is_eager=True, expose_value=False,
+        type=click.Path(file_okay=False, path_type=Path), callback=_remember,
+        help="With an object store: the local work directory (spool, state, files not yet uploaded); "
+             "default ~/.cache/tracedag/stores/<store>.",
+    )
+    writer: Callable[[_F], _F] = click.option(
+        "--writer-id", "--collector-id", "writer_id", envvar="TRACEDAG_WRITER_ID", is_eager=True,
+        expose_value=False, callback=_remember,
+        help="With an object store: this writer's id in the names of the files it publishes "
+             "(default: the host name and a hash of the work directory).",
+    )
+
+    def decorate(f: _F) -> _F:
+        return data(work(writer(f)))
+    return decorate
 
 
 data_option = _store_option(create=False)

@@ -86,13 +86,16 @@ def parse_size(text: str) -> int:
               show_default=True, help="Convert the spool to Parquet in a child process or a thread.")
 @click.option("--grace", default=10.0, show_default=True, type=float,
               help="Seconds to drain in-flight requests on SIGTERM/SIGINT.")
+@click.option("--keep-local", "keep_local", default=24.0, show_default=True, type=click.FloatRange(min=0),
+              help="With --data on an object store: hours the spool directory keeps its own copy of spans files "
+                   "already uploaded (they stay in the store).")
 def collect(
     host: str, http_port: int, grpc_port: int, data: Path, tokens: tuple[str, ...], token_file: Path | None,
     tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
     header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, spool_retention: float,
     build: bool, build_idle: float, build_grace: float, build_interval: float, use_judge: bool | None,
-    judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float,
+    judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float, keep_local: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
     from tracedag.pipeline.service import CollectorConfig, start_collector
@@ -111,6 +114,7 @@ def collect(
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
         build_grace_seconds=build_grace, build_interval=build_interval, convert_process=convert_mode == "process",
         judge=_live_judge(use_judge, judge_max_steps) if build else None, judge_interval=judge_interval,
+        keep_local_seconds=keep_local * 3600,
     )
     stop = threading.Event()
 

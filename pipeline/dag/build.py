@@ -47,6 +47,7 @@ from tracedag.pipeline.dag.window import (
     spans_listing,
 )
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
+from tracedag.pipeline.store.manifests import source_uri
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
 from tracedag.pipeline.store.views import connect
@@ -158,14 +159,14 @@ def plan_build(con: duckdb.DuckDBPyConnection, data: Path, listing: list[Path], 
     """
     new = new_files(data, listing, None if full else window)
     if new.full_reason is None:
-        t = _merged_figures(con, new.fresh, window.open if window is not None else OPEN_SCHEMA.empty_table())
+        t = _merged_figures(con, data, new.fresh, window.open if window is not None else OPEN_SCHEMA.empty_table())
     else:
-        t = arrow(con, _FULL_SQL.format(source=_read_files(listing))) if listing else _no_figures()
+        t = arrow(con, _FULL_SQL.format(source=_read_files(data, listing))) if listing else _no_figures()
     return _decide(t, listing, now_ns, idle_ns, full, chunk_spans, grace_ns, new.full_reason)
 
 
-def _read_files(files: list[Path]) -> str:
-    names = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+def _read_files(data: Path, files: list[Path]) -> str:
+    names = ", ".join("'" + source_uri(data, f).replace("'", "''") + "'" for f in files)
     return f"read_parquet([{names}], union_by_name = false, hive_partitioning = false)"
 
 
@@ -174,9 +175,9 @@ def _no_figures() -> pa.Table:
                      "changed": pa.array([], pa.bool_()), "known": pa.array([], pa.bool_())})
 
 
-def _merged_figures(con: duckdb.DuckDBPyConnection, fresh: list[Path], open_traces: pa.Table) -> pa.Table:
+def _merged_figures(con: duckdb.DuckDBPyConnection, data: Path, fresh: list[Path], open_traces: pa.Table) -> pa.Table:
     if fresh:
-        figures = arrow(con, _FIGURES_SQL.format(count="*", source=_read_files(fresh)))
+        figures = arrow(con, _FIGURES_SQL.format(count="*", source=_read_files(data, fresh)))
     else:
         figures = OPEN_SCHEMA.empty_table().drop_columns(["built"])
     con.register("fresh", figures)
@@ -241,7 +242,8 @@ def _files_hash(listing: list[Path]) -> str:
     for f in listing:
         try:
             st = f.stat()
-        except FileNotFoundError:  # compacted away since the listing: the hash differs anyway
+        except FileNotFoundError:  # in an object store (its name never changes), or compacted away since
+            h.update(f"{f}\n".encode())
             continue
         h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()

@@ -18,9 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.manifests import source_uri
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)
@@ -42,13 +45,27 @@ class Source:
 
     def dataset(self, relist: bool = False) -> ds.Dataset:
         files = parquet_files(self.data, "spans") if relist or self.files is None else self.files
-        return ds.dataset([str(f) for f in files], schema=SPANS_V1, format="parquet")
+        return spans_dataset(self.data, files)
 
     def filter(self, trace_ids: pa.Array) -> ds.Expression:
         flt = ds.field("trace_id").isin(trace_ids)
         if self.received_from is not None:
             flt = flt & (ds.field("received_unix_nano") >= self.received_from)
         return flt
+
+
+def spans_dataset(data: Path, files: list[Path]) -> ds.Dataset:
+    """A dataset of spans files: local paths, and (in an object store's work directory) published ones."""
+    remote = remote_of(data)
+    if remote is None:
+        return ds.dataset([str(f) for f in files], schema=SPANS_V1, format="parquet")
+    local = [str(f) for f in files if f.exists()]
+    published = [source_uri(data, f).partition("://")[2] for f in files if not f.exists()]  # fs paths
+    parts = [ds.dataset(local, schema=SPANS_V1, format="parquet")]
+    if published:
+        fs = pafs.PyFileSystem(pafs.FSSpecHandler(remote.fs))
+        parts.append(ds.dataset(published, schema=SPANS_V1, format="parquet", filesystem=fs))
+    return parts[0] if len(parts) == 1 else ds.dataset(parts)
 
 
 def load_spans(source: Source, trace_ids: pa.Array) -> pa.Table:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.store.manifests import remote_files
 from tracedag.schemas.errors import SchemaMismatch
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
@@ -32,11 +33,15 @@ def new_file_name(prefix: str = "part") -> str:
 
 
 def parquet_files(data: Path, table: str) -> list[Path]:
-    """Return the complete Parquet files of ``table``, sorted by path."""
+    """Return the complete Parquet files of ``table``, sorted by path.
+
+    In the work directory of an object store, the files other writers published are listed too, as
+    paths that do not exist locally (``tracedag.pipeline.store.manifests.source_uri`` says where they are).
+    """
     root = table_dir(data, table)
-    if not root.exists():
-        return []
-    return sorted(root.rglob("*.parquet"))
+    local = sorted(root.rglob("*.parquet")) if root.exists() else []
+    published = remote_files(data, table)
+    return sorted(local + [p for p, _ in published]) if published else local
 
 
 def check_schema(path: Path, expected: pa.Schema) -> None:

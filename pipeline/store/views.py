@@ -20,6 +20,8 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uri
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import (
@@ -101,8 +103,16 @@ def _duck_type(t: pa.DataType) -> str:
 
 
 def _source_sql(data: Path, table: str) -> str:
-    if not parquet_files(data, table):
+    files = parquet_files(data, table)
+    if not files:
         return _empty_sql(SCHEMAS[table])
+    if remote_of(data) is not None:  # an object store: the files listed now, read where they are
+        source = f"select * from {_read_list(data, files, by_name=False)}"
+        if table == "spans" and len(_writers_of(files)) > 1:
+            # several collectors may have stored the same span (an exporter's retry routed elsewhere):
+            # one row per (trace_id, span_id), the first received
+            source += " qualify row_number() over (partition by trace_id, span_id order by received_unix_nano) = 1"
+        return source
     pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
     # Every file of a core table is written with its one schema, so files are read by position:
     # union_by_name made DuckDB bind every file's columns on each query (0.6 ms a file even with
@@ -113,16 +123,26 @@ def _source_sql(data: Path, table: str) -> str:
 _DERIVED_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
+def _writers_of(files: list[Path]) -> set[str]:
+    """The writers of published files (``<writer>--name``); a local file counts as this directory's."""
+    return {f.name.partition(SEP)[0] if SEP in f.name else "" for f in files}
+
+
+def _read_list(data: Path, files: list[Path], by_name: bool) -> str:
+    """``read_parquet([...])`` of listed files (local paths or store URLs)."""
+    names = ", ".join("'" + source_uri(data, f).replace("'", "''") + "'" for f in files)
+    return f"read_parquet([{names}], union_by_name = {str(by_name).lower()}, hive_partitioning = false)"
+
+
 def _derived_tables(data: Path) -> list[str]:
     """Table directories other than the core tables (analysis outputs) that hold Parquet files."""
     root = tables_dir(data)
-    if not root.is_dir():
-        return []
+    names = {d.name for d in root.iterdir() if d.is_dir()} if root.is_dir() else set()
+    remote = remote_of(data)
+    if remote is not None:
+        names |= {t for tables in cached_listing(remote).values() for t in tables}
     reserved = set(SCHEMAS) | {f"{t}_all" for t in _LATEST}
-    return sorted(
-        d.name for d in root.iterdir()
-        if d.is_dir() and d.name not in reserved and _DERIVED_NAME.match(d.name) and parquet_files(data, d.name)
-    )
+    return sorted(n for n in names if n not in reserved and _DERIVED_NAME.match(n) and parquet_files(data, n))
 
 
 def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
@@ -132,7 +152,12 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
     for table in ("spans", "traces", "dag_nodes", "dag_edges", "step_scores"):
         con.execute(f"create or replace view {table} as {_LATEST[table]}")
+    remote = remote_of(data)
     for table in _derived_tables(data):
+        if remote is not None:
+            source = _read_list(data, parquet_files(data, table), by_name=True)
+            con.execute(f"create or replace view {table} as select * from {source}")
+            continue
         pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
         con.execute(
             f"create or replace view {table} as select * from read_parquet('{pattern}', "
@@ -147,5 +172,8 @@ def connect(data: Path | str, threads: int | None = None) -> duckdb.DuckDBPyConn
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"set threads = {int(threads)}")
+    remote = remote_of(Path(data))
+    if remote is not None:
+        con.register_filesystem(remote.fs)  # DuckDB reads the store through fsspec (no httpfs offline)
     create_views(con, Path(data))
     return con

@@ -1,0 +1,118 @@
+"""Benchmark: a store on local disk against the same store on S3 (a real s3rver on loopback).
+
+For ``--spans`` generated agent spans, written as ``--files`` dumps (one spans file each), in fresh
+processes exactly as a user runs them, ``--runs`` times each:
+
+- conversion: ``tracedag ingest`` of the dumps (on S3: convert locally, then upload and publish);
+- build: ``tracedag build --idle 0`` (on S3: spans read through s3fs, derived files uploaded);
+- queries: ``tracedag query NAME`` for a few named queries, from a fresh work directory (cold:
+  every byte comes from the store).
+
+The local store is the baseline, measured in the same run; the table gives medians and the S3/local
+ratio. s3rver runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
+of a network.
+
+    python bench/object_store.py --spans 200000 --files 8 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.gen import payloads
+from tests.store.s3_server import S3Server, s3rver_binary
+
+CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
+QUERIES = ("step_stats", "failures", "root_causes")
+console = Console(width=140)
+
+
+def write_dumps(folder: Path, spans: int, files: int) -> list[Path]:
+    """``files`` length-prefixed protobuf dumps holding about ``spans`` spans in all."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for k in range(files):
+        path = folder / f"d{k}.pb"
+        with path.open("wb") as f:
+            for p in payloads(spans // files, seed=k + 1):
+                f.write(len(p).to_bytes(4, "big") + p)
+        out.append(path)
+    return out
+
+
+def timed(*args: str) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, env=os.environ.copy())
+    if r.returncode != 0:
+        raise SystemExit(f"tracedag {' '.join(args)} failed:\n{r.stderr}")
+    return time.perf_counter() - t0
+
+
+def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[float, float]]:
+    """Seconds of each step, (local, s3), on fresh stores."""
+    local = tmp / f"local-{run}"
+    url = f"s3://{server.bucket}/run{run}"
+    writer, reader = tmp / f"w-{run}", tmp / f"r-{run}"
+    files = [str(d) for d in dumps]
+    out = {"conversion": (timed("ingest", *files, "--data", str(local)),
+                          timed("ingest", *files, "--data", url, "--work-dir", str(writer))),
+           "build": (timed("build", "--idle", "0", "--data", str(local)),
+                     timed("build", "--idle", "0", "--data", url, "--work-dir", str(writer)))}
+    for name in QUERIES:
+        out[f"query {name}"] = (timed("query", name, "--data", str(local), "--format", "csv"),
+                                timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv"))
+        shutil.rmtree(reader, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spans", type=int, default=100_000)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args(argv)
+    if s3rver_binary() is None:
+        raise SystemExit("s3rver is not installed: npm install --prefix ~/.cache/tracedag/s3rver s3rver@3.7.1")
+    tmp = Path(tempfile.mkdtemp(prefix="td-objbench-"))
+    server = S3Server(tmp / "s3").start()
+    os.environ.update(server.env)
+    server.bucket = "bench"
+    server.make_bucket("bench")
+    try:
+        dumps = write_dumps(tmp / "dumps", args.spans, args.files)
+        runs = []
+        for run in range(args.runs):
+            runs.append(one_run(tmp, dumps, server, run))
+            console.print(f"run {run + 1}/{args.runs} done")
+        table = Table(title=f"local disk vs S3 (s3rver on loopback): {args.spans:,} spans in {args.files} files, "
+                            f"median of {args.runs} runs, fresh processes")
+        for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
+            table.add_column(col, justify="right" if col != "step" else "left")
+        for step in runs[0]:
+            lo = statistics.median(r[step][0] for r in runs)
+            s3 = statistics.median(r[step][1] for r in runs)
+            rate = step in ("conversion", "build")
+            table.add_row(step, f"{lo:.2f}", f"{s3:.2f}", f"×{s3 / lo:.2f}",
+                          f"{args.spans / lo:,.0f}" if rate else "", f"{args.spans / s3:,.0f}" if rate else "")
+        console.print(table)
+    finally:
+        server.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

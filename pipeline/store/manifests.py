@@ -1,0 +1,360 @@
+"""Writers' manifests on an object store: what each writer published, and how readers list the store.
+
+``<store>/manifests/<writer>/<generation>.json`` names every file the writer has in the store, by table::
+
+    {"writer": "collector-0", "generation": 42, "written_unix_nano": ..., "tables": {"spans": {"recv_hour=…/collector-0--part-….parquet": 51234}}}
+
+One writer writes one manifest series, so writers never contend: a new generation is PUT (atomic) only
+after the files it names are uploaded. Readers take the newest generation of every writer and union them.
+A file a writer dropped (its local compaction or GC replaced it) leaves the next generation at once and
+is deleted ``GRACE_SECONDS`` later, so a reader holding an older listing still finds it; old generations
+are deleted the same way. This replaces the directory renames of a local store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracedag.pipeline.store.dedupe import SIDECAR_SUFFIX
+from tracedag.pipeline.store.remote import Remote, binding, instance_of
+from tracedag.schemas.errors import TracedagError
+from tracedag.schemas.fsio import file_lock
+from tracedag.schemas.layout import state_file, table_dir, tables_dir
+
+logger = logging.getLogger(__name__)
+
+MANIFESTS = "manifests"
+SEP = "--"
+"""Between the writer id and the local file name in a published file's name."""
+GRACE_SECONDS = float(os.environ.get("TRACEDAG_REMOTE_GRACE", "300"))
+"""How long a dropped file (and an old manifest generation) stays readable after it left the manifest."""
+LISTING_TTL = 1.0
+"""Seconds a process reuses a store listing (one command lists several tables in a row)."""
+_STATE = "publish.json"
+_LOCK = "publish.lock"
+
+Tables = dict[str, dict[str, int]]  # table -> {path under tables/<table>/: size}
+
+
+def published_name(writer: str, rel: str) -> str:
+    """``recv_hour=5/part-1.parquet`` of writer ``c1`` → ``recv_hour=5/c1--part-1.parquet``."""
+    folder, _, name = rel.rpartition("/")
+    return f"{folder}/{writer}{SEP}{name}" if folder else f"{writer}{SEP}{name}"
+
+
+def local_name(rel: str) -> str:
+    """The inverse of ``published_name``: the file name in its writer's work directory."""
+    folder, _, name = rel.rpartition("/")
+    base = name.partition(SEP)[2] or name
+    return f"{folder}/{base}" if folder else base
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _generations(remote: Remote, writer: str) -> list[str]:
+    try:
+        names = remote.fs.ls(remote.key(f"{MANIFESTS}/{writer}"), detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.endswith(".json"))
+
+
+def _writers(remote: Remote) -> list[str]:
+    try:
+        entries = remote.fs.ls(remote.key(MANIFESTS), detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(e["name"].rstrip("/").rpartition("/")[2] for e in entries if e.get("type") == "directory")
+
+
+def newest_manifest(remote: Remote, writer: str) -> dict[str, Any] | None:
+    """The newest manifest of ``writer`` (None: it published nothing yet)."""
+    for _ in range(3):  # a generation deleted between the listing and the read: list again
+        gens = _generations(remote, writer)
+        if not gens:
+            return None
+        try:
+            raw: dict[str, Any] = json.loads(remote.fs.cat_file(gens[-1]))
+            return raw
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def read_listing(remote: Remote) -> dict[str, Tables]:
+    """Every writer's newest manifest tables: ``{writer: {table: {rel: size}}}``."""
+    out: dict[str, Tables] = {}
+    for writer in _writers(remote):
+        found = newest_manifest(remote, writer)
+        if found is not None:
+            out[writer] = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
+    return out
+
+
+_CACHE: dict[str, tuple[float, dict[str, Tables]]] = {}
+
+
+def cached_listing(remote: Remote, fresh: bool = False) -> dict[str, Tables]:
+    """``read_listing`` reused for ``LISTING_TTL`` seconds within a process."""
+    hit = _CACHE.get(remote.url)
+    now = time.monotonic()
+    if hit is not None and not fresh and now - hit[0] < LISTING_TTL:
+        return hit[1]
+    listing = read_listing(remote)
+    _CACHE[remote.url] = (now, listing)
+    return listing
+
+
+def remote_files(data: Path, table: str, fresh: bool = False) -> list[tuple[Path, int]]:
+    """The files of ``table`` other writers published, as paths under ``data`` that do not exist locally.
+
+    A path's bytes are at ``source_uri(data, path)``. The work directory's own published files are its
+    local ones, so they are left out, unless they are only in the store (published, then removed here).
+    """
+    bound = binding(data)
+    if bound is None:
+        return []
+    remote, writer = bound
+    root = table_dir(data, table)
+    out: list[tuple[Path, int]] = []
+    for owner, tables in cached_listing(remote, fresh).items():
+        for rel, size in tables.get(table, {}).items():
+            if owner == writer and (root / local_name(rel)).exists():
+                continue
+            out.append((root / rel, size))
+    return out
+
+
+def source_uri(data: Path, path: Path) -> str:
+    """Where a listed file's bytes are: its local path, or its URL in the store."""
+    bound = None if path.exists() else binding(data)
+    if bound is None:
+        return str(path)
+    rel = path.relative_to(tables_dir(data)).as_posix()
+    return bound[0].uri(f"tables/{rel}")
+
+
+# ---------------------------------------------------------------- publishing
+
+
+@dataclass
+class PublishStats:
+    """What one ``publish`` did."""
+
+    uploaded: int = 0
+    uploaded_bytes: int = 0
+    deleted: int = 0
+    evicted: int = 0
+    generation: int | None = None
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+def _local_tables(data: Path) -> Iterator[tuple[str, str, Path]]:
+    root = tables_dir(data)
+    if not root.is_dir():
+        return
+    for tdir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for f in sorted(tdir.rglob("*.parquet")):
+            yield tdir.name, f.relative_to(tdir).as_posix(), f
+
+
+def _load_state(data: Path) -> dict[str, Any] | None:
+    try:
+        raw: dict[str, Any] = json.loads(state_file(data, _STATE).read_text(encoding="utf-8"))
+        return raw
+    except FileNotFoundError:
+        return None
+
+
+def _save_state(data: Path, state: dict[str, Any]) -> None:
+    path = state_file(data, _STATE)
+    tmp = path.with_name(_STATE + ".tmp")
+    tmp.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class WriterTaken(TracedagError):
+    """Another work directory publishes under the same writer id: two would overwrite each other's manifest."""
+
+
+def _check_owner(remote: Remote, writer: str, instance: str, known: bool) -> dict[str, Any] | None:
+    """The writer's newest manifest, after checking this work directory owns the id."""
+    found = newest_manifest(remote, writer)
+    owner = None if found is None else found.get("instance")
+    if found is not None and owner != instance and (known or os.environ.get("TRACEDAG_WRITER_TAKEOVER") != "1"):
+        raise WriterTaken(
+            f"writer id {writer!r} of {remote.url} is in use by another work directory (instance {owner}); give this "
+            "one its own --writer-id/--collector-id, or set TRACEDAG_WRITER_TAKEOVER=1 once to adopt the id "
+            "(its files are kept) after the old work directory was lost")
+    return found
+
+
+def _new_state(found: dict[str, Any] | None) -> dict[str, Any]:
+    """A first publish adopts what the store already lists for this writer (kept, never deleted by us)."""
+    found = found or {}
+    retained = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
+    return {"generation": int(found.get("generation", 0)), "uploaded": {}, "retained": retained,
+            "dropped": {}, "last": None}
+
+
+def _put(remote: Remote, local: Path, key: str) -> None:
+    if remote.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"):
+        remote.fs.put_file(str(local), key)  # one PUT: atomic
+        return
+    tmp = key + ".tmp"
+    remote.fs.put_file(str(local), tmp)
+    remote.fs.mv(tmp, key)
+
+
+def _write_manifest(remote: Remote, writer: str, instance: str, generation: int, tables: Tables) -> None:
+    body = json.dumps({"writer": writer, "instance": instance, "generation": generation,
+                       "written_unix_nano": time.time_ns(), "tables": tables}, sort_keys=True).encode()
+    key = remote.key(f"{MANIFESTS}/{writer}/{generation:020d}.json")
+    if remote.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"):
+        remote.fs.pipe_file(key, body)
+        return
+    remote.fs.pipe_file(key + ".tmp", body)
+    remote.fs.mv(key + ".tmp", key)
+
+
+def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLocal | None = None) -> PublishStats | None:
+    """Upload the work directory's new Parquet files and list them in a new manifest generation.
+
+    Returns None for a local data directory. Safe to call at any time and from several processes (a
+    lock serializes them); an upload that fails leaves the file for the next call. ``keep_local``: remove
+    the local copies of uploaded files of these tables once they are that old (they stay listed).
+    """
+    bound = binding(data)
+    if bound is None:
+        return None
+    remote, writer = bound
+    instance = instance_of(data)
+    grace = GRACE_SECONDS if grace_seconds is None else grace_seconds
+    stats = PublishStats()
+    t0 = time.perf_counter()
+    with file_lock(state_file(data, _LOCK)):
+        saved = _load_state(data)
+        if saved is None and next(_local_tables(data), None) is None:
+            return stats  # a reader: nothing to publish, no manifest of its own
+        found = _check_owner(remote, writer, instance, known=saved is not None and saved.get("generation", 0) > 0)
+        state = saved or _new_state(found)
+        if keep_local is not None:
+            _evict(data, state, keep_local, stats)
+        tables = _upload_new(data, remote, writer, state, stats)
+        if tables != (state.get("last") or {}) or (state.get("last") is None and found is not None):
+            state["generation"] = int(state["generation"]) + 1
+            _write_manifest(remote, writer, instance, state["generation"], tables)
+            state["last"] = tables
+            stats.generation = state["generation"]
+        _save_state(data, state)
+        _delete_expired(remote, writer, state, grace, stats)
+        _save_state(data, state)
+    stats.seconds = round(time.perf_counter() - t0, 3)
+    return stats
+
+
+def _upload_new(data: Path, remote: Remote, writer: str, state: dict[str, Any], stats: PublishStats) -> Tables:
+    """Upload what is new; return the tables of the next manifest (local files, then retained ones)."""
+    uploaded: dict[str, list[Any]] = state["uploaded"]
+    tables: Tables = {t: dict(files) for t, files in state["retained"].items()}
+    present: set[str] = set()
+    for table, rel, path in _local_tables(data):
+        ident = f"{table}/{rel}"
+        present.add(ident)
+        name = published_name(writer, rel)
+        if ident not in uploaded:
+            try:
+                size = path.stat().st_size
+                _put(remote, path, remote.key(f"tables/{table}/{name}"))
+            except FileNotFoundError:  # compacted away while we walked: it is not in this generation
+                present.discard(ident)
+                continue
+            except OSError as e:  # the store refused or is down: the file goes with the next call
+                stats.errors.append(f"{ident}: {e}")
+                logger.warning("upload of %s failed (%s); it will be retried", ident, e)
+                continue
+            uploaded[ident] = [name, size]
+            stats.uploaded += 1
+            stats.uploaded_bytes += size
+        tables.setdefault(table, {})[uploaded[ident][0]] = int(uploaded[ident][1])
+    now = time.time()
+    for ident in [i for i in uploaded if i not in present]:
+        table = ident.partition("/")[0]
+        state["dropped"][remote.key(f"tables/{table}/{uploaded.pop(ident)[0]}")] = now
+    return {t: files for t, files in sorted(tables.items()) if files}
+
+
+@dataclass(frozen=True)
+class KeepLocal:
+    """Local copies of published files of ``tables`` are removed ``seconds`` after they were written."""
+
+    seconds: float
+    tables: tuple[str, ...] = ("spans", "evaluations")
+
+
+def _evict(data: Path, state: dict[str, Any], keep: KeepLocal, stats: PublishStats) -> None:
+    """Move uploaded files older than ``keep.seconds`` from the work directory to ``retained`` (still listed)."""
+    cutoff = time.time() - keep.seconds
+    uploaded: dict[str, list[Any]] = state["uploaded"]
+    for ident in list(uploaded):
+        table, _, rel = ident.partition("/")
+        if table not in keep.tables:
+            continue
+        path = table_dir(data, table) / rel
+        try:
+            if path.stat().st_mtime > cutoff:
+                continue
+        except FileNotFoundError:
+            continue
+        name, size = uploaded.pop(ident)
+        state["retained"].setdefault(table, {})[name] = int(size)
+        path.unlink(missing_ok=True)
+        path.with_name(path.name.removesuffix(".parquet") + SIDECAR_SUFFIX).unlink(missing_ok=True)  # dedupe keys
+        stats.evicted += 1
+
+
+def _delete_expired(remote: Remote, writer: str, state: dict[str, Any], grace: float, stats: PublishStats) -> None:
+    now = time.time()
+    dropped: dict[str, float] = state["dropped"]
+    for key in [k for k, t in dropped.items() if now - t >= grace]:
+        try:
+            remote.fs.rm_file(key)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            stats.errors.append(f"delete {key}: {e}")
+            continue
+        del dropped[key]
+        stats.deleted += 1
+    gens = _generations(remote, writer)
+    for old in gens[:-2]:
+        try:
+            info = remote.fs.info(old)
+        except FileNotFoundError:
+            continue
+        written = _mtime(info)
+        if written is not None and now - written >= grace:
+            try:
+                remote.fs.rm_file(old)
+            except (FileNotFoundError, OSError):
+                continue
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    for key in ("LastModified", "mtime", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        return float(value)
+    return None

@@ -1,0 +1,228 @@
+"""Stores on object storage (issue #23): real s3rver, real collectors and exporters, real DuckDB over s3fs.
+
+Two collectors write one S3 store at once (each its local spool and collector id); a build in a third
+work directory reads what both published and equals the same spans built in a local store; the S3
+server killed mid-upload loses nothing acknowledged; two work directories cannot share a writer id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from tests.collector.collector_support import start_process, stop_process, wait_until
+from tracedag.pipeline.store.manifests import publish, read_listing
+from tracedag.pipeline.store.remote import attach, open_remote
+from tracedag.pipeline.store.views import connect
+
+CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
+
+
+def _run(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def _agent_traces(provider: TracerProvider, first: int, count: int) -> None:
+    """``count`` agent runs of 4 spans: a root, an LLM step, a tool that fails every third run, a final answer."""
+    tracer = provider.get_tracer("agent")
+    for i in range(first, first + count):
+        with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent",
+                                                                        "gen_ai.agent.name": "booker",
+                                                                        "session.id": f"conv-{i}"}):
+            with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat",
+                                                                  "gen_ai.request.model": "m"}):
+                pass
+            with tracer.start_as_current_span("execute_tool", attributes={"gen_ai.operation.name": "execute_tool",
+                                                                          "gen_ai.tool.name": "book"}) as tool:
+                if i % 3 == 0:
+                    tool.set_status(trace.Status(trace.StatusCode.ERROR, "court taken"))
+            with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat"}):
+                pass
+
+
+def _provider(*exporters) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": "booker"}))
+    for exporter in exporters:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def _rows(data: Path, sql: str) -> list[tuple]:
+    return sorted(connect(data).execute(sql).fetchall(), key=repr)
+
+
+_NODES = "select * exclude (build_id) from dag_nodes"
+_EDGES = "select * exclude (build_id) from dag_edges"
+
+
+def test_two_collectors_one_store_build_equals_local(s3, tmp_path):
+    url = f"s3://{s3.bucket}/store"
+    local = tmp_path / "local"
+    a, a_http, _ = start_process(url, "--spool", str(tmp_path / "spool-a"), "--collector-id", "a")
+    b, _, b_grpc = start_process(url, "--spool", str(tmp_path / "spool-b"), "--collector-id", "b")
+    ref, ref_http, _ = start_process(local)
+    try:
+        # collector a over OTLP/HTTP, collector b over OTLP/gRPC, the reference store gets both
+        to_a = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
+                         HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        to_b = _provider(GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
+                         HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        to_both = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
+                            GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
+                            HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        _agent_traces(to_a, 0, 12)
+        _agent_traces(to_b, 100, 12)
+        _agent_traces(to_both, 200, 3)  # the same spans reach both collectors: deduplicated at build
+        for p in (to_a, to_b, to_both):
+            p.shutdown()
+    finally:
+        for proc in (a, b, ref):
+            assert stop_process(proc) == 0
+    listing = read_listing(open_remote(url))
+    assert set(listing) == {"a", "b"}
+    names = [n for w in listing.values() for n in w["spans"]]
+    assert all(n.rpartition("/")[2].startswith(("a--", "b--")) for n in names), names
+    builder = tmp_path / "builder"
+    for args in (("build", "--idle", "0"), ("score",)):
+        _run(*args, "--data", url, "--work-dir", str(builder))
+        _run(*args, "--data", str(local))
+    reader = tmp_path / "reader"  # a fresh work directory reads everything from the store
+    attach(reader, url)
+    # the 3 traces both collectors stored are in the store twice, and once in every view
+    assert _rows(reader, "select count(*) from spans")[0][0] == 27 * 4
+    assert _rows(reader, "select count(*) from dag_nodes")[0][0] == 27 * 4
+    for sql in ("select * exclude (received_unix_nano, batch_id) from spans", _NODES, _EDGES, "select * exclude (build_id, built_unix_nano, last_received_unix_nano) from traces",
+                "select * exclude (build_id, scored_unix_nano) from step_scores"):
+        assert _rows(reader, sql) == _rows(local, sql), sql
+    remote_causes = _run("query", "root_causes", "--data", url, "--work-dir", str(reader), "--format", "csv").stdout
+    local_causes = _run("query", "root_causes", "--data", str(local), "--format", "csv").stdout
+    assert sorted(remote_causes.splitlines()) == sorted(local_causes.splitlines())
+    assert len(local_causes.splitlines()) > 1
+
+
+def test_s3_killed_mid_upload_loses_nothing_acked(s3, tmp_path):
+    url = f"s3://{s3.bucket}/store"
+    spool = tmp_path / "spool"
+    proc, http, _ = start_process(url, "--spool", str(spool), "--collector-id", "c1",
+                                  env={"TRACEDAG_REMOTE_GRACE": "0"})
+    sent = 0
+    try:
+        provider = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{http}/v1/traces"))
+        _agent_traces(provider, 0, 10)
+        sent += 40
+        s3.kill()  # the publisher's uploads now fail; the collector keeps acknowledging
+        _agent_traces(provider, 10, 10)
+        sent += 40
+        provider.force_flush()
+        time.sleep(2.0)  # a few publish rounds fail meanwhile
+        s3.start()
+        _agent_traces(provider, 20, 10)
+        sent += 40
+        provider.shutdown()
+        reader = tmp_path / "reader"
+        attach(reader, url)
+
+        def all_there() -> bool:
+            try:
+                return _rows(reader, "select count(*) from spans")[0][0] == sent
+            except Exception:
+                return False
+        wait_until(all_there, 60, "the spans acknowledged while S3 was down never reached the store")
+    finally:
+        assert stop_process(proc) == 0
+    assert _rows(tmp_path / "reader", "select count(distinct span_id) from spans")[0][0] == sent
+
+
+def test_a_writer_id_belongs_to_one_work_directory(s3, tmp_path):
+    url = f"s3://{s3.bucket}/store"
+    dump = tmp_path / "one.json"
+    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "root",
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}]}]}]}))
+    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w1"), "--writer-id", "x")
+    second = _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w2"), "--writer-id", "x",
+                  check=False)
+    assert second.returncode != 0
+    assert "writer id 'x'" in second.stderr and "Traceback" not in second.stderr, second.stderr
+    listing = read_listing(open_remote(url))
+    assert list(listing) == ["x"] and len(listing["x"]["spans"]) == 1
+
+
+def test_compaction_drops_files_from_the_manifest_then_deletes_them(s3, tmp_path, monkeypatch):
+    url = f"s3://{s3.bucket}/store"
+    work = tmp_path / "w"
+    attach(work, url, "w1")
+    table = work / "tables" / "traces"
+    table.mkdir(parents=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i in range(3):
+        pq.write_table(pa.table({"x": [i]}), table / f"part-{i}.parquet")
+    first = publish(work, grace_seconds=3600)
+    assert first is not None and first.uploaded == 3 and first.generation == 1
+    fs = s3.filesystem()
+    for i in range(3):
+        (table / f"part-{i}.parquet").unlink()  # a local compaction replaced them
+    pq.write_table(pa.table({"x": [0, 1, 2]}), table / "merged-0.parquet")
+    second = publish(work, grace_seconds=3600)
+    assert second is not None and second.uploaded == 1 and second.deleted == 0 and second.generation == 2
+    assert sorted(read_listing(open_remote(url))["w1"]["traces"]) == ["w1--merged-0.parquet"]
+    assert len(fs.ls(f"{s3.bucket}/store/tables/traces")) == 4  # the old ones stay for readers of generation 1
+    third = publish(work, grace_seconds=0)
+    assert third is not None and third.deleted == 3 and third.generation is None  # nothing new to list
+    assert [p.rpartition("/")[2] for p in fs.ls(f"{s3.bucket}/store/tables/traces")] == ["w1--merged-0.parquet"]
+
+
+@pytest.mark.parametrize("case", ["no-bucket", "no-store", "down"])
+def test_a_store_that_cannot_be_used_is_one_clear_line(s3, tmp_path, case):
+    url = {"no-bucket": "s3://nosuchbucket/x", "no-store": f"s3://{s3.bucket}/empty", "down": f"s3://{s3.bucket}/x"}[case]
+    if case == "down":
+        s3.kill()
+    r = _run("query", "step_stats", "--data", url, "--work-dir", str(tmp_path / "w"), check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    expected = {"no-bucket": "does not exist", "no-store": "holds no tracedag store", "down": "did not answer"}[case]
+    assert expected in r.stderr, r.stderr
+
+
+def test_uploaded_spans_files_leave_the_work_directory_and_stay_listed(s3, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tracedag.pipeline.store.manifests import KeepLocal
+
+    url = f"s3://{s3.bucket}/store"
+    work = tmp_path / "w"
+    attach(work, url, "c1")
+    part = work / "tables" / "evaluations" / "recv_hour=1"
+    part.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1, 2]}), part / "seg-1.parquet")
+    first = publish(work, keep_local=KeepLocal(3600))
+    assert first is not None and first.uploaded == 1 and first.evicted == 0 and (part / "seg-1.parquet").exists()
+    pq.write_table(pa.table({"x": [3]}), part / "seg-2.parquet")
+    second = publish(work, keep_local=KeepLocal(0))  # seg-1 is old enough; seg-2 is not uploaded yet
+    assert second is not None and second.evicted == 1 and second.uploaded == 1
+    assert not (part / "seg-1.parquet").exists() and (part / "seg-2.parquet").exists()
+    listed = read_listing(open_remote(url))["c1"]["evaluations"]
+    assert sorted(listed) == ["recv_hour=1/c1--seg-1.parquet", "recv_hour=1/c1--seg-2.parquet"]
+    from tracedag.pipeline.store.files import parquet_files
+
+    assert [p.name for p in parquet_files(work, "evaluations")] == ["c1--seg-1.parquet", "seg-2.parquet"]
+    third = publish(work, keep_local=KeepLocal(0), grace_seconds=0)
+    assert third is not None and third.deleted == 0  # evicted files are never deleted from the store
+    assert sorted(read_listing(open_remote(url))["c1"]["evaluations"]) == sorted(listed)
