@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.dedupe import SIDECAR_SUFFIX
 from tracedag.pipeline.store.remote import Remote, binding, instance_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
@@ -303,6 +302,8 @@ class KeepLocal:
 
 def _evict(data: Path, state: dict[str, Any], keep: KeepLocal, stats: PublishStats) -> None:
     """Move uploaded files older than ``keep.seconds`` from the work directory to ``retained`` (still listed)."""
+    from tracedag.pipeline.store.dedupe import SIDECAR_SUFFIX  # numpy and Arrow: not in the receivers' import
+
     cutoff = time.time() - keep.seconds
     uploaded: dict[str, list[Any]] = state["uploaded"]
     for ident in list(uploaded):
