@@ -9,6 +9,7 @@ answered from memory. SQL is built only with bound parameters.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -19,7 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.layout import tables_dir
@@ -41,6 +44,9 @@ def state_key(data: Path) -> str:
             if name.endswith(".parquet"):
                 st = os.stat(os.path.join(dirpath, name))
                 h.update(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    remote = remote_of(data)
+    if remote is not None:  # an object store: what every writer's newest manifest lists
+        h.update(json.dumps(cached_listing(remote, fresh=True), sort_keys=True).encode())
     return h.hexdigest()
 
 

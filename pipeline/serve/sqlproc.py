@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
 
@@ -69,7 +70,10 @@ class SqlRunner:
 
     def _start(self) -> subprocess.Popen[bytes]:
         cap = self.limits.memory_mb + AS_HEADROOM_MB
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TRACEDAG_TOKEN"))}
+        # the worker gets no secrets, but an object store's credentials when it reads one (user SQL still
+        # reaches the store's views only: file and URL functions are refused before it runs)
+        hidden = ("TRACEDAG_TOKEN",) if remote_of(self.data) is not None else ("AWS_", "TRACEDAG_TOKEN")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(hidden)}
         return subprocess.Popen(
             [sys.executable, "-m", "tracedag.pipeline.serve.sqlworker", str(self.data)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

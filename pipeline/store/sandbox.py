@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
 _TILDE = re.compile(r"'~")
@@ -44,8 +45,12 @@ def check_select(sql: str, label: str = "--sql") -> None:
 
 def lock_down(con: duckdb.DuckDBPyConnection, data: Path) -> None:
     """Allow file access to ``data`` only, switch off extensions and replacement scans, lock the settings."""
-    store = str(Path(data).resolve()).replace("'", "''")
-    con.execute(f"set allowed_directories = ['{store}']")
+    allowed = [str(Path(data).resolve())]
+    remote = remote_of(Path(data))
+    if remote is not None:  # an object store: its files under the store's prefix, through fsspec
+        allowed.append(remote.uri(""))
+    listed = ", ".join("'" + a.replace("'", "''") + "'" for a in allowed)
+    con.execute(f"set allowed_directories = [{listed}]")
     for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions",
                     "allow_community_extensions", "python_enable_replacements"):
         con.execute(f"set {setting} = false")

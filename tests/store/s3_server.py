@@ -90,19 +90,21 @@ class S3Server:
             self.ports = {name: _free_port() for name in ("master", "volume", "filer")}
         return [weed, "server", f"-dir={self.root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
                 f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
-                f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=0"]
+                f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=0",
+                "-s3.port.iceberg=0", "-s3.port.lance=0"]
 
     def start(self) -> S3Server:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     cwd=self.root)
+        with (self.root.parent / f"{self.root.name}.log").open("ab") as log:  # beside the data: kept for a failure
+            self.proc = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self._answers():
                 return self
             time.sleep(0.2)
         self.kill()
-        raise AssertionError(f"{self.kind} did not start")
+        log = (self.root.parent / f"{self.root.name}.log").read_text(errors="replace")[-2000:]
+        raise AssertionError(f"{self.kind} did not start:\n{log}")
 
     def _answers(self) -> bool:
         """The S3 API lists buckets (SeaweedFS opens its port before its filer is ready)."""

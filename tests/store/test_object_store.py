@@ -226,3 +226,35 @@ def test_uploaded_spans_files_leave_the_work_directory_and_stay_listed(s3, tmp_p
     third = publish(work, keep_local=KeepLocal(0), grace_seconds=0)
     assert third is not None and third.deleted == 0  # evicted files are never deleted from the store
     assert sorted(read_listing(open_remote(url))["c1"]["evaluations"]) == sorted(listed)
+
+
+def test_serve_over_an_object_store(s3, tmp_path, monkeypatch):
+    """tracedag serve --data s3://…: named queries, the SQL endpoint's worker and /metrics read the store."""
+    from tests.serve.serve_support import running_server
+
+    url = f"s3://{s3.bucket}/store"
+    dump = tmp_path / "spans.json"
+    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
+              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
+              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
+              "status": {"code": 2 if (k and t % 2) else 0},
+              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
+              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)} for t in range(1, 7) for k in range(3)]
+    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "c"), "--writer-id", "c")
+    _run("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "b"))
+    monkeypatch.setenv("TRACEDAG_WORK_DIR", str(tmp_path / "serve"))
+    with running_server(url) as server, server.client(60) as client:
+        stats = client.get("/api/queries/step_stats")
+        assert stats.status_code == 200 and sum(r["runs"] for r in stats.json() if r["grain"] == "step") == 18
+        count = client.post("/api/sql", json={"sql": "select count(*) as n from dag_nodes"})
+        assert count.status_code == 200 and count.json()["rows"] == [{"n": 18}], count.text
+        refused = client.post("/api/sql", json={"sql": f"select * from read_parquet('{url}/tables/spans/**/*.parquet')"})
+        assert refused.status_code == 400
+        before = client.get("/metrics")
+        assert before.status_code == 200 and "tracedag_traces_built 6" in before.text
+        _run("score", "--data", url, "--work-dir", str(tmp_path / "b"))  # another writer publishes scores
+        after = client.get("/metrics")
+        assert after.status_code == 200 and "tracedag_traces_built 6" in after.text
+        scored = client.post("/api/sql", json={"sql": "select count(distinct span_id) as n from step_scores"})
+        assert scored.json()["rows"] == [{"n": 18}], scored.text
