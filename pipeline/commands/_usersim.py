@@ -1,7 +1,8 @@
 """``tracedag simulate --agent TARGET --graph GRAPH``: simulated users against any agent, CCR and PCR.
 
 Options of the ``simulate`` command (pipeline/commands/demo.py); this module holds the work so that
-command stays a thin switch. No commands of its own.
+command stays a thin switch. No commands of its own. Exit codes as ``tracedag replay``: 1 when a run
+failed, 130 when interrupted (the finished conversations are kept); bad input: one line, 2.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
     from tracedag.pipeline.replay.simulation import Conversation, SimulationResult
@@ -45,6 +47,24 @@ class UserSimArgs:
     data: Path | None = None
     endpoint: str = "http://127.0.0.1:4318"
     simulation_id: str | None = None
+    parallel: int = 1
+    settle: float = 15.0
+    nodes: str = "auto"  # auto | process | store: where the agent's node spans are read
+    endpoint_given: bool = False  # --endpoint given with --data: send there, read the store in --data
+
+
+def nodes_store(args: UserSimArgs) -> Path | None:
+    """The store the agent's node spans are read from (None: from this process's spans).
+
+    auto: the --data store for an agent behind a URL (its spans reach the store through its own
+    exporter and collector), else this process."""
+    if args.nodes == "process" or args.data is None:
+        if args.nodes == "store":
+            raise BadInput("--nodes store needs --data DIR: the store the agent's spans land in")
+        return None
+    if args.nodes == "store" or args.agent.startswith(("http://", "https://")):
+        return args.data
+    return None
 
 
 def run_user_simulation(args: UserSimArgs) -> None:
@@ -75,11 +95,18 @@ def run_user_simulation(args: UserSimArgs) -> None:
     else:
         user = ScriptedUser(args.seed, getattr(target, "scripted_turns", None))
     sim_id = args.simulation_id or f"usersim-seed{args.seed}"
-    where = str(args.data) if args.data else args.endpoint
-    with _sink(args.data, None) if args.data else nullcontext(args.endpoint) as url, _progress() as advance:
-        config = SimulationConfig(url, args.conversations, args.max_backtracks, sim_id)
+    store = nodes_store(args)
+    sink = _sink(args.data, None) if args.data and not args.endpoint_given else nullcontext(args.endpoint)
+    where = str(args.data) if args.data and not args.endpoint_given else args.endpoint
+    with sink as url, _progress() as advance:
+        config = SimulationConfig(url, args.conversations, args.max_backtracks, sim_id, parallel=args.parallel,
+                                  nodes_from=store, settle=args.settle)
         result = simulate_users(target, user, found, personas, config, advance)
-    _report(result, where)
+    _report(result, where, args)
+    if result.interrupted:
+        raise SystemExit(130)
+    if result.failed:
+        raise SystemExit(1)
 
 
 def _bundled_graph() -> AgentGraph:
@@ -94,7 +121,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _report(result: SimulationResult, where: str) -> None:
+def _report(result: SimulationResult, where: str, args: UserSimArgs) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -116,11 +143,14 @@ def _report(result: SimulationResult, where: str) -> None:
     console.print(f"CCR {_pct(ccr)}, PCR {_pct(pcr)} over {len(result.conversations)} conversations "
                   f"({result.runs} runs, {rate:.1f} conversations/s); spans sent to {where} "
                   f"(simulation_id={result.simulation_id})", highlight=False, soft_wrap=True)
+    _report_failed(console, result)
+    _report_waits(console, result, args)
     if result.conversations and not any(a.nodes for c in result.conversations for a in c.attempts):
-        console.print("warning: no node span was seen in any run (gen_ai.node.name, tracedag.node.name, graph.node.name "
-                      "or langgraph_node, started in this process), so no transition could be compared: an agent "
-                      "behind a URL is not seen from here; trace its nodes with td.node(name) in a module:function "
-                      "agent", highlight=False, soft_wrap=True)
+        console.print(f"warning: no node span was seen in any run ({_NODE_KEYS}), so no transition could be "
+                      f"compared; {_where_nodes(result, args)}", highlight=False, soft_wrap=True)
+    if result.interrupted:
+        console.print(f"interrupted: {len(result.conversations)} of {result.planned} conversations finished "
+                      "(their runs are kept)", highlight=False, soft_wrap=True)
     if "://" not in where:
         console.print(f"next: tracedag build --data {where} && tracedag determinism --data {where}",
                       highlight=False, soft_wrap=True)
@@ -134,3 +164,38 @@ def _row(table: Table, label: str, cs: Sequence[Conversation], end_section: bool
     table.add_row(label, path, str(len(cs)), str(sum(len(c.attempts) for c in cs)),
                   str(sum(c.restarts for c in cs)), _pct(ccr), _pct(pcr), end_section=end_section)
 
+
+_NODE_KEYS = "gen_ai.node.name, tracedag.node.name, graph.node.name or langgraph_node"
+_MAX_ERRORS = 20
+
+
+def _where_nodes(result: SimulationResult, args: UserSimArgs) -> str:
+    if result.waits is not None:
+        return (f"the agent's spans were looked for in {args.data} by trace id: the agent must extract the W3C "
+                "traceparent header of each request and export its spans to the collector that writes there")
+    if args.agent.startswith(("http://", "https://")):
+        return ("an agent behind a URL is seen through the store its spans land in: give --data DIR (and, when a "
+                "collector writes DIR, --endpoint of that collector)")
+    return "trace the agent's nodes with td.node(name) (or any of those attributes)"
+
+
+def _report_failed(console: Console, result: SimulationResult) -> None:
+    failed = result.failed
+    for conv, attempt in failed[:_MAX_ERRORS]:
+        console.print(f"failed {attempt.run_id} (intent {conv.intent.intent_id}, persona {conv.persona.name}): "
+                      f"{attempt.error}", highlight=False, markup=False, soft_wrap=True)
+    if len(failed) > _MAX_ERRORS:
+        console.print(f"... and {len(failed) - _MAX_ERRORS} more failed runs", highlight=False)
+    if failed:
+        console.print(f"{len(failed)} of {result.runs} runs failed", highlight=False)
+
+
+def _report_waits(console: Console, result: SimulationResult, args: UserSimArgs) -> None:
+    waits = result.waits
+    if waits is None:
+        return
+    line = (f"agent's node spans read from {args.data}: {waits.traces} traces waited for, "
+            f"{waits.timed_out} not complete within --settle {args.settle:g} s")
+    if waits.absent:
+        line += "; none arrived, so the later traces were not waited for"
+    console.print(line, highlight=False, soft_wrap=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import click
+from click.core import ParameterSource
 
 
 @click.command("demo")
@@ -76,28 +77,39 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
 @click.option("--user-base-url", default=None, envvar="TRACEDAG_USER_BASE_URL",
               help="OpenAI-compatible endpoint of --user-model (default: the openai client's).")
 @click.option("--data", "data", default=None, type=click.Path(file_okay=False, path_type=Path),
-              help="With --agent: store the runs into this data directory (in-process collector) instead of --endpoint.")
+              help="With --agent: store the runs into this data directory (in-process collector) instead of --endpoint; "
+                   "with --endpoint too: the store the collector at --endpoint writes (an agent behind a URL is read "
+                   "back from it).")
+@click.option("--parallel", default=1, show_default=True, type=click.IntRange(min=1, max=64),
+              help="With --agent: conversations held at the same time (the restarts of one stay in order).")
+@click.option("--settle", default=15.0, show_default=True, type=click.FloatRange(min=0),
+              help="With an agent behind a URL: seconds to wait, a turn, for its spans to reach the --data store.")
+@click.option("--nodes", "nodes", type=click.Choice(["auto", "process", "store"]), default="auto", show_default=True,
+              help="With --agent: where the agent's node spans are read: this process's spans, or the --data store "
+                   "by trace id (auto: the store for an agent behind a URL).")
 def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int, variants: int,
                      fault_rate: float, max_visits: int, service_version: str = "1.0", simulation_id: str | None = None,
                      agent_opts: tuple[str, ...] = (), agent: str | None = None, graph_file: Path | None = None,
                      personas: Path | None = None, persona_names: tuple[str, ...] = (), conversations: int = 1,
                      max_backtracks: int = 2, user_model: str | None = None, user_base_url: str | None = None,
-                     data: Path | None = None) -> None:
+                     data: Path | None = None, parallel: int = 1, settle: float = 15.0, nodes: str = "auto") -> None:
     """Drive the bundled court-booking agent through its conversation paths and export the spans over OTLP.
 
     Both variants (constrained and permissive transitions) run every DFS path of the designed
     graph as exact replays and rephrased variants, with run labels; point it at `tracedag collect`.
     With --agent and --graph: simulated users (EDGE §3.1) play the graph's paths against any agent,
-    restarting after an unintended transition, and CCR/PCR are printed per intent.
+    restarting after an unintended transition, and CCR/PCR are printed per intent; exit code 1 when
+    a run failed, 130 when interrupted. An agent behind a URL is read back from the --data store.
     """
     if agent is not None or graph_file is not None:
         from tracedag.pipeline.commands._usersim import UserSimArgs, run_user_simulation
 
         if agent is None or graph_file is None:
             raise click.UsageError("--agent and --graph go together")
+        given = click.get_current_context().get_parameter_source("endpoint") is not ParameterSource.DEFAULT
         run_user_simulation(UserSimArgs(agent, graph_file, agent_opts, personas, persona_names, conversations,
                                         max_backtracks, max_visits, user_model, user_base_url, seed, data, endpoint,
-                                        simulation_id))
+                                        simulation_id, parallel, settle, nodes, endpoint_given=given))
         return
     from rich.progress import Progress
 

@@ -13,7 +13,14 @@ td.shutdown()
 """
 
 from tracedag.instrument.api import USER_MESSAGE_EVENT, agent, llm, node, tool, user_message
-from tracedag.instrument.labels import LabelSpanProcessor, conversation, current_labels, run_labels
+from tracedag.instrument.labels import (
+    LabelSpanProcessor,
+    baggage_labels,
+    conversation,
+    current_labels,
+    propagation_headers,
+    run_labels,
+)
 from tracedag.instrument.recorded import RecordedCall, ToolRecording, recorded_tools
 from tracedag.instrument.setup import configure, force_flush, resolve_endpoint, shutdown, tracer
 from tracedag.instrument.steps import Step, StepSpec, error_type, messages_json
@@ -26,6 +33,7 @@ __all__ = [
     "ToolRecording",
     "StepSpec",
     "agent",
+    "baggage_labels",
     "configure",
     "conversation",
     "current_labels",
@@ -34,6 +42,7 @@ __all__ = [
     "llm",
     "messages_json",
     "node",
+    "propagation_headers",
     "recorded_tools",
     "resolve_endpoint",
     "run_labels",

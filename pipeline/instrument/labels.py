@@ -10,6 +10,11 @@ innermost value applies to the spans started inside the inner block (the enclosi
 back when it ends). Giving a label a different value than an enclosing block did is most often a
 mistake (a replay's run id inside another run), so it is logged as a warning naming the label
 and both values, once per label and pair of values.
+
+Across processes: :func:`propagation_headers` gives the headers of a call to another service (W3C
+``traceparent``, and ``baggage`` carrying the labels); a service that extracts them
+(``opentelemetry.propagate.extract``) continues the trace, and :class:`LabelSpanProcessor` stamps
+the ``tracedag.*`` and ``gen_ai.conversation.id`` baggage entries on its spans as labels.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 logger = logging.getLogger(__name__)
@@ -112,16 +117,43 @@ def run_labels(
     return labels(values)
 
 
+def _is_label_key(key: str) -> bool:
+    return key.startswith("tracedag.") or key == CONVERSATION_ID
+
+
+def baggage_labels(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """The labels an upstream service sent as W3C baggage (``tracedag.*`` and ``gen_ai.conversation.id``)."""
+    return {k: str(v) for k, v in baggage.get_all(ctx).items() if _is_label_key(k)}
+
+
+def propagation_headers(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """Headers for a call to another service: the trace context (``traceparent``, with the configured
+    propagators) and the current labels as ``baggage``, so the callee's spans join this trace and run."""
+    ctx = ctx if ctx is not None else otel_context.get_current()
+    for key, value in current_labels(ctx).items():
+        ctx = baggage.set_baggage(key, str(value), ctx)
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=ctx)
+    return headers
+
+
 class LabelSpanProcessor(SpanProcessor):
     """Copies the context's labels onto each starting span, never replacing an existing value.
 
-    ``configure`` installs it; add it yourself to a TracerProvider you set up on your own.
+    ``configure`` installs it; add it yourself to a TracerProvider you set up on your own. Labels that
+    arrived as baggage from a caller (``from_baggage``) are stamped too, after the context's own.
     """
+
+    def __init__(self, from_baggage: bool = True) -> None:
+        self.from_baggage = from_baggage
 
     def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
         """Stamp the labels of ``parent_context`` (or the current context) on ``span``."""
         for key, value in current_labels(parent_context).items():
             set_if_absent(span, key, value)
+        if self.from_baggage:
+            for key, text in baggage_labels(parent_context).items():
+                set_if_absent(span, key, _label_value(key, text))
 
     def on_end(self, span: ReadableSpan) -> None:
         """Nothing to do when a span ends."""
@@ -133,3 +165,9 @@ class LabelSpanProcessor(SpanProcessor):
         """Nothing is buffered."""
         return True
 
+
+def _label_value(key: str, text: str) -> AttrValue:
+    """A baggage value (always text) back as the label's type: ``replay_index`` is an integer."""
+    if key == REPLAY_INDEX and text.lstrip("-").isdigit():
+        return int(text)
+    return text

@@ -5,7 +5,9 @@
   or ``async``. It traces itself (``tracedag.instrument`` or any OpenTelemetry instrumentation).
 - ``http://…`` / ``https://…`` — an OpenAI-compatible chat-completions base URL; each turn sends the
   history with the official ``openai`` client and is traced by tracedag as one ``invoke_agent`` step
-  (input messages, reply, ``gen_ai.user.message`` event). Options (``--agent-opt``): ``model``
+  (input messages, reply, ``gen_ai.user.message`` event); the request carries the W3C ``traceparent``
+  of that step and the run labels as ``baggage``, so an agent that extracts them continues the trace
+  (its spans, labelled, are children of the step). Options (``--agent-opt``): ``model``
   (default ``default``), ``api_key`` (default ``$OPENAI_API_KEY``), ``timeout`` seconds (default 30).
 - a builtin name (``example``: the bundled court-booking agent, registered by the command layer).
 
@@ -174,7 +176,8 @@ def endpoint_target(url: str, opts: Mapping[str, str]) -> TurnTarget:
 
     def turn(history: list[Message]) -> str:
         try:
-            reply = client.chat.completions.create(model=model, messages=history)  # type: ignore[arg-type]
+            reply = client.chat.completions.create(model=model, messages=history,  # type: ignore[arg-type]
+                                                   extra_headers=td.propagation_headers())
         except openai.APITimeoutError as e:
             raise EndpointFailed(f"endpoint {url} timed out after {timeout:g} s") from e
         except openai.APIConnectionError as e:

@@ -39,3 +39,22 @@ def wrong_branch(history: list[dict[str, Any]]) -> str:
             pass
         step.set_output(f"went to {nxt}")
         return f"went to {nxt}"
+
+
+def fails_on_zed(history: list[dict[str, Any]]) -> str:
+    """``wrong_branch``, except that after the router it raises when the user asked for zed."""
+    users = [m for m in history if m["role"] == "user"]
+    if len(users) == 1 and "zed" in str(users[-1]["content"]).lower():
+        with td.agent("tiny"):
+            with td.node("router"):
+                pass
+            raise RuntimeError("the zed service is down")
+    return wrong_branch(history)
+
+
+def slow_wrong_branch(history: list[dict[str, Any]]) -> str:
+    """``wrong_branch``, a quarter of a second a turn (for interrupting a simulation)."""
+    import time
+
+    time.sleep(0.25)
+    return wrong_branch(history)
