@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,9 +56,23 @@ def _resolve(create: bool) -> Callable[[click.Context, click.Parameter, Path | s
             work = bind_store(value, ctx.meta.get("tracedag.work_dir"), ctx.meta.get("tracedag.writer_id"), create)
         except TracedagError as e:
             raise click.BadParameter(str(e), ctx=ctx, param=param) from e
-        ctx.call_on_close(lambda: publish(work))
+        ctx.call_on_close(lambda: _publish_at_exit(work))
         return work
     return callback
+
+
+def _publish_at_exit(work: Path) -> None:
+    """A command on an object store publishes what it wrote; a failed upload is said, and the exit code is 1."""
+    try:
+        stats = publish(work)
+    except OSError as e:  # the manifest could not be written: the files are uploaded again next time
+        click.echo(f"warning: the store did not take this writer's manifest ({e}); the files stay in {work} "
+                   "and go with the next command run there", err=True)
+        sys.exit(1)
+    if stats is not None and stats.errors:
+        click.echo(f"warning: {len(stats.errors)} file(s) could not be uploaded to the store ({stats.errors[0]}); "
+                   f"they stay in {work} and go with the next command run there", err=True)
+        sys.exit(1)
 
 
 def _store_option(create: bool) -> Callable[[_F], _F]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.remote import Remote, binding, instance_of
+from tracedag.pipeline.store.remote import ATOMIC_PUT, Remote, binding, instance_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import state_file, table_dir, tables_dir
@@ -206,7 +206,21 @@ def _new_state(found: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _put(remote: Remote, local: Path, key: str) -> None:
-    if remote.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"):
+    """Upload one file; a refused or failed request is tried again (4 tries over about 4 s)."""
+    for attempt in range(4):
+        try:
+            _put_once(remote, local, key)
+            return
+        except FileNotFoundError:
+            raise
+        except OSError:
+            if attempt == 3:
+                raise
+            time.sleep(0.25 * 2 ** attempt)
+
+
+def _put_once(remote: Remote, local: Path, key: str) -> None:
+    if remote.protocol in ATOMIC_PUT:
         remote.fs.put_file(str(local), key)  # one PUT: atomic
         return
     tmp = key + ".tmp"
@@ -218,7 +232,7 @@ def _write_manifest(remote: Remote, writer: str, instance: str, generation: int,
     body = json.dumps({"writer": writer, "instance": instance, "generation": generation,
                        "written_unix_nano": time.time_ns(), "tables": tables}, sort_keys=True).encode()
     key = remote.key(f"{MANIFESTS}/{writer}/{generation:020d}.json")
-    if remote.protocol in ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"):
+    if remote.protocol in ATOMIC_PUT:
         remote.fs.pipe_file(key, body)
         return
     remote.fs.pipe_file(key + ".tmp", body)

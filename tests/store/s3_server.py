@@ -90,7 +90,8 @@ class S3Server:
             self.ports = {name: _free_port() for name in ("master", "volume", "filer")}
         return [weed, "server", f"-dir={self.root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
                 f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
-                f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=0",
+                f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=64",
+                "-master.volumeSizeLimitMB=256",
                 "-s3.port.iceberg=0", "-s3.port.lance=0"]
 
     def start(self) -> S3Server:
@@ -107,10 +108,13 @@ class S3Server:
         raise AssertionError(f"{self.kind} did not start:\n{log}")
 
     def _answers(self) -> bool:
-        """The S3 API lists buckets (SeaweedFS opens its port before its filer is ready)."""
+        """An object can be written and read back (SeaweedFS opens its port before its volume server is up)."""
         try:
-            self.filesystem().ls("")
-            return True
+            fs = self.filesystem()
+            if not fs.exists("tdprobe"):
+                fs.mkdir("tdprobe")
+            fs.pipe_file("tdprobe/probe", b"ok")
+            return bool(fs.cat_file("tdprobe/probe") == b"ok")
         except Exception:
             return False
 
@@ -119,6 +123,19 @@ class S3Server:
             self.proc.kill()
             self.proc.wait(10)
         self.proc = None
+
+    def wait_writable(self, bucket: str, seconds: float = 60) -> None:
+        """Until an object can be put into ``bucket`` (SeaweedFS grows a new bucket's volumes on first write)."""
+        fs = self.filesystem()
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fs.pipe_file(f"{bucket}/.probe", b"ok")
+                fs.rm_file(f"{bucket}/.probe")
+                return
+            except OSError:
+                assert time.monotonic() < deadline, f"{self.kind}: bucket {bucket} never took a write"
+                time.sleep(0.3)
 
     def make_bucket(self, name: str) -> None:
         fs = self.filesystem()
@@ -141,6 +158,7 @@ def s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
         monkeypatch.setenv(key, value)
     server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
     server.make_bucket(server.bucket)
+    server.wait_writable(server.bucket)
     try:
         yield server
     finally:

@@ -258,3 +258,21 @@ def test_serve_over_an_object_store(s3, tmp_path, monkeypatch):
         assert after.status_code == 200 and "tracedag_traces_built 6" in after.text
         scored = client.post("/api/sql", json={"sql": "select count(distinct span_id) as n from step_scores"})
         assert scored.json()["rows"] == [{"n": 18}], scored.text
+
+
+def test_a_command_whose_upload_fails_says_so_and_keeps_the_files(s3, tmp_path):
+    url = f"s3://{s3.bucket}/store"
+    dump = tmp_path / "one.json"
+    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
+        "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "root",
+        "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}]}]}]}))
+    work = tmp_path / "w"
+    _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x")
+    s3.kill()
+    again = _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x", check=False)
+    assert again.returncode != 0 and "Traceback" not in again.stderr, again.stderr
+    s3.start()
+    dump.write_text(dump.read_text().replace("b7ad6b7169203331", "b7ad6b7169203332"))
+    third = _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x", check=False)
+    assert third.returncode == 0, third.stderr
+    assert len(read_listing(open_remote(url))["x"]["spans"]) == 2
