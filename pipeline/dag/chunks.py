@@ -22,8 +22,8 @@ import pyarrow.fs as pafs
 
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.manifests import source_uri
-from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.remote import open_remote, remote_of
+from tracedag.schemas.layout import tables_dir
 from tracedag.schemas.spans import SPANS_V1
 
 logger = logging.getLogger(__name__)
@@ -42,10 +42,16 @@ class Source:
     data: Path
     files: list[Path] | None = None  # None: list the store now
     received_from: int | None = None
+    store: str | None = None  # the object store ``data`` works on (set from it): a task on another machine reads it
+
+    def __post_init__(self) -> None:
+        if self.store is None:
+            remote = remote_of(self.data)
+            object.__setattr__(self, "store", None if remote is None else remote.url)
 
     def dataset(self, relist: bool = False) -> ds.Dataset:
         files = parquet_files(self.data, "spans") if relist or self.files is None else self.files
-        return spans_dataset(self.data, files)
+        return spans_dataset(self.data, files, self.store)
 
     def filter(self, trace_ids: pa.Array) -> ds.Expression:
         flt = ds.field("trace_id").isin(trace_ids)
@@ -54,13 +60,14 @@ class Source:
         return flt
 
 
-def spans_dataset(data: Path, files: list[Path]) -> ds.Dataset:
-    """A dataset of spans files: local paths, and (in an object store's work directory) published ones."""
-    remote = remote_of(data)
+def spans_dataset(data: Path, files: list[Path], store: str | None = None) -> ds.Dataset:
+    """A dataset of spans files: local paths, and (for a work directory of the object store ``store``)
+    published ones, read from the store (also where the work directory is not: an engine task elsewhere)."""
+    remote = remote_of(data) or (open_remote(store) if store else None)
     if remote is None:
         return ds.dataset([str(f) for f in files], schema=SPANS_V1, format="parquet")
     local = [str(f) for f in files if f.exists()]
-    published = [source_uri(data, f).partition("://")[2] for f in files if not f.exists()]  # fs paths
+    published = [remote.key("tables/" + f.relative_to(tables_dir(data)).as_posix()) for f in files if not f.exists()]
     parts = [ds.dataset(local, schema=SPANS_V1, format="parquet")]
     if published:
         fs = pafs.PyFileSystem(pafs.FSSpecHandler(remote.fs))
