@@ -250,6 +250,10 @@ def print_demo(console: Console, result: DemoResult) -> None:
         from tracedag.pipeline.demo.usersim_example import usersim_line
 
         console.print(usersim_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
+    if result.ok("objstore"):
+        from tracedag.pipeline.demo.objstore_example import objstore_line
+
+        console.print(objstore_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
     console.print(serve_line(result), soft_wrap=True, highlight=False, markup=False)
     _print_next(console, result)
 

@@ -145,6 +145,11 @@ def _analysis_stages(runner: _Runner, config: DemoConfig) -> None:
             from tracedag.pipeline.demo.usersim_example import demo_usersim
 
             result.counts.update(demo_usersim(config.data))
+    with runner.stage("objstore", "object store: two writers, a build, a reader", ("score",)) as task:
+        if task is not None:
+            from tracedag.pipeline.demo.objstore_example import demo_objstore
+
+            result.counts.update(demo_objstore(config.data))
 
 
 def _advance(progress: Progress, task: Any) -> Callable[[int, int], None]:

@@ -266,6 +266,7 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
         if tables != (state.get("last") or {}) or (state.get("last") is None and found is not None):
             state["generation"] = int(state["generation"]) + 1
             _write_manifest(remote, writer, instance, state["generation"], tables)
+            _CACHE.pop(remote.url, None)  # this process reads its own new generation at once
             state["last"] = tables
             stats.generation = state["generation"]
         _save_state(data, state)

@@ -213,3 +213,14 @@ def test_step_roles_line_matches_the_store(demo_run):
     edges = _sql(data, "select count(*) as n from dag_edges where edge_kind = 'tool_call'")[0]["n"]
     assert _number(r"(\d+) tool-call edges", line) == edges
     assert "step_role" in line and "tracedag sql --data" in line
+
+
+def test_object_storage_line_matches_the_local_store(demo_run):
+    """The demo publishes its spans from two writers to an in-memory object store, builds and reads them back."""
+    data, result = demo_run
+    line = next(x for x in result.output.splitlines() if x.startswith("object storage:"))
+    traces = _sql(data, "select count(*) as n from traces")[0]["n"]
+    assert _number(r"(\d+) writers published", line) == 3  # two collectors and the builder
+    assert _number(r"a fresh reader got (\d+) traces", line) == traces > 0
+    assert _number(r"(\d+) root causes, the same as the local store", line) == len(run_named(data, "root_causes"))
+    assert "tracedag collect --data s3://" in line
