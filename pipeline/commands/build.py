@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from tracedag.pipeline.commands._engine import engine_for, engine_options
 from tracedag.pipeline.commands._options import data_option as _shared_data_option
 from tracedag.pipeline.commands._output import print_whole
 
@@ -30,8 +31,10 @@ data_option: Callable[[_F], _F] = _shared_data_option
               help="Merge the small files of traces, dag_nodes, dag_edges and step_scores now (also after a skipped build).")
 @click.option("--max-small-files", "max_small_files", default=16, show_default=True, type=int,
               help="After a build, merge a derived table's small files once it has more than this many.")
+@engine_options
 def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolerance_ms: float, compact: bool,
-                  max_small_files: int) -> None:
+                  max_small_files: int, engine: str = "local", ray_address: str | None = None,
+                  workers: int | None = None) -> None:
     """Turn complete traces into the traces, dag_nodes and dag_edges tables (incremental).
 
     Args:
@@ -42,6 +45,8 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
         tolerance_ms: skew tolerance of the happened-before order among siblings.
         compact: merge small derived files now.
         max_small_files: small files per table that trigger a merge after a build.
+        engine: local, or ray (one task per trace-id bucket on the cluster at ray_address, else a
+            local cluster of ``workers`` CPUs).
     """
     from rich.table import Table
 
@@ -56,9 +61,10 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
         click.echo(f"no spans in {data} yet: nothing to build. Send spans to `tracedag collect --data {data}` "
                    f"or load a dump with `tracedag ingest FILE --data {data}`, then build.", err=True)
         return
-    stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
-                        tolerance_ns=int(tolerance_ms * 1e6), compact=compact,
-                        gc=GcSettings(max_small_files=max_small_files))
+    with engine_for(engine, ray_address, workers) as running:
+        stats = build_store(data, idle_seconds=idle, full=full, spec=spec, progress=True,
+                            tolerance_ns=int(tolerance_ms * 1e6), compact=compact,
+                            gc=GcSettings(max_small_files=max_small_files), engine=running)
     if stats.skipped:
         click.echo("nothing changed since the last build (no new spans, no trace became complete)")
         _echo_gc(stats)
@@ -68,6 +74,7 @@ def build_command(data: Path, idle: float, full: bool, spec: Path | None, tolera
             *[(f"  method {m}", c) for m, c in sorted(stats.methods.items())],
             ("orphans", stats.orphans), ("clock skew", stats.clock_skew), ("deviant traces", stats.deviant),
             ("unchanged traces", stats.traces_unchanged), ("still receiving", stats.traces_pending),
+            ("engine", stats.engine if running is None else f"{stats.engine} ({stats.tasks} tasks)"),
             ("seconds", f"{stats.seconds:.2f}")]
     for label, value in rows:
         table.add_row(label, str(value))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 
+from tracedag.pipeline.commands._engine import engine_for, engine_options
 from tracedag.pipeline.commands._options import data_option
 
 if TYPE_CHECKING:
@@ -60,11 +61,13 @@ def _with_data(f: _F) -> _F:
 @click.option("--endpoint", default=None,
               help="Send the spans to this OTLP/HTTP endpoint instead of storing them into --data through an "
                    "in-process collector.")
+@engine_options
 def replay_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversations: tuple[str, ...],
                    where: str | None, since: str | None, failed_only: bool, times: int, variants: int,
                    rewrite_model: str | None, rewrite_base_url: str | None, parallel: int,
                    tools: Literal["live", "recorded"], unmatched: Literal["live", "fail"], labels: tuple[str, ...],
-                   replay_id: str | None, endpoint: str | None) -> None:
+                   replay_id: str | None, endpoint: str | None, engine: str = "local",
+                   ray_address: str | None = None, workers: int | None = None) -> None:
     """Replay stored conversations against an agent, N times, each run labelled in its spans.
 
     The user's turns are read from the stored spans; every run carries scenario_id (the source
@@ -84,12 +87,15 @@ def replay_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversa
     if tools == "recorded":
         sources = with_tool_calls(data, sources)
     target = load_target(agent, parse_opts(agent_opts), {"example": example_target})
-    with _sink(data, endpoint) as url, _progress() as advance:
+    with _sink(data, endpoint) as url, engine_for(engine, ray_address, workers) as running, _progress() as advance:
         config = ReplayConfig(endpoint=url, times=times, parallel=parallel, labels=_labels(labels),
                               replay_id=replay_id, tools=tools, unmatched=unmatched, variants=variants,
-                              rewriter=ModelRewriter(rewrite_model, rewrite_base_url) if rewrite_model else None)
+                              rewriter=ModelRewriter(rewrite_model, rewrite_base_url) if rewrite_model else None,
+                              engine=running)
         result = run_replay(sources, target, config, advance)
     _report(result, endpoint or str(data), tools)
+    if running is not None:
+        click.echo(f"engine: ray ({running.tasks} tasks, one per run)")
     if result.interrupted:
         raise SystemExit(130)
     if result.failed:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from tracedag.pipeline.commands._engine import engine_for, engine_options
 from tracedag.pipeline.commands._options import data_option
 from tracedag.pipeline.commands._output import print_whole
 
@@ -24,9 +25,11 @@ from tracedag.pipeline.commands._output import print_whole
               help="USD per million input and output tokens (env TRACEDAG_JUDGE_PRICE_IN/_OUT).")
 @click.option("--max-iterations", type=int, help="Flag loop iterations at or above this bound.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@engine_options
 def score_command(data: Path, use_judge: bool | None, judge_model: str | None, judge_base_url: str | None,
                   judge_concurrency: int | None, judge_max_steps: int | None,
-                  judge_price: tuple[float, float] | None, max_iterations: int | None, no_progress: bool) -> None:
+                  judge_price: tuple[float, float] | None, max_iterations: int | None, no_progress: bool,
+                  engine: str = "local", ray_address: str | None = None, workers: int | None = None) -> None:
     """Score every built step not scored yet: rules, evaluations in the spans, optional LLM judge."""
 
     from tracedag.pipeline.score import JudgeConfig, score_store
@@ -39,7 +42,9 @@ def score_command(data: Path, use_judge: bool | None, judge_model: str | None, j
         price_in, price_out = judge_price or (None, None)
         judge = JudgeConfig.from_env(model=judge_model, base_url=judge_base_url, concurrency=judge_concurrency,
                                      max_steps=judge_max_steps, price_in=price_in, price_out=price_out)
-    stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations)
+    with engine_for(engine, ray_address, workers) as running:
+        stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations,
+                            engine=running)
     print_whole(stats_renderable(stats))
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracedag.collector import faults
+from tracedag.pipeline.dag.buckets import build_bucket
 from tracedag.pipeline.dag.chunks import Source, chunk_tables
 from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
 from tracedag.pipeline.dag.siblings import arrow
@@ -46,6 +47,7 @@ from tracedag.pipeline.dag.window import (
     save_window,
     spans_listing,
 )
+from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.store.manifests import source_uri
 from tracedag.pipeline.store.parquet import write_parquet_atomic
@@ -130,6 +132,8 @@ class BuildStats:
     plan: str = ""  # incremental (read the new spans files only) | full (read them all)
     received_from: int | None = None  # earliest arrival among the traces built (None: unknown)
     gc: GcStats | None = None  # superseded rows removed and small files merged after the build
+    engine: str = "local"  # where the traces were reconstructed: local | ray
+    tasks: int = 0  # engine tasks run (one per bucket; 0: local)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class Plan:
     received_from: int | None = None  # earliest arrival among the traces to build (None: read every file)
     open_traces: pa.Table = field(default_factory=OPEN_SCHEMA.empty_table)  # the next plan's open traces
     full_reason: str | None = None  # why the plan read every file (None: it read only the new ones)
+    # trace_id, n, first_received, last_received of the traces to build, in chunk order (engine buckets)
+    figures: pa.Table | None = None
 
 
 def plan_build(con: duckdb.DuckDBPyConnection, data: Path, listing: list[Path], window: Window | None,
@@ -222,6 +228,7 @@ def _decide(t: pa.Table, listing: list[Path], now_ns: int, idle_ns: int, full: b
         received_from=int(first.min()) or None if first.size else None,  # 0: unknown, read every file
         open_traces=_still_open(t, build | ~changed, now_ns),
         full_reason=full_reason,
+        figures=t.filter(pa.array(build)).select(["trace_id", "n", "first_received", "last_received"]),
     )
 
 
@@ -287,11 +294,14 @@ def build_store(
     compact: bool = False,
     gc: GcSettings | None = None,
     grace_seconds: float | None = None,
+    engine: Engine | None = None,
 ) -> BuildStats:
     """Rebuild the DAGs of the complete traces that are new or changed since the last build.
 
     Then (same lock) remove the rows of superseded builds and merge small files when due (``compact``:
-    merge the small files of every derived table now); see ``tracedag.pipeline.store.gc``.
+    merge the small files of every derived table now); see ``tracedag.pipeline.store.gc``. With
+    ``engine``, the traces are reconstructed as one engine task per bucket (``_run_engine``); the
+    plan, the writes, the state and the collection stay here.
     """
     t0 = time.perf_counter()
     workflow = load_spec(spec) if spec is not None else None
@@ -326,7 +336,10 @@ def build_store(
         stats.traces_pending, stats.traces_unchanged = plan.pending, plan.unchanged
         stats.plan = "full" if plan.full_reason is not None else "incremental"
         stats.received_from = plan.received_from
-        _run(data, plan, stats, workflow, tolerance_ns, progress)
+        if engine is None:
+            _run(data, plan, stats, workflow, tolerance_ns, progress)
+        else:
+            _run_engine(data, plan, stats, workflow, tolerance_ns, progress, engine)
         save_window(data, Window({relative(data, f) for f in plan.files}, plan.open_traces))
         if (stats.traces_built and (gc is None or gc.enabled)) or compact:
             with stage("gc"):
@@ -360,13 +373,37 @@ def _run(
     mark_inflight(data, None)
 
 
+def _run_engine(data: Path, plan: Plan, stats: BuildStats, spec: WorkflowSpec | None, tolerance_ns: int,
+                progress: bool, engine: Engine) -> None:
+    """``_run`` on an engine: one task per bucket (``build_bucket``), each bucket written here as
+    ``<build_id>-b<bucket>`` as its task finishes."""
+    stats.engine = engine.name
+    if not plan.chunks or plan.figures is None:
+        return
+    f = plan.figures
+    target = bucket_target(plan.spans, engine.start(), CHUNK_SPANS)
+    buckets = plan_buckets(f.column("trace_id").combine_chunks(), _ints(f, "n"), _ints(f, "first_received"),
+                           _ints(f, "last_received"), target)
+    mark_inflight(data, stats.build_id)
+    source = Source(data, plan.files, plan.received_from)
+    before = engine.tasks
+    with _progress(progress, plan.spans) as advance:
+        for k, (traces, nodes, edges) in engine.map_buckets(build_bucket, buckets, source, stats.build_id,
+                                                            stats.built_unix_nano, tolerance_ns, spec):
+            _write(data, stats, k, traces, nodes, edges, label=buckets[k].name)
+            advance(nodes.num_rows)
+    stats.tasks = engine.tasks - before
+    mark_inflight(data, None)
+
+
 def _timed_next(tables: Iterator[pa.Table]) -> pa.Table:
     with stage("read"):
         return next(tables)
 
 
-def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: pa.Table, edges: pa.Table) -> None:
-    stem = f"{stats.build_id}-{chunk:04d}"
+def _write(data: Path, stats: BuildStats, chunk: int, traces: pa.Table, nodes: pa.Table, edges: pa.Table,
+           label: str | None = None) -> None:
+    stem = f"{stats.build_id}-{label or f'{chunk:04d}'}"
     # traces last: it is what makes the build of these traces visible
     for name, table in (("dag_nodes", nodes), ("dag_edges", edges), ("traces", traces)):
         with stage("write"):

@@ -255,6 +255,7 @@ def print_demo(console: Console, result: DemoResult) -> None:
 
         console.print(objstore_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
     console.print(serve_line(result), soft_wrap=True, highlight=False, markup=False)
+    console.print(engine_line(result), soft_wrap=True, highlight=False, markup=False)
     _print_next(console, result)
 
 
@@ -264,6 +265,18 @@ def serve_line(result: DemoResult) -> str:
     return (f"dashboards: {result.counts.get('traces', 0)} built traces with DAGs, scores and root causes; try: "
             f"tracedag serve --data {data} (web UI at http://127.0.0.1:8080/, Prometheus /metrics), or "
             f"tracedag report --data {data} --out report.html")
+
+
+def engine_line(result: DemoResult) -> str:
+    """One line: the demo built and scored in this process; the command that does the same on Ray
+    (not started in the demo: a cluster takes seconds to start)."""
+    import importlib.util
+
+    data = shlex.quote(str(result.data))
+    ready = "" if importlib.util.find_spec("ray") else " (pip install 'tracedag[ray]')"
+    return (f"beyond one machine: the demo built {result.counts.get('traces', 0)} traces in this process; the same "
+            f"build and score run as one Ray task per trace-id bucket, with the same rows{ready}; try: tracedag "
+            f"build --data {data} --full --idle 0 --engine ray --workers 2 && tracedag score --data {data} --engine ray")
 
 
 def regress_line(result: DemoResult) -> str:

@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from tracedag import instrument as td
 from tracedag.instrument.recorded import ToolRecording
+from tracedag.pipeline.engine import Engine
 from tracedag.pipeline.replay.source import SourceConversation
 from tracedag.pipeline.replay.targets import (
     Outcome,
@@ -55,6 +56,7 @@ class ReplayConfig:
     variants: int = 0
     rewriter: Rewriter | None = None  # default: the offline rules
     set_global: bool = True  # install the provider as the global one (agents on plain OpenTelemetry)
+    engine: Engine | None = None  # hold each run as one task of this engine (None: threads of this process)
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ def replay(
     progress: Progress | None = None,
     exporter: SpanExporter | None = None,
 ) -> ReplayResult:
-    """Hold every planned run (``config.parallel`` at a time), export the spans, flush, summarize.
+    """Hold every planned run (``config.parallel`` at a time, or one engine task per run with
+    ``config.engine``), export the spans, flush, summarize.
 
     ``exporter`` replaces the OTLP exporter (tests). KeyboardInterrupt ends the replay early with
     ``interrupted`` set; the runs that finished are in the result and their spans are flushed.
@@ -190,7 +193,10 @@ def replay(
                  set_global=config.set_global)
     result = ReplayResult(replay_id, len(runs))
     try:
-        _run_all(runs, target, config, result, progress)
+        if config.engine is not None and exporter is None:
+            _run_engine(runs, target, config, result, progress, config.engine)
+        else:
+            _run_all(runs, target, config, result, progress)
     finally:
         result.exported = td.force_flush(30_000)
         if not result.exported:
@@ -220,3 +226,44 @@ def _run_all(runs: list[PlannedRun], target: Target, config: ReplayConfig, resul
     finally:
         pool.shutdown(wait=True)
     result.records.sort(key=lambda r: (r.run.source.conversation_id, r.run.variant_id or "", r.run.replay_index))
+
+
+def _run_engine(runs: list[PlannedRun], target: Target, config: ReplayConfig, result: ReplayResult,
+                progress: Progress | None, engine: Engine) -> None:
+    """``_run_all`` on an engine: one task per run (``replay_task``), exporting to ``config.endpoint``.
+
+    A run is not retried when its worker dies (a rerun would send a second conversation under the
+    same run id): it is a failed run, like an agent that raised.
+    """
+    try:
+        for i, record in engine.map_buckets(replay_task, runs, target, config, retries=0, errors=True):
+            if isinstance(record, BaseException):
+                record = RunRecord(runs[i], Outcome((), f"engine task failed: {describe_error(record)}"), 0.0)
+            result.records.append(record)
+            if progress is not None:
+                progress(len(result.records), len(runs))
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.records.sort(key=lambda r: (r.run.source.conversation_id, r.run.variant_id or "", r.run.replay_index))
+
+
+_WORKER_SINK: tuple[str, str, str | None, str] | None = None
+"""What this worker process's tracer provider exports to (endpoint, service, version, protocol)."""
+
+
+def replay_task(run: PlannedRun, target: Target, config: ReplayConfig) -> RunRecord:
+    """Hold one run in an engine worker: its provider exports to ``config.endpoint`` (set up once
+    per worker), and the run's spans are flushed before the task returns."""
+    global _WORKER_SINK
+    version = config.labels.get("service_version") or target.service_version
+    sink = (config.endpoint, target.service_name, version, config.protocol)
+    if sink != _WORKER_SINK:
+        td.configure(config.endpoint, service_name=target.service_name, service_version=version,
+                     protocol=config.protocol, schedule_delay_millis=200, set_global=config.set_global)
+        _WORKER_SINK = sink
+    try:
+        return run_one(target, run, config)
+    finally:
+        if not td.force_flush(30_000):
+            logger.warning("run %s: some spans were not exported within 30 s", run.run_id)
+

