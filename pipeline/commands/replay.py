@@ -93,7 +93,7 @@ def replay_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversa
                               rewriter=ModelRewriter(rewrite_model, rewrite_base_url) if rewrite_model else None,
                               engine=running)
         result = run_replay(sources, target, config, advance)
-    _report(result, endpoint or str(data), tools)
+    _report(result, endpoint or f"{data}", tools)  # an object store's URL, not its work directory
     if running is not None:
         click.echo(f"engine: ray ({running.tasks} tasks, one per run)")
     if result.interrupted:
@@ -183,7 +183,8 @@ def _report(result: ReplayResult, where: str, tools: str = "live") -> None:
     state = "interrupted: " if result.interrupted else ""
     console.print(f"{state}{len(result.records)} of {result.planned} runs finished, {len(result.failed)} failed; "
                   f"spans sent to {where} (replay_id={result.replay_id})", highlight=False, soft_wrap=True)
-    console.print(f"next: tracedag build --data {where} && tracedag determinism --data {where}" if "://" not in where
+    console.print(f"next: tracedag build --data {where} && tracedag determinism --data {where}"
+                  if not where.startswith(("http://", "https://"))
                   else "next: build and score the collector's store, then tracedag determinism", highlight=False,
                   soft_wrap=True)
 

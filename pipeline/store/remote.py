@@ -190,11 +190,26 @@ def remote_of(data: Path) -> Remote | None:
     return None if found is None else found[0]
 
 
+class StorePath(type(Path())):  # type: ignore[misc]  # PosixPath or WindowsPath
+    """The work directory of an object store, shown as the store's URL in messages (``f"{data}"``).
+
+    Every file operation uses the local path; only formatting (what a command prints as "try: tracedag …
+    --data {data}") gives the URL, so the commands a user is told to run name the store, not the cache.
+    """
+
+    store_url: str = ""
+
+    def __format__(self, spec: str) -> str:
+        return format(self.store_url or str(self), spec)
+
+
 def bind_store(url: str, work: Path | None, writer: str | None, create: bool) -> Path:
     """``--data URL``: check the store answers (and, unless ``create``, holds a store); return the work directory."""
     remote = open_remote(url)
     probe(remote, create)
-    return attach(work or work_dir_for(url), url, writer)
+    path = StorePath(attach(work or work_dir_for(url), url, writer))
+    path.store_url = url
+    return path
 
 
 def probe(remote: Remote, create: bool) -> None:

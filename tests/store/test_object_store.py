@@ -191,6 +191,9 @@ def test_compaction_drops_files_from_the_manifest_then_deletes_them(s3, tmp_path
     third = publish(work, grace_seconds=0)
     assert third is not None and third.deleted == 3 and third.generation is None  # nothing new to list
     assert [p.rpartition("/")[2] for p in fs.ls(f"{s3.bucket}/store/tables/traces")] == ["w1--merged-0.parquet"]
+    # the commands a user is told to run name the store, not the work directory
+    told = _run("build", "--data", url, "--work-dir", str(tmp_path / "b")).stderr
+    assert f"no spans in {url} yet" in told and f"tracedag ingest FILE --data {url}" in told, told
 
 
 @pytest.mark.parametrize("case", ["no-bucket", "no-store", "down"])
