@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tracedag.pipeline.store.manifests import sync_reports
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import reports_dir
@@ -60,6 +61,8 @@ def report_path(data: Path, name: str) -> Path:
         raise BadReportName(f"{name!r} is not a report name (regress-<UTC time>-<hash>; GET /api/regressions lists them)")
     path = reports_dir(data) / f"{stem}.json"
     if not path.is_file():
+        sync_reports(data)  # an object store: another machine may have saved it
+    if not path.is_file():
         raise NoSuchReport(f"no saved report {stem!r} (GET /api/regressions lists them)")
     return path
 
@@ -93,6 +96,7 @@ def summary(name: str, doc: dict[str, Any]) -> dict[str, Any]:
 
 def list_reports(data: Path) -> list[dict[str, Any]]:
     """Every saved report's ``summary``, newest first; unreadable files are skipped."""
+    sync_reports(data)  # an object store: the reports every writer published
     folder = reports_dir(data)
     if not folder.is_dir():
         return []

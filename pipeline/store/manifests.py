@@ -25,7 +25,7 @@ from typing import Any
 from tracedag.pipeline.store.remote import ATOMIC_PUT, Remote, binding, instance_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import state_file, table_dir, tables_dir
+from tracedag.schemas.layout import REPORTS, reports_dir, state_file, table_dir, tables_dir
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,8 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
     with file_lock(state_file(data, _LOCK)):
         saved = _load_state(data)
         if saved is None and next(_local_tables(data), None) is None:
-            return stats  # a reader: nothing to publish, no manifest of its own
+            _upload_reports(data, remote, {}, stats)  # a reader (which may have saved a regress report)
+            return stats  # has nothing else to publish and no manifest of its own
         found = _check_owner(remote, writer, instance, known=saved is not None and saved.get("generation", 0) > 0)
         state = saved or _new_state(found)
         if keep_local is not None:
@@ -269,6 +270,7 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
             _CACHE.pop(remote.url, None)  # this process reads its own new generation at once
             state["last"] = tables
             stats.generation = state["generation"]
+        _upload_reports(data, remote, state, stats)
         _save_state(data, state)
         _delete_expired(remote, writer, state, grace, stats)
         _save_state(data, state)
@@ -336,6 +338,41 @@ def _evict(data: Path, state: dict[str, Any], keep: KeepLocal, stats: PublishSta
         path.unlink(missing_ok=True)
         path.with_name(path.name.removesuffix(".parquet") + SIDECAR_SUFFIX).unlink(missing_ok=True)  # dedupe keys
         stats.evicted += 1
+
+
+def _upload_reports(data: Path, remote: Remote, state: dict[str, Any], stats: PublishStats) -> None:
+    """Saved ``tracedag regress`` reports go to ``<store>/reports/`` under their own (unique) names."""
+    done: list[str] = state.setdefault("reports", [])
+    for path in sorted(reports_dir(data).glob("regress-*.json")) if reports_dir(data).is_dir() else []:
+        if path.name in done:
+            continue
+        try:
+            _put(remote, path, remote.key(f"{REPORTS}/{path.name}"))
+        except OSError as e:
+            stats.errors.append(f"reports/{path.name}: {e}")
+            continue
+        done.append(path.name)
+        stats.uploaded += 1
+
+
+def sync_reports(data: Path) -> None:
+    """In an object store's work directory: fetch the reports other writers published (never changed once written)."""
+    bound = binding(data)
+    if bound is None:
+        return
+    remote = bound[0]
+    try:
+        names = [n.rpartition("/")[2] for n in remote.fs.ls(remote.key(REPORTS), detail=False)]
+    except FileNotFoundError:
+        return
+    folder = reports_dir(data)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        target = folder / name
+        if name.startswith("regress-") and name.endswith(".json") and not target.exists():
+            tmp = target.with_name(name + ".tmp")
+            remote.fs.get_file(remote.key(f"{REPORTS}/{name}"), str(tmp))
+            os.replace(tmp, target)
 
 
 def _delete_expired(remote: Remote, writer: str, state: dict[str, Any], grace: float, stats: PublishStats) -> None:

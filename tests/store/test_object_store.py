@@ -283,3 +283,19 @@ def test_a_command_whose_upload_fails_says_so_and_keeps_the_files(s3, tmp_path):
     third = _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x", check=False)
     assert third.returncode == 0, third.stderr
     assert len(read_listing(open_remote(url))["x"]["spans"]) == 2
+
+
+def test_saved_regress_reports_reach_every_machine(s3, tmp_path):
+    """A report `tracedag regress` saved on one machine is listed and read by `tracedag serve` on another."""
+    from tracedag.pipeline.regress import saved
+
+    url = f"s3://{s3.bucket}/store"
+    ci, dashboard = attach(tmp_path / "ci", url, "ci"), attach(tmp_path / "dash", url, "dash")
+    path = saved.save_report(ci, json.dumps({"verdict": "regressed", "exit_code": 1, "metrics": [{"status": "fail"}],
+                                              "baseline": {"selector": "v=1"}, "candidate": {"selector": "v=2"}}))
+    assert saved.list_reports(dashboard) == []
+    stats = publish(ci)
+    assert stats is not None and not stats.errors
+    rows = saved.list_reports(dashboard)
+    assert [r["name"] for r in rows] == [path.stem] and rows[0]["verdict"] == "regressed" and rows[0]["fail"] == 1
+    assert saved.read_report(attach(tmp_path / "other", url, "other"), path.stem)["exit_code"] == 1
