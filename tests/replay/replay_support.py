@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from tracedag import instrument as td
 from tracedag.pipeline.demo.agent.booking_agent import BookingAgent
 from tracedag.pipeline.service import CollectorConfig, start_collector
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BOOKING_TURNS = ("Hi, I'd like to book a tennis court.", "Saturday.", "At 18:00 please.", "Yes, please book it.")
 INFO_TURNS = ("What are your opening hours?",)
@@ -33,3 +41,24 @@ def example_store(data: Path, conversations: dict[str, Sequence[str]], fault_rat
     finally:
         collector.stop()
     return data
+
+
+def run_tracedag(*args: object, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``tracedag ARGS`` as the installed console script, from the repository root, 200 columns wide."""
+    exe = shutil.which("tracedag")
+    assert exe, "tracedag is installed (pip install -e .)"
+    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.fixture(name="files")
+def sim_files(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny graph and a one-persona file of the simulated-user tests."""
+    from tests.replay.sim_agents import TINY_GRAPH
+
+    graph = tmp_path / "tiny.json"
+    graph.write_text(json.dumps(TINY_GRAPH))
+    personas = tmp_path / "personas.yaml"
+    personas.write_text("personas:\n  - name: plain\n    prompt: You say it plainly.\n    temperature: 0.3\n")
+    return graph, personas
+

@@ -5,7 +5,6 @@ OpenAI-compatible agent server with its own OpenTelemetry SDK (tests/replay/remo
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -17,14 +16,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.collector.collector_support import start_process, stop_process
 from tests.dag.spanbuild import q
-from tests.replay.sim_agents import TINY_GRAPH
+from tests.replay.replay_support import run_tracedag, sim_files  # noqa: F401  (a fixture)
 from tracedag import instrument as td
 from tracedag.pipeline.replay.remote import StoredSpan, remote_visits, settled
 
@@ -36,19 +34,7 @@ HAND_WORKED = "CCR 66.7%, PCR 83.3% over 3 conversations (5 runs"
 
 
 def _tracedag(*args, timeout=240):
-    exe = shutil.which("tracedag")
-    assert exe, "tracedag is installed (pip install -e .)"
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-@pytest.fixture
-def files(tmp_path):
-    graph = tmp_path / "tiny.json"
-    graph.write_text(json.dumps(TINY_GRAPH))
-    personas = tmp_path / "personas.yaml"
-    personas.write_text("personas:\n  - name: plain\n    prompt: You say it plainly.\n    temperature: 0.3\n")
-    return graph, personas
+    return run_tracedag(*args, timeout=timeout)
 
 
 @contextmanager

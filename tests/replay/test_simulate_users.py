@@ -4,16 +4,13 @@ processes (the example agent, a module:function agent, a model user behind a loc
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.dag.spanbuild import q
 from tests.realspans import chat_completion, fake_openai_server
-from tests.replay.sim_agents import TINY_GRAPH
+from tests.replay.replay_support import run_tracedag, sim_files  # noqa: F401  (the files fixture)
 from tracedag.pipeline.demo.agent.booking_graph import agent_graph
 from tracedag.pipeline.replay.simulation import progress_of
 
@@ -22,19 +19,7 @@ AGENT = "tests.replay.sim_agents:wrong_branch"
 
 
 def _tracedag(*args, timeout=180):
-    exe = shutil.which("tracedag")
-    assert exe, "tracedag is installed (pip install -e .)"
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-@pytest.fixture
-def files(tmp_path):
-    graph = tmp_path / "tiny.json"
-    graph.write_text(json.dumps(TINY_GRAPH))
-    personas = tmp_path / "personas.yaml"
-    personas.write_text("personas:\n  - name: plain\n    prompt: You say it plainly.\n    temperature: 0.3\n")
-    return graph, personas
+    return run_tracedag(*args, timeout=timeout)
 
 
 def _runs(data):

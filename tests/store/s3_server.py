@@ -36,7 +36,7 @@ def s3rver_binary() -> str | None:
     return str(local) if local.exists() else None
 
 
-def _free_port() -> int:
+def free_port_pair() -> int:
     """A port free together with port + 10000 (SeaweedFS puts each server's gRPC there)."""
     for _ in range(100):
         with socket.socket() as s:
@@ -62,7 +62,7 @@ class S3Server:
     """One s3rver process over ``root``; ``env`` points boto/s3fs at it."""
 
     root: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port_pair)
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)  # SeaweedFS's master, volume and filer
     bucket: str = ""
@@ -87,7 +87,7 @@ class S3Server:
             assert binary is not None
             return [binary, "-d", str(self.root), "-a", "127.0.0.1", "-p", str(self.port), "--silent"]
         if not self.ports:
-            self.ports = {name: _free_port() for name in ("master", "volume", "filer")}
+            self.ports = {name: free_port_pair() for name in ("master", "volume", "filer")}
         return [weed, "server", f"-dir={self.root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
                 f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
                 f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=64",
