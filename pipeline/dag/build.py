@@ -49,10 +49,9 @@ from tracedag.pipeline.dag.window import (
 )
 from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
-from tracedag.pipeline.store.manifests import source_uri
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, read_list_sql
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, state_file, table_dir
 
@@ -167,13 +166,8 @@ def plan_build(con: duckdb.DuckDBPyConnection, data: Path, listing: list[Path], 
     if new.full_reason is None:
         t = _merged_figures(con, data, new.fresh, window.open if window is not None else OPEN_SCHEMA.empty_table())
     else:
-        t = arrow(con, _FULL_SQL.format(source=_read_files(data, listing))) if listing else _no_figures()
+        t = arrow(con, _FULL_SQL.format(source=read_list_sql(data, listing))) if listing else _no_figures()
     return _decide(t, listing, now_ns, idle_ns, full, chunk_spans, grace_ns, new.full_reason)
-
-
-def _read_files(data: Path, files: list[Path]) -> str:
-    names = ", ".join("'" + source_uri(data, f).replace("'", "''") + "'" for f in files)
-    return f"read_parquet([{names}], union_by_name = false, hive_partitioning = false)"
 
 
 def _no_figures() -> pa.Table:
@@ -183,7 +177,7 @@ def _no_figures() -> pa.Table:
 
 def _merged_figures(con: duckdb.DuckDBPyConnection, data: Path, fresh: list[Path], open_traces: pa.Table) -> pa.Table:
     if fresh:
-        figures = arrow(con, _FIGURES_SQL.format(count="*", source=_read_files(data, fresh)))
+        figures = arrow(con, _FIGURES_SQL.format(count="*", source=read_list_sql(data, fresh)))
     else:
         figures = OPEN_SCHEMA.empty_table().drop_columns(["built"])
     con.register("fresh", figures)

@@ -36,7 +36,7 @@ def parquet_files(data: Path, table: str) -> list[Path]:
     """Return the complete Parquet files of ``table``, sorted by path.
 
     In the work directory of an object store, the files other writers published are listed too, as
-    paths that do not exist locally (``tracedag.pipeline.store.manifests.source_uri`` says where they are).
+    paths that do not exist locally (``tracedag.pipeline.store.manifests.source_uris`` says where they are).
     """
     root = table_dir(data, table)
     local = sorted(root.rglob("*.parquet")) if root.exists() else []

@@ -115,7 +115,7 @@ def cached_listing(remote: Remote, fresh: bool = False) -> dict[str, Tables]:
 def remote_files(data: Path, table: str, fresh: bool = False) -> list[tuple[Path, int]]:
     """The files of ``table`` other writers published, as paths under ``data`` that do not exist locally.
 
-    A path's bytes are at ``source_uri(data, path)``. The work directory's own published files are its
+    A path's bytes are at ``source_uris(data, [path])``. The work directory's own published files are its
     local ones, so they are left out, unless they are only in the store (published, then removed here).
     """
     bound = binding(data)
@@ -132,13 +132,13 @@ def remote_files(data: Path, table: str, fresh: bool = False) -> list[tuple[Path
     return out
 
 
-def source_uri(data: Path, path: Path) -> str:
-    """Where a listed file's bytes are: its local path, or its URL in the store."""
-    bound = None if path.exists() else binding(data)
+def source_uris(data: Path, files: list[Path]) -> list[str]:
+    """Where listed files' bytes are: their local paths, or their URLs in the store ``data`` works on."""
+    bound = binding(data)
     if bound is None:
-        return str(path)
-    rel = path.relative_to(tables_dir(data)).as_posix()
-    return bound[0].uri(f"tables/{rel}")
+        return [str(f) for f in files]
+    root = tables_dir(data)
+    return [str(f) if f.exists() else bound[0].uri(f"tables/{f.relative_to(root).as_posix()}") for f in files]
 
 
 # ---------------------------------------------------------------- publishing

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uri
+from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
@@ -107,7 +107,7 @@ def _source_sql(data: Path, table: str) -> str:
     if not files:
         return _empty_sql(SCHEMAS[table])
     if remote_of(data) is not None:  # an object store: the files listed now, read where they are
-        source = f"select * from {_read_list(data, files, by_name=False)}"
+        source = f"select * from {read_list_sql(data, files, by_name=False)}"
         if table == "spans" and len(_writers_of(files)) > 1:
             # several collectors may have stored the same span (an exporter's retry routed elsewhere):
             # one row per (trace_id, span_id), the first received
@@ -128,9 +128,9 @@ def _writers_of(files: list[Path]) -> set[str]:
     return {f.name.partition(SEP)[0] if SEP in f.name else "" for f in files}
 
 
-def _read_list(data: Path, files: list[Path], by_name: bool) -> str:
-    """``read_parquet([...])`` of listed files (local paths or store URLs)."""
-    names = ", ".join("'" + source_uri(data, f).replace("'", "''") + "'" for f in files)
+def read_list_sql(data: Path, files: list[Path], by_name: bool = False) -> str:
+    """``read_parquet([...])`` of listed files of ``data`` (local paths or store URLs)."""
+    names = ", ".join("'" + uri.replace("'", "''") + "'" for uri in source_uris(data, files))
     return f"read_parquet([{names}], union_by_name = {str(by_name).lower()}, hive_partitioning = false)"
 
 
@@ -155,7 +155,7 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
     remote = remote_of(data)
     for table in _derived_tables(data):
         if remote is not None:
-            source = _read_list(data, parquet_files(data, table), by_name=True)
+            source = read_list_sql(data, parquet_files(data, table), by_name=True)
             con.execute(f"create or replace view {table} as select * from {source}")
             continue
         pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
