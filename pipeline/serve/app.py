@@ -41,6 +41,7 @@ from starlette.staticfiles import StaticFiles
 from tracedag import queries
 from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve.assets import vendor_script
 from tracedag.pipeline.serve.data import NotFound, Store
 from tracedag.pipeline.serve.metrics import Metrics
 from tracedag.pipeline.serve.openapi import openapi
@@ -255,6 +256,7 @@ def create_app(data: Path, token: str | None = None, limits: SqlLimits | None = 
         Route("/api/regressions", _guard(api.regressions)),
         Route("/api/regressions/{name}", _guard(api.regression)),
         Route("/api/sql", _guard(api.run_sql), methods=["POST"]),
+        Route("/static/vendor/{name}", vendor_script),  # stored gzipped (assets.py)
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     middleware = [Middleware(TokenMiddleware, token=token)] if token else []

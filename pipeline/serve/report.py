@@ -15,6 +15,7 @@ from typing import Any
 
 from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve.assets import SCRIPTS, vendor_text
 from tracedag.pipeline.serve.data import Store
 from tracedag.pipeline.store.querying import run_named
 from tracedag.schemas.errors import QueryFailed
@@ -73,8 +74,9 @@ def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tu
     html = html.replace("<!--INLINE-DATA-->", inline)
     html = html.replace('<link rel="stylesheet" href="static/style.css">',
                         "<style>" + (STATIC / "style.css").read_text() + "</style>")
-    for src in ("static/vendor/cytoscape.min.js", "static/vendor/cytoscape-dagre.min.js", "static/app.js"):
-        html = html.replace(f'<script src="{src}"></script>', _script((STATIC / src.removeprefix("static/")).read_text()))
+    for name in SCRIPTS:
+        html = html.replace(f'<script src="static/vendor/{name}"></script>', _script(vendor_text(name)))
+    html = html.replace('<script src="static/app.js"></script>', _script((STATIC / "app.js").read_text()))
     return html, len(traces), len(details)
 
 
