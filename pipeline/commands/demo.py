@@ -22,6 +22,7 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
     scores and analyzes the store and prints what it found. No network, nothing to configure.
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tracedag.pipeline.demo.config import DemoConfig
@@ -29,7 +30,7 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
     from tracedag.pipeline.demo.run import run_demo
 
     console = Console()
-    console.print(f"[bold]tracedag demo[/bold]  seed {seed}, data {data}")
+    console.print(f"[bold]tracedag demo[/bold]  seed {seed}, data {escape(str(data))}")
     columns = (TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         result = run_demo(DemoConfig(data=data, seed=seed, keep=keep), progress)

@@ -28,6 +28,7 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
     skipped. Their traces are complete: `tracedag build` builds them without the idle wait.
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from tracedag.pipeline.ingest.dumps import ingest_dump
@@ -43,7 +44,7 @@ def ingest(files: tuple[Path, ...], data: Path) -> None:
     if any(r.summary.bad_items for r in results):
         for r in results:
             for err in r.summary.errors[:20]:
-                console.print(f"[yellow]{r.path}[/] {err}")
+                console.print(f"[yellow]{escape(str(r.path))}[/] {escape(str(err))}")
 
 
 def _advance(progress: Progress, task: TaskID, done: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tracedag.pipeline.demo.config import DemoResult
@@ -217,7 +218,7 @@ def print_demo(console: Console, result: DemoResult) -> None:
     """Print the demo's findings, where the data is, and three commands to try next."""
     for stage, status in result.stages.items():
         if status != "ok":
-            console.print(f"[yellow]stage {stage}: {status}[/yellow]")
+            console.print(f"[yellow]stage {stage}: {escape(status)}[/yellow]")
     for line in headline(result):
         console.print(line, soft_wrap=True)
     if result.ok("queries"):
