@@ -101,3 +101,15 @@ def describe(name: str) -> QueryDoc:
     description = first[len(prefix):].strip() if first.startswith(prefix) else first
     params = tuple(p for p in (_param(line) for line in lines) if p is not None)
     return QueryDoc(name, description, params, body_params(text))
+
+
+_COLUMNS_LINE = re.compile(r"^\s*columns:\s*(?P<names>.+)$")
+
+
+def default_columns(name: str) -> tuple[str, ...]:
+    """The columns a terminal table of ``name`` shows first: its header's ``-- columns: a, b, c`` line (none: all)."""
+    for line in header_lines(load(name)):
+        m = _COLUMNS_LINE.match(line)
+        if m is not None:
+            return tuple(c.strip() for c in m["names"].split(",") if c.strip())
+    return ()
