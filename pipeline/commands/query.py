@@ -20,8 +20,6 @@ def _with_data(f: _F) -> _F:
     """The shared ``--data`` option, typed for mypy --strict."""
     return data_option(f)
 
-TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everything
-
 
 @click.command("query")
 @click.argument("name", required=False)
@@ -35,12 +33,16 @@ TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everyth
               help="Write to this file instead of stdout.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
               help="Seconds before the query is interrupted (default: no limit).")
+@click.option("--wide", is_flag=True, help="Table format: every column (by default a named query shows its main ones).")
+@click.option("--columns", "columns", metavar="A,B,C",
+              help="Only these columns, in this order (every format); an unknown name lists the columns.")
 @click.option("--read-only", is_flag=True,
               help="With --sql: run exactly one SELECT, with file access to the store only (no COPY, no "
                    "read_text('/etc/passwd'), no extensions).")
 @_with_data
 def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...], since: str | None,
-                  fmt: str, output: Path | None, timeout: float | None, read_only: bool, data: Path) -> None:
+                  fmt: str, output: Path | None, timeout: float | None, read_only: bool, data: Path,
+                  wide: bool, columns: str | None) -> None:
     """Run the named query NAME (or --sql) over the store and print or write the result."""
     from tracedag.pipeline.store import querying
     from tracedag.schemas.errors import QueryFailed
@@ -53,17 +55,36 @@ def query_command(name: str | None, sql_text: str | None, params: tuple[str, ...
         table = querying.run_sql(data, sql_text, timeout=timeout, read_only=read_only)
     else:
         table = querying.run_named(data, name or "", querying.parse_param_args(params), since, timeout=timeout)
-    _emit(table, fmt, output)
+    _emit(table, fmt, output, _Shown(name or "--sql", wide, columns))
     hint = querying.empty_hint(data, name, sql_text) if table.num_rows == 0 else None
     if hint:
         click.echo(f"0 rows: {hint}", err=True)
 
 
-def _emit(table: Any, fmt: str, output: Path | None) -> None:
+class _Shown:
+    """Which columns of a result to print: --wide, --columns, else the query's default ones (table only)."""
+
+    def __init__(self, name: str, wide: bool, columns: str | None) -> None:
+        self.name, self.wide = name, wide
+        self.columns = None if columns is None else [c.strip() for c in columns.split(",") if c.strip()]
+
+    def select(self, table: Any, fmt: str) -> tuple[Any, str]:
+        from tracedag import queries
+        from tracedag.pipeline.commands._table import shown_columns
+
+        named = self.name in queries.names()
+        defaults = queries.default_columns(self.name) if named and fmt == "table" else ()
+        picked: tuple[Any, str] = shown_columns(table, self.name, defaults, self.wide, self.columns)
+        return picked
+
+
+def _emit(table: Any, fmt: str, output: Path | None, shown: _Shown | None = None) -> None:
+    from tracedag.pipeline.commands._table import print_result
     from tracedag.pipeline.store import querying
 
+    table, note = shown.select(table, fmt) if shown is not None else (table, "")
     if fmt == "table":
-        _print_table(table, output)
+        print_result(table, output, note=note)
         return
     if output is None:
         querying.write_result(table, fmt, sys.stdout.buffer)
@@ -73,43 +94,13 @@ def _emit(table: Any, fmt: str, output: Path | None) -> None:
     click.echo(f"wrote {table.num_rows} rows to {output}", err=True)
 
 
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _print_table(table: Any, output: Path | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    rows = [[_cell(v) for v in row.values()] for row in table.slice(0, TABLE_ROWS).to_pylist()]
-    view = Table(show_lines=False)
-    widths = []
-    for i, col in enumerate(table.column_names):
-        view.add_column(col, no_wrap=True, overflow="ellipsis", max_width=60)
-        widths.append(min(60, max([len(col)] + [len(r[i]) for r in rows])) + 3)
-    for row in rows:
-        view.add_row(*row)
-    more = table.num_rows - TABLE_ROWS
-    view.caption = f"{table.num_rows} rows" + (f" ({more} not shown: use --format csv)" if more > 0 else "")
-    width = max(sum(widths) + 1, shutil.get_terminal_size().columns)
-    if output is None:
-        Console(width=width).print(view)
-        return
-    with open(output, "w", encoding="utf-8") as fh:
-        Console(file=fh, width=width).print(view)
-
-
 @click.command("queries")
 def queries_command() -> None:
     """List the named queries with their descriptions and parameters."""
-    from rich.console import Console
     from rich.table import Table
 
     from tracedag import queries
+    from tracedag.pipeline.commands._table import print_whole
 
     view = Table("query", "description", "params (default)")
     for name in queries.names():
@@ -117,7 +108,7 @@ def queries_command() -> None:
         params = ", ".join(f"{p.name}={p.default!r}" if p.type == "varchar" else f"{p.name}={p.default}"
                            for p in doc.params)
         view.add_row(name, doc.description, params)
-    Console(width=max(160, shutil.get_terminal_size().columns)).print(view)
+    print_whole(view)
 
 
 @click.command("sql")
