@@ -1,11 +1,12 @@
--- propagation: for each failed step, originating or propagated, its failing upstream steps (in its trace or, per conversation, earlier turns) and its chain length.
+-- propagation: for each failed step, originating or propagated, its failing upstream steps (in its trace or, per conversation, earlier turns) and its longest failure chain.
 --
 -- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores,
 --          spans, read through the macro failure_dag of _failure_graph.sql
 -- Output:  trace_id, span_id, step_type, step_name, iteration, score, taxonomy_l1, taxonomy_l2,
 --          taxonomy_l3, recovered, kind ('originating' | 'propagated'), nearest_failing_upstream
---          (by start), failing_upstream (by start), chain_length, start_time,
+--          (by start), failing_upstream (by start), longest_chain, start_time,
 --          start_time_unix_nano, recovered_by, cancelled, turn_index
+-- columns: step_name, step_type, score, taxonomy_l1, kind, longest_chain, recovered, trace_id
 -- Params:
 --   $fail_threshold  double  = 2.0   a step fails when its aggregated score is <= this (scale 1..5)
 --   $since_ns        bigint  = 0     only traces that started at or after this time (ns since epoch)
@@ -39,8 +40,9 @@
 -- upstream from an earlier turn. The ids in the lists are then trace_id/span_id.
 -- nearest_failing_upstream = the u of those edges; failing_upstream = every failure that reaches v
 -- in the failure DAG (transitively). kind = 'propagated' when failing_upstream is not empty.
--- chain_length = hops of the longest failure-DAG path from an originating failure to the step
--- (0 for an originating failure).
+-- longest_chain = hops of the longest failure-DAG path from an originating failure to the step
+-- (0 for an originating failure); root_causes.sql has the same longest_chain beside hops_from_root,
+-- the hops from the root its strategy chose, which need not start the longest chain.
 -- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
 -- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the greedy walk stop
 -- after $max_hops hops.
@@ -81,7 +83,7 @@ nearest as (
 upstream as (
     select anc.grp, anc.v as node,
            list(anc.a order by u.start_time_unix_nano, anc.a) as failing_upstream,
-           max(anc.dist) as chain_length
+           max(anc.dist) as longest_chain
     from anc join fail u on u.grp = anc.grp and u.node = anc.a
     group by all
 )
@@ -90,7 +92,7 @@ select f.trace_id, f.span_id, f.step_type, f.step_name, f.iteration, f.score,
        case when u.node is null then 'originating' else 'propagated' end as kind,
        coalesce(n.nearest_failing_upstream, []::varchar[]) as nearest_failing_upstream,
        coalesce(u.failing_upstream, []::varchar[]) as failing_upstream,
-       coalesce(u.chain_length, 0) as chain_length,
+       coalesce(u.longest_chain, 0) as longest_chain,
        make_timestamp(f.start_time_unix_nano // 1000) as start_time, f.start_time_unix_nano,
        f.recovered_by, f.cancelled, t.turn_index
 from fail f

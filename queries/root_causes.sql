@@ -4,8 +4,10 @@
 --          read through the macros trace_window and failure_dag_roots of _failure_graph.sql
 -- Output:  trace_id, strategy, failed_span_id, failed_step_type, failed_step_name, failed_score,
 --          recovered, kind, root_span_id, root_step_type, root_step_name, root_score,
---          root_taxonomy_l1, root_taxonomy_l2, root_taxonomy_l3, hops, failed_steps_in_trace,
---          conversation_id, start_time, turn_index, root_trace_id, root_turn_index, root_cancelled
+--          root_taxonomy_l1, root_taxonomy_l2, root_taxonomy_l3, hops_from_root, longest_chain,
+--          failed_steps_in_trace, conversation_id, start_time, turn_index, root_trace_id,
+--          root_turn_index, root_cancelled
+-- columns: root_step_name, root_step_type, root_taxonomy_l1, failed_step_name, hops_from_root, trace_id
 -- Params:
 --   $fail_threshold  double  = 2.0     a step fails when its aggregated score is <= this (scale 1..5)
 --   $since_ns        bigint  = 0       only traces that started at or after this time (ns since epoch)
@@ -19,19 +21,24 @@
 -- For a failed step v:
 --   greedy         start at v; repeatedly move to the lowest-scoring step among the failure-DAG
 --                  predecessors of the current step (ties: earliest start, then span_id) until the
---                  current step has none. hops = moves made.
+--                  current step has none. hops_from_root = moves made.
 --   full_path_min  the lowest-scoring step among all failures upstream of v in the failure DAG
---                  (ties: earliest start, then span_id); v itself when none. hops = longest
+--                  (ties: earliest start, then span_id); v itself when none. hops_from_root = longest
 --                  failure-DAG path from the root to v.
 --   weighted       among the originating failures upstream of v (no failing upstream of their own),
 --                  the one with the largest weight (5 - score) * (1 + number of failures downstream
 --                  of it in the failure DAG): severity times blast radius (ties: earliest start,
---                  then span_id); v itself when v is originating. hops as for full_path_min.
+--                  then span_id); v itself when v is originating. hops_from_root as for full_path_min.
 --   agenteval      AgentEval's rule: a failure propagates only from a failing DIRECT parent (a
 --                  dependency edge from a source failure straight into it, never through a step
 --                  that passed); its source is the lowest-scoring such parent (ties: earliest start,
 --                  then span_id), and its root the source's root, in topological order (walked
---                  like greedy). hops = moves made; kind is 'propagated' when v has such a parent.
+--                  like greedy). hops_from_root = moves made; kind is 'propagated' when v has such a parent.
+-- hops_from_root measures the path from the chosen root; longest_chain is propagation.sql's
+-- longest_chain of the failed step (the same value): the longest failure-DAG path from any
+-- originating failure to it (0 when it is originating). The root need not start that chain (greedy moves to the lowest
+-- score, not along the longest path; full_path_min may stop mid-chain), so for greedy,
+-- full_path_min and weighted hops_from_root <= longest_chain, equal when the root starts it.
 -- Cancelled steps only ever lead back to the failure that triggered the cancellation: they are
 -- never a predecessor, so never the root of another failure, and never a trace's failure while a
 -- failure that was not cancelled is left.
@@ -133,7 +140,7 @@ chosen as (
     select * from agenteval where cast($strategy as varchar) = 'agenteval'
 ),
 upstream_count as (
-    select grp, v as node, count(*) as n from anc group by all
+    select grp, v as node, count(*) as n, max(dist) as longest from anc group by all
 ),
 final as (
     select grp, node from g where final
@@ -149,7 +156,8 @@ select f.trace_id, cast($strategy as varchar) as strategy,
             when c.node is null then 'originating' else 'propagated' end as kind,
        r.span_id as root_span_id, r.step_type as root_step_type, r.step_name as root_step_name,
        r.score as root_score, r.taxonomy_l1 as root_taxonomy_l1, r.taxonomy_l2 as root_taxonomy_l2,
-       r.taxonomy_l3 as root_taxonomy_l3, coalesce(ch.hops, 0) as hops,
+       r.taxonomy_l3 as root_taxonomy_l3, coalesce(ch.hops, 0) as hops_from_root,
+       coalesce(c.longest, 0) as longest_chain,
        p.failed_steps as failed_steps_in_trace, tf.conversation_id,
        make_timestamp(f.start_time_unix_nano // 1000) as start_time,
        tf.turn_index, r.trace_id as root_trace_id, tr.turn_index as root_turn_index, r.cancelled as root_cancelled

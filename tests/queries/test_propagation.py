@@ -65,9 +65,9 @@ def test_fail_threshold_is_a_parameter(query_store: Path) -> None:
                    ("t4-ties", "x"), ("t4-ties", "y"), ("t6-flat", "f1")}
 
 
-def test_linear_chain_one_root_rest_propagated_chain_lengths(query_store: Path) -> None:
+def test_linear_chain_one_root_rest_propagated_longest_chains(query_store: Path) -> None:
     got = by_step(rows(query_store, "propagation", trace_id="t1-chain"),
-                  "kind", "nearest_failing_upstream", "failing_upstream", "chain_length")
+                  "kind", "nearest_failing_upstream", "failing_upstream", "longest_chain")
     assert got == {
         "s1": ("originating", [], [], 0),
         "s2": ("propagated", ["s1"], ["s1"], 1),
@@ -80,7 +80,7 @@ def test_linear_chain_one_root_rest_propagated_chain_lengths(query_store: Path) 
 
 def test_two_failing_branches_converge_in_a_join(query_store: Path) -> None:
     got = by_step(rows(query_store, "propagation", trace_id="t2-converge"),
-                  "kind", "nearest_failing_upstream", "failing_upstream", "chain_length")
+                  "kind", "nearest_failing_upstream", "failing_upstream", "longest_chain")
     assert got == {
         "a1": ("originating", [], [], 0),
         "b1": ("originating", [], [], 0),
@@ -97,7 +97,7 @@ def test_failure_recovered_by_retry_does_not_propagate(query_store: Path) -> Non
 
 
 def test_flat_trace_failures_are_all_originating(query_store: Path) -> None:
-    got = by_step(rows(query_store, "propagation", trace_id="t6-flat"), "kind", "chain_length")
+    got = by_step(rows(query_store, "propagation", trace_id="t6-flat"), "kind", "longest_chain")
     assert got == {"f1": ("originating", 0), "f2": ("originating", 0)}
 
 
@@ -106,7 +106,7 @@ def test_trace_without_failures_has_no_rows(query_store: Path) -> None:
         assert rows(query_store, name, trace_id="t5-clean") == []
 
 
-ROOT_COLS = ("trace_id", "failed_span_id", "root_span_id", "root_score", "hops")
+ROOT_COLS = ("trace_id", "failed_span_id", "root_span_id", "root_score", "hops_from_root")
 
 
 @pytest.mark.parametrize(
@@ -144,14 +144,32 @@ def test_root_causes_per_trace_greedy(query_store: Path) -> None:
 
 def test_root_causes_per_step_follow_the_chain(query_store: Path) -> None:
     got = by_step([dict(r, span_id=r["failed_span_id"]) for r in
-                   rows(query_store, "root_causes", trace_id="t1-chain", per="step")], "root_span_id", "hops")
+                   rows(query_store, "root_causes", trace_id="t1-chain", per="step")], "root_span_id", "hops_from_root")
     assert got == {"r": ("s1", 1), "s1": ("s1", 0), "s2": ("s1", 1), "s3": ("s1", 2), "s4": ("s1", 3)}
 
 
 def test_root_causes_per_step_full_path_min_on_chain_uses_longest_path_hops(query_store: Path) -> None:
-    got = {r["failed_span_id"]: (r["root_span_id"], r["hops"]) for r in
+    got = {r["failed_span_id"]: (r["root_span_id"], r["hops_from_root"]) for r in
            rows(query_store, "root_causes", trace_id="t1-chain", per="step", strategy="full_path_min")}
     assert got == {"r": ("s1", 4), "s1": ("s1", 0), "s2": ("s1", 1), "s3": ("s1", 2), "s4": ("s1", 3)}
+
+
+def test_hops_from_root_and_longest_chain_are_named_apart_and_longest_chain_agrees(query_store: Path) -> None:
+    # r (t1): greedy moves once, to s1 (its lowest failing predecessor), but the longest chain to r is
+    # s1-s2-s3-s4-r; j (t2): full_path_min stops at a2 (1.0), one hop, on the chain a1-a2-j
+    greedy = {r["failed_span_id"]: (r["root_span_id"], r["hops_from_root"], r["longest_chain"])
+              for r in rows(query_store, "root_causes", trace_id="t1-chain", per="step")}
+    assert greedy == {"r": ("s1", 1, 4), "s1": ("s1", 0, 0), "s2": ("s1", 1, 1), "s3": ("s1", 2, 2),
+                      "s4": ("s1", 3, 3)}
+    fpm = pick(rows(query_store, "root_causes", trace_id="t2-converge", strategy="full_path_min"),
+               "failed_span_id", "root_span_id", "hops_from_root", "longest_chain")
+    assert fpm == [("j", "a2", 1, 2)]
+    chains = {(r["trace_id"], r["span_id"]): r["longest_chain"] for r in rows(query_store, "propagation")}
+    for strategy in ("greedy", "full_path_min", "weighted", "agenteval"):
+        for r in rows(query_store, "root_causes", per="step", strategy=strategy):
+            assert r["longest_chain"] == chains[(r["trace_id"], r["failed_span_id"])], (strategy, r)
+            if strategy != "agenteval":
+                assert r["hops_from_root"] <= r["longest_chain"], (strategy, r)
 
 
 def test_ties_resolved_by_earliest_start_in_every_strategy(query_store: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from tracedag.pipeline.store.querying import run_named
 
-ROOT = ("trace_id", "failed_span_id", "root_span_id", "hops", "kind")
+ROOT = ("trace_id", "failed_span_id", "root_span_id", "hops_from_root", "kind")
 TURNS = ("turn_index", "root_trace_id", "root_turn_index")
 
 
@@ -57,7 +57,7 @@ def test_one_row_per_failed_conversation(rca_store: Path) -> None:
 
 
 def test_propagation_per_conversation_lists_earlier_turns(rca_store: Path) -> None:
-    got = {(r["trace_id"], r["span_id"]): (r["kind"], r["failing_upstream"], r["chain_length"], r["turn_index"])
+    got = {(r["trace_id"], r["span_id"]): (r["kind"], r["failing_upstream"], r["longest_chain"], r["turn_index"])
            for r in rows(rca_store, "propagation", per="conversation") if r["trace_id"][0] in "ab"}
     assert got == {
         ("a1-lookup", "tl"): ("originating", [], 0, 1),
