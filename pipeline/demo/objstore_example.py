@@ -70,6 +70,6 @@ def objstore_line(data: Path, counts: Mapping[str, int]) -> str:
     where = shlex.quote(str(data))
     return (f"object storage: {counts['objstore_writers']} writers published to one store (in memory here, S3 the same "
             f"way); a fresh reader got {counts['objstore_traces']} traces and {counts['objstore_root_causes']} root "
-            f"causes, {same} the local store; try: tracedag collect --data s3://BUCKET/PREFIX --spool DIR "
-            f"--collector-id c1 (AWS_ENDPOINT_URL for SeaweedFS/MinIO), then tracedag query root_causes --data "
-            f"s3://BUCKET/PREFIX (local store: {where})")
+            f"causes, {same} the local store ({where}); on S3 every command takes --data s3://BUCKET/PREFIX "
+            f"(AWS_ENDPOINT_URL for SeaweedFS or MinIO), e.g. tracedag collect --data s3://BUCKET/PREFIX "
+            f"--collector-id c1")

@@ -45,7 +45,7 @@ def root_cause_summary(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, 
     for r in rows:
         key = (str(r["root_step_name"]), str(r["root_step_type"]))
         counts[key] += 1
-        hops[key] += int(r["hops"] or 0)
+        hops[key] += int(r["hops_from_root"] or 0)
         categories.setdefault(key, Counter())[str(r.get("root_taxonomy_l3") or "unclassified")] += 1
     return [(*k, ", ".join(c for c, _ in categories[k].most_common()), n, hops[k] / n)
             for k, n in counts.most_common()]
@@ -65,7 +65,7 @@ def propagation_line(result: DemoResult) -> str:
     """One line: failed steps, how many originate a failure and how many inherit one, longest chain."""
     rows = _rows(result, "propagation")
     originating = sum(1 for r in rows if r["kind"] == "originating")
-    longest = max((int(r["chain_length"] or 0) for r in rows), default=0)
+    longest = max((int(r["longest_chain"] or 0) for r in rows), default=0)
     return (f"propagation: {len(rows)} failed steps: {originating} originating, "
             f"{len(rows) - originating} propagated; longest chain {longest} hops")
 
@@ -94,8 +94,14 @@ def roles_line(result: DemoResult) -> str:
     roles = ", ".join(f"{r['step_role']} {r['steps']} (mean {_f2(r['mean_score'])})" for r in rows)
     data = shlex.quote(str(result.data))
     return (f"step roles (AgentEval): {roles or 'none'}; {edges} tool-call edges (the model call that emitted "
-            f"each tool call), {skew} spans re-timed for clock skew; try: tracedag sql --data {data} "
-            "\"select step_role, avg(score) from dag_nodes join step_scores using (trace_id, span_id) group by 1\"")
+            f"each tool call), {skew} spans re-timed for clock skew; a step's score is the lowest of its scores; "
+            f"try: tracedag sql --data {data} \"{ROLES_HINT_SQL}\"")
+
+
+# The roles line's hint: mean step score per role, a step's score being the minimum over its step_scores rows.
+ROLES_HINT_SQL = ("select step_role, count(*) as steps, avg(score) as mean_step_score from dag_nodes join "
+                  "(select trace_id, span_id, min(score) as score from step_scores group by all) "
+                  "using (trace_id, span_id) group by 1 order by 1")
 
 
 def amplification_table(result: DemoResult) -> Table:
@@ -263,9 +269,9 @@ def print_demo(console: Console, result: DemoResult) -> None:
 def serve_line(result: DemoResult) -> str:
     """One line: the built traces a dashboard can show, and the commands that serve or report them."""
     data = shlex.quote(str(result.data))
-    return (f"dashboards: {result.counts.get('traces', 0)} built traces with DAGs, scores and root causes; try: "
-            f"tracedag serve --data {data} (web UI at http://127.0.0.1:8080/, Prometheus /metrics), or "
-            f"tracedag report --data {data} --out report.html")
+    return (f"dashboards: {result.counts.get('traces', 0)} built traces with DAGs, scores and root causes, served as a "
+            f"web UI at http://127.0.0.1:8080/ with Prometheus /metrics; try: tracedag serve --data {data}\n"
+            f"  or, as one self-contained HTML file: tracedag report --data {data} --out report.html")
 
 
 def engine_line(result: DemoResult) -> str:
@@ -297,9 +303,9 @@ def regress_line(result: DemoResult) -> str:
 def semantic_merge_line(result: DemoResult) -> str:
     """One line: learning can also merge states an LLM calls the same step, and the command (the demo runs offline)."""
     return ("structural validation, semantic merge: off in the demo (no LLM); steps named differently for the same "
-            "action (check_availability / availability_check) merge when the judge's LLM is confident; try: "
-            f"TRACEDAG_JUDGE_MODEL=... tracedag validate learn --data {shlex.quote(str(result.data))} "
-            "--merge semantic --out model.json")
+            "action (check_availability / availability_check) merge when the judge's LLM is confident (set "
+            "TRACEDAG_JUDGE_MODEL, and TRACEDAG_JUDGE_BASE_URL for an OpenAI-compatible server); try: "
+            f"tracedag validate learn --data {shlex.quote(str(result.data))} --merge semantic --out model.json")
 
 
 def validation_line(result: DemoResult) -> str:
