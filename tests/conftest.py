@@ -6,6 +6,10 @@ and the repository root on its ``pythonpath``, set in pyproject.toml); nothing e
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 from tests.analysis.analysis_support import store
 from tests.collector.collector_support import collector, small_collector
 from tests.ingest.ingest_support import data
@@ -16,6 +20,17 @@ from tests.serve.serve_support import serve_store
 from tests.store.s3_server import s3
 
 __all__ = ["builder", "collector", "data", "query_store", "rca_store", "s3", "serve_store", "small_collector", "store"]
+
+
+def pytest_configure(config):
+    """The ``tracedag`` command of the interpreter that runs the tests comes first on PATH.
+
+    ``VENV/bin/python -m pytest`` without an activated venv must find VENV's ``tracedag`` (and every
+    subprocess a test starts inherits this PATH), never another installation's or none.
+    """
+    own_bin = str(Path(sys.executable).parent)
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
+    os.environ["PATH"] = os.pathsep.join([own_bin, *parts])
 
 
 def pytest_collection_modifyitems(config, items):
