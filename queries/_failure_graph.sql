@@ -10,13 +10,13 @@
 --       every column of traces, for the traces that started at or after p_since_ns (ns since
 --       epoch) and, unless p_trace_id is '', only that trace.
 --   failure_steps(p_fail_threshold, p_trace_ids)
---       one row per failed step (aggregated score <= p_fail_threshold) of the traces in the list
+--       one row per failed step (score, the minimum over its step_scores rows, <= p_fail_threshold) of the traces in the list
 --       p_trace_ids: trace_id, span_id, parent_span_id, step_type, step_name, step_key, iteration,
 --       start_time_unix_nano, end_time_unix_nano, duration_ns, score, metric, source, taxonomy_l1,
---       taxonomy_l2, taxonomy_l3, explanation, recovered, recovered_by, recovery ('retry' | 'route'),
---       cancelled, cancelled_by (the failures a cancelled step is the effect of). Score: the human
---       row if there is one, else the lowest (ties: a row with a taxonomy first, then by metric,
---       source); recovered: a retry (a later iteration of the same step key did not fail, and every
+--       taxonomy_l2, taxonomy_l3, explanation, depth (in the call tree, the root 0), recovered,
+--       recovered_by, recovery ('retry' | 'route'), cancelled, cancelled_by (the failures a
+--       cancelled step is the effect of). Score: the human row if there is one, else the lowest
+--       (ties: a row with a taxonomy first, then by metric, source); recovered: a retry (a later iteration of the same step key did not fail, and every
 --       failed tool call the step emitted, along its tool_call edges, was itself retried or routed) or another
 --       route fixed it (the rule is in propagation.sql), recovered_by = that step; cancelled: the
 --       span's error type or status message names a cancellation.
@@ -39,10 +39,11 @@
 --       failure_dag within each trace, without grp, node and turn_index.
 --   failure_dag_roots(p_fail_threshold, p_trace_ids, p_max_hops, p_across_turns)
 --       the failure_dag rows plus greedy_root_id, greedy_hops (the greedy walk of root_causes.sql:
---       from the step, move to its lowest-scoring failure-DAG predecessor, ties earliest start then
---       node key, until there is none or after p_max_hops moves) and final (the step is the final
---       failure of its group: non-recovered, no failure downstream, not cancelled while another is
---       left, the latest turn, most failures upstream, ties latest end then node key).
+--       from the step, move to its lowest-scoring failure-DAG predecessor, ties the earliest turn,
+--       then the deepest in the call tree, then earliest start, then node key, until there is none
+--       or after p_max_hops moves) and final (the step is the final failure of its group:
+--       non-recovered, no failure downstream, not cancelled while another is left, the latest turn,
+--       most failures upstream, ties latest end then node key).
 --   failure_roots(p_fail_threshold, p_trace_ids, p_max_hops)
 --       failure_dag_roots within each trace, without grp, node and turn_index.
 --   workflow_weights(p_trace_ids, p_unscored_score)
@@ -55,8 +56,9 @@
 create or replace macro trace_window(p_since_ns, p_trace_id) as table
 select *
 from traces
-where coalesce(start_time_unix_nano, 0) >= cast(p_since_ns as bigint)
-  and (cast(p_trace_id as varchar) = '' or trace_id = cast(p_trace_id as varchar));
+where coalesce(start_time_unix_nano, 0) >= cast((case when p_since_ns is null then error('trace_window(): p_since_ns must be a time in ns, not NULL (0 = every trace)') else p_since_ns end) as bigint)
+  and (cast((case when p_trace_id is null then error('trace_window(): p_trace_id must be a trace id, not NULL ('''' = every trace)') else p_trace_id end) as varchar) = ''
+       or trace_id = cast(p_trace_id as varchar));
 
 create or replace macro failure_steps(p_fail_threshold, p_trace_ids) as table
 with
@@ -74,8 +76,9 @@ step_score as (
                         metric, source)) as best
         from step_scores
         where score is not null
-          and (cast(score as double) <= cast(p_fail_threshold as double) or source = 'human')
-          and trace_id in (select unnest(p_trace_ids))
+          and (cast(score as double) <= cast((case when p_fail_threshold is null then error('failure_steps(): p_fail_threshold must be a score, not NULL') else p_fail_threshold end) as double)
+               or source = 'human')
+          and trace_id in (select unnest((case when p_trace_ids is null then error('failure_steps(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)))
         group by trace_id, span_id
     )
 ),
@@ -91,7 +94,7 @@ tnode as materialized (
     where trace_id in (select trace_id from failed_step)
 ),
 fail_node as materialized (
-    select n.* exclude (depth, nested_left, nested_right), s.score, s.metric, s.source, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation
+    select n.* exclude (nested_left, nested_right), s.score, s.metric, s.source, s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3, s.explanation
     from failed_step s
     join tnode n on n.trace_id = s.trace_id and n.span_id = s.span_id
 ),
@@ -231,7 +234,7 @@ select trace_id, conversation_id, coalesce(conversation_id, trace_id) as convers
                           order by start_time_unix_nano, trace_id) as turn_index,
        root_span_id
 from traces
-where trace_id in (select unnest(p_trace_ids));
+where trace_id in (select unnest((case when p_trace_ids is null then error('conversation_turns(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)));
 
 create or replace macro failure_dag(p_fail_threshold, p_trace_ids, p_max_hops, p_across_turns) as table
 with recursive
@@ -239,7 +242,7 @@ steps as materialized (
     from failure_steps(p_fail_threshold, p_trace_ids)
 ),
 turn as materialized (
-    from conversation_turns(p_trace_ids) where p_across_turns
+    from conversation_turns(p_trace_ids) where (case when p_across_turns is null then error('failure_dag(): p_across_turns must be true or false, not NULL') else p_across_turns end)
 ),
 fail as materialized (
     -- node keys: the span id within a trace; trace_id/span_id within a conversation
@@ -352,7 +355,7 @@ anc(grp, v, a, dist) using key (grp, v, a) as (
     union
     select anc.grp, anc.v, fe.up, anc.dist + 1
     from anc join fe on fe.grp = anc.grp and fe.down = anc.a
-    where anc.dist < cast(p_max_hops as integer)
+    where anc.dist < cast((case when p_max_hops is null then error('failure_dag(): p_max_hops must be a number of hops, not NULL') else p_max_hops end) as integer)
 ),
 nearest as (
     select grp, down as node, list(up) as nearest from fe group by all
@@ -383,7 +386,8 @@ step_score as (
            coalesce(min(cast(score as double)) filter (where source = 'human'), min(cast(score as double)))
                as score
     from step_scores
-    where score is not null and trace_id in (select unnest(p_trace_ids))
+    where score is not null
+      and trace_id in (select unnest((case when p_trace_ids is null then error('workflow_weights(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)))
     group by rid
 ),
 node as materialized (
@@ -422,7 +426,8 @@ desc_count as (
 select n.trace_id, n.span_id, s.score,
        1 + coalesce(d.n, 0) as weight,
        case when s.score is not null then greatest(s.score, 1.0)
-            when cast(p_unscored_score as double) >= 0 then greatest(cast(p_unscored_score as double), 1.0)
+            when cast((case when p_unscored_score is null then error('workflow_weights(): p_unscored_score must be a score (negative: leave unscored steps out), not NULL') else p_unscored_score end) as double) >= 0
+                then greatest(cast(p_unscored_score as double), 1.0)
        end as used_score
 from node n
 left join step_score s on s.rid = n.rid
@@ -446,14 +451,15 @@ gnext as (
     select fe.grp, fe.down as v, fe.up as nxt
     from fe join fail u on u.grp = fe.grp and u.node = fe.up
     qualify row_number() over (
-        partition by fe.grp, fe.down order by u.score, u.start_time_unix_nano, fe.up) = 1
+        partition by fe.grp, fe.down order by u.score, u.turn_index nulls first, u.depth desc nulls last,
+                                              u.start_time_unix_nano, fe.up) = 1
 ),
 walk(grp, start_id, cur, hops) as (
     select grp, node, node, 0 from fail
     union all
     select w.grp, w.start_id, g.nxt, w.hops + 1
     from walk w join gnext g on g.grp = w.grp and g.v = w.cur
-    where w.hops < cast(p_max_hops as integer)
+    where w.hops < cast((case when p_max_hops is null then error('failure_dag_roots(): p_max_hops must be a number of hops, not NULL') else p_max_hops end) as integer)
 ),
 greedy as (
     select grp, start_id as node, cur as root_id, hops

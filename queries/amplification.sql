@@ -5,7 +5,7 @@
 -- Output:  category, failures, originating, propagated, recovered, propagated_share,
 --          downstream_failures, amplification_factor
 -- Params:
---   $fail_threshold  double  = 2.0   a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0   a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $since_ns        bigint  = 0     only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''    only this trace ('' = every trace)
 --   $level           integer = 1     taxonomy level of the category: 1, 2 or 3

@@ -1,12 +1,13 @@
--- failures: failed steps (aggregated score <= $fail_threshold) with score, category, trace, conversation and time.
+-- failures: failed steps (score, the minimum over the step's step_scores rows, <= $fail_threshold) with score, category, trace, conversation and time.
 --
 -- Inputs:  traces, dag_nodes, step_scores, spans (views of tracedag.pipeline.views.connect), read through
 --          the macros trace_window and failure_steps of _failure_graph.sql
 -- Output:  trace_id, span_id, step_type, step_name, step_key, iteration, score, metric, source,
 --          taxonomy_l1, taxonomy_l2, taxonomy_l3, explanation, recovered, conversation_id,
 --          service_name, start_time, start_time_unix_nano, duration_ms, recovered_by, recovery, cancelled
+-- columns: step_name, step_type, score, taxonomy_l1, recovered, explanation, trace_id
 -- Params:
---   $fail_threshold  double  = 2.0  a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0  a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $since_ns        bigint  = 0    only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''   only this trace ('' = every trace)
 --

@@ -8,13 +8,13 @@
 --          start_time_unix_nano, recovered_by, cancelled, turn_index
 -- columns: step_name, step_type, score, taxonomy_l1, kind, longest_chain, recovered, trace_id
 -- Params:
---   $fail_threshold  double  = 2.0   a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0   a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $since_ns        bigint  = 0     only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''    only this trace ('' = every trace)
 --   $max_hops        integer = 1000  bound on the failure-chain recursion
 --   $per             varchar = trace one of trace|conversation: propagate within each trace, or across the turns of each conversation
 --
--- Step score and category as in failures.sql (minimum over metrics, human labels override).
+-- Step score and category as in failures.sql (the minimum over its step_scores rows; human labels override).
 -- Dependency direction (dag_edges): an earlier sibling influences a later one, a child its parent.
 -- A failure is *recovered* (recovered_by = the step that did it) when
 --   a retry fixed it: a later iteration of the same step_key did not fail, or

@@ -9,7 +9,7 @@
 --          root_turn_index, root_cancelled
 -- columns: root_step_name, root_step_type, root_taxonomy_l1, failed_step_name, hops_from_root, trace_id
 -- Params:
---   $fail_threshold  double  = 2.0     a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0     a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $since_ns        bigint  = 0       only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''      only this trace ('' = every trace)
 --   $strategy        varchar = greedy  one of greedy|full_path_min|weighted|agenteval
@@ -20,20 +20,23 @@
 -- (u -> v: v is the nearest failure downstream of the source u) are defined in propagation.sql.
 -- For a failed step v:
 --   greedy         start at v; repeatedly move to the lowest-scoring step among the failure-DAG
---                  predecessors of the current step (ties: earliest start, then span_id) until the
+--                  predecessors of the current step (ties: see below) until the
 --                  current step has none. hops_from_root = moves made.
 --   full_path_min  the lowest-scoring step among all failures upstream of v in the failure DAG
---                  (ties: earliest start, then span_id); v itself when none. hops_from_root = longest
+--                  (ties: see below); v itself when none. hops_from_root = longest
 --                  failure-DAG path from the root to v.
 --   weighted       among the originating failures upstream of v (no failing upstream of their own),
 --                  the one with the largest weight (5 - score) * (1 + number of failures downstream
---                  of it in the failure DAG): severity times blast radius (ties: earliest start,
---                  then span_id); v itself when v is originating. hops_from_root as for full_path_min.
+--                  of it in the failure DAG): severity times blast radius (ties: see below);
+--                  v itself when v is originating. hops_from_root as for full_path_min.
 --   agenteval      AgentEval's rule: a failure propagates only from a failing DIRECT parent (a
 --                  dependency edge from a source failure straight into it, never through a step
---                  that passed); its source is the lowest-scoring such parent (ties: earliest start,
---                  then span_id), and its root the source's root, in topological order (walked
+--                  that passed); its source is the lowest-scoring such parent (ties: see below),
+--                  and its root the source's root, in topological order (walked
 --                  like greedy). hops_from_root = moves made; kind is 'propagated' when v has such a parent.
+-- Ties (every strategy): the earlier turn (per=conversation), then the deepest step in the call
+-- tree (a wrapper starts before the step that failed under it, and is not its cause), then the
+-- earliest start, then span_id.
 -- hops_from_root measures the path from the chosen root; longest_chain is propagation.sql's
 -- longest_chain of the failed step (the same value): the longest failure-DAG path from any
 -- originating failure to it (0 when it is originating). The root need not start that chain (greedy moves to the lowest
@@ -94,7 +97,8 @@ full_path_min as (
     select anc.grp, anc.v as node, anc.a as root_id, anc.dist as hops
     from anc join fail a on a.grp = anc.grp and a.node = anc.a
     qualify row_number() over (
-        partition by anc.grp, anc.v order by a.score, a.start_time_unix_nano, anc.a) = 1
+        partition by anc.grp, anc.v
+        order by a.score, a.turn_index nulls first, a.depth desc nulls last, a.start_time_unix_nano, anc.a) = 1
 ),
 blast as (
     select grp, a as node, count(*) as downstream_failures
@@ -108,7 +112,8 @@ weighted as (
     where not exists (select 1 from fe where fe.grp = anc.grp and fe.down = anc.a)
     qualify row_number() over (
         partition by anc.grp, anc.v
-        order by (5.0 - a.score) * (1 + b.downstream_failures) desc, a.start_time_unix_nano, anc.a) = 1
+        order by (5.0 - a.score) * (1 + b.downstream_failures) desc, a.turn_index nulls first,
+                 a.depth desc nulls last, a.start_time_unix_nano, anc.a) = 1
 ),
 direct_next as (
     -- AgentEval: the source of each failure with a failing direct parent
@@ -116,7 +121,8 @@ direct_next as (
     from (select grp, node as down, unnest(direct) as up from g where cast($strategy as varchar) = 'agenteval') d
     join fail u on u.grp = d.grp and u.node = d.up
     qualify row_number() over (
-        partition by d.grp, d.down order by u.score, u.start_time_unix_nano, d.up) = 1
+        partition by d.grp, d.down
+        order by u.score, u.turn_index nulls first, u.depth desc nulls last, u.start_time_unix_nano, d.up) = 1
 ),
 direct_walk(grp, start_id, cur, hops) as (
     select grp, node, node, 0 from fail where cast($strategy as varchar) = 'agenteval'

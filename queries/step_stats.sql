@@ -4,14 +4,14 @@
 -- Output:  grain ('step' | 'turn'), step_type, step_name, runs, failures, failure_rate, p50_ms,
 --          p90_ms, input_tokens, output_tokens, cost_usd
 -- Params:
---   $fail_threshold           double  = 2.0  a step fails when its aggregated score is <= this
+--   $fail_threshold           double  = 2.0  a step fails when its score (the minimum over its step_scores rows) is <= this
 --   $since_ns                 bigint  = 0    only traces that started at or after this time (ns)
 --   $trace_id                 varchar = ''   only this trace ('' = every trace)
 --   $default_input_per_mtok   double  = 0.0  USD per 1M input tokens for a model not in the price list
 --   $default_output_per_mtok  double  = 0.0  USD per 1M output tokens for a model not in the price list
 --
 -- 'step' rows: one per (step_type, step_name) over the step instances of dag_nodes; a run fails
--- when its aggregated score (minimum over metrics, human labels override) is <= $fail_threshold,
+-- when its score (the minimum over its step_scores rows; human labels override) is <= $fail_threshold,
 -- recovered retries included. Latency percentiles interpolate linearly (quantile_cont).
 -- 'turn' row: one conversation turn = one trace (all the steps that answer one user message);
 -- runs = traces, failures = traces with a failure no retry recovered, latency = trace duration,

@@ -7,8 +7,9 @@
 --          connected, deviant, fallback_reason, steps, scored_steps, failed_steps,
 --          unrecovered_failures, originating_failures, min_score, workflow_score, passed,
 --          root_cause_span_id, root_cause_step, root_cause_type, root_cause_score, root_cause_category
+-- columns: trace_id, service_name, start_time, duration_ms, failed_steps, workflow_score, passed, root_cause_step, root_cause_category
 -- Params:
---   $fail_threshold  double  = 2.0   a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0   a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $pass_threshold  double  = 3.0   a trace passes when its workflow score is >= this
 --   $unscored_score  double  = 5.0   score of a step without score rows (negative: leave it out)
 --   $since_ns        bigint  = 0     only traces that started at or after this time (ns since epoch)

@@ -5,14 +5,14 @@
 -- Output:  trace_id, conversation_id, method, steps, scored_steps, failed_steps, min_score,
 --          workflow_score, passed, start_time, start_time_unix_nano
 -- Params:
---   $fail_threshold  double  = 2.0  a step fails when its aggregated score is <= this (scale 1..5)
+--   $fail_threshold  double  = 2.0  a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
 --   $pass_threshold  double  = 3.0  a trace passes when its workflow score is >= this
 --   $unscored_score  double  = 5.0  score given to a step without any score row; a negative value
 --                                   leaves unscored steps out of the mean instead
 --   $since_ns        bigint  = 0    only traces that started at or after this time (ns since epoch)
 --   $trace_id        varchar = ''   only this trace ('' = every trace)
 --
--- Step score as in failures.sql (minimum over metrics, human labels override other sources).
+-- Step score as in failures.sql (the minimum over its step_scores rows; human labels override other sources).
 -- weight(step) = 1 + desc(step), AgentEval's number of steps that depend on it: along the
 -- dependency direction (a child feeds its parent, an earlier sibling a later one) these are its
 -- call-tree ancestors plus, for the step and each ancestor, the siblings that start at or after it

@@ -69,7 +69,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            Thresholds(warn_rel=0.10, fail_rel=0.25, direction="lower")),
     Family("cost_usd", "USD per trace: tokens at the price list of queries/_costs.sql (span_costs)",
            Thresholds(warn_rel=0.10, fail_rel=0.25, direction="lower")),
-    Family("step_score", "mean score of the scored steps of a type or name (1-5)",
+    Family("step_score", "mean over the scored steps of a type or name of their score (a step's score: the minimum "
+                         "over its step_scores rows; 1-5)",
            Thresholds(warn=0.15, fail=0.30, direction="higher")),
     Family("step_visits", "executions of a step type or name per trace (a changed path)",
            Thresholds(warn=0.10, fail=0.20, warn_rel=0.10, fail_rel=0.25, direction="either")),

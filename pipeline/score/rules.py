@@ -132,6 +132,20 @@ def error_text(f: StepFacts) -> str:
     return text
 
 
+def error_detail(f: StepFacts) -> str:
+    """The error strings of a failed step as reported (case kept), each said once: a part that
+    another part contains (error.type "ValueError" in the exception "ValueError: bad card") is left out."""
+    if not failed_signal(f):
+        return ""
+    parts = [f.error_type or "", f.status_message or "", *f.exceptions]
+    if tool_result_reports_error(f):
+        parts.append(f.output_text or "")
+    parts = list(dict.fromkeys(" | ".join(x.strip() for x in p.strip().splitlines() if x.strip()) for p in parts))
+    kept = [p for i, p in enumerate(parts)
+            if p and not any(p.lower() in q.lower() for j, q in enumerate(parts) if j != i and len(q) > len(p))]
+    return " | ".join(kept)
+
+
 def _matches(pattern: str, statuses: tuple[int, ...] = ()) -> Callable[[StepFacts], bool]:
     rx = re.compile(pattern, re.I | re.M)
 
@@ -294,7 +308,7 @@ def _detail(rule: Rule, f: StepFacts) -> str:
     problem = args_problem(f) if rule.metric == "arguments" and not rule.needs_failure else None
     if problem is not None:
         return f"{rule.explain}: {problem.detail}"
-    text = error_text(f).strip().replace("\n", " | ")
+    text = error_detail(f)
     return f"{rule.explain}: {text[:300]}" if text else rule.explain
 
 
