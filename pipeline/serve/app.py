@@ -120,8 +120,8 @@ class Api:
         return Response(body, media_type="application/json")
 
     async def trace(self, request: Request) -> Response:
-        doc = await run_in_threadpool(self.store.trace, request.path_params["trace_id"])
-        return Response(encode.dumps(doc), media_type="application/json")
+        body = await run_in_threadpool(self.store.trace_json, request.path_params["trace_id"])
+        return Response(body, media_type="application/json")
 
     async def regressions(self, request: Request) -> Response:
         rows = await run_in_threadpool(saved.list_reports, self.store.data)
@@ -137,7 +137,7 @@ class Api:
             raise SqlTooLarge("sql", "the request body is larger than 4 MiB")
         sql = _sql_text(raw, request.headers.get("content-type", ""))
         fmt = _format(request)
-        check(sql)  # refused here with the reason, before any process starts
+        check(sql, await run_in_threadpool(self.store.catalog))  # refused here, before any process starts
         table = await run_in_threadpool(self.sql.run, sql)
         truncated = (table.schema.metadata or {}).get(b"truncated") == b"true"
         if fmt != "json":

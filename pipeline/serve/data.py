@@ -10,24 +10,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve.cache import ResultCache
+from tracedag.pipeline.serve.sqlguard import Catalog, catalog
 from tracedag.pipeline.store.manifests import cached_listing
+from tracedag.pipeline.store.querying import _file_vanished as file_vanished
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
-from tracedag.schemas.errors import TracedagError
+from tracedag.schemas.errors import QueryFailed, TracedagError
 from tracedag.schemas.layout import tables_dir
 
-CACHE_ENTRIES = 64
+logger = logging.getLogger(__name__)
+
+WHOLE_CACHE_BYTES = 512 << 20
+"""Budget of whole-store results (named queries over every trace, the trace list, /metrics)."""
+TRACE_CACHE_BYTES = 128 << 20
+"""Budget of single-trace documents (their JSON bodies)."""
+_T = TypeVar("_T")
 
 
 class NotFound(TracedagError):  # type: ignore[misc,unused-ignore]
@@ -50,49 +61,52 @@ def state_key(data: Path) -> str:
     return h.hexdigest()
 
 
-class ResultCache:
-    """A small LRU of results keyed by (build state, request)."""
-
-    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
-        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._entries = entries
-        self._lock = threading.Lock()
-        self._flights: dict[tuple[str, str], threading.Lock] = {}
-
-    def peek(self, state: str, key: str) -> Any:
-        """The cached value, or None."""
-        with self._lock:
-            return self._items.get((state, key))
-
-    def get(self, state: str, key: str, compute: Callable[[], Any]) -> Any:
-        """The cached value, else ``compute()`` once: concurrent callers of one key wait for the first."""
-        with self._lock:
-            if (state, key) in self._items:
-                self._items.move_to_end((state, key))
-                return self._items[(state, key)]
-            flight = self._flights.setdefault((state, key), threading.Lock())
-        with flight:
-            with self._lock:
-                if (state, key) in self._items:
-                    return self._items[(state, key)]
-            value = compute()
-            with self._lock:
-                self._items[(state, key)] = value
-                self._flights.pop((state, key), None)
-                while len(self._items) > self._entries:
-                    self._items.popitem(last=False)
-        return value
-
-
 class Store:
-    """The server's view of one data directory."""
+    """The server's view of one data directory.
 
-    def __init__(self, data: Path) -> None:
+    Two result caches, each bounded in bytes: ``cache`` for whole-store results (named queries,
+    the trace list, the id set, /metrics) and ``trace_cache`` for single traces, so viewing many
+    traces never evicts what every page needs.
+    """
+
+    def __init__(self, data: Path, cache_bytes: int = WHOLE_CACHE_BYTES,
+                 trace_cache_bytes: int = TRACE_CACHE_BYTES) -> None:
         self.data = Path(data)
-        self.cache = ResultCache()
+        self.cache = ResultCache(cache_bytes)
+        self.trace_cache = ResultCache(trace_cache_bytes)
+        self._con: tuple[str, duckdb.DuckDBPyConnection] | None = None
+        self._con_lock = threading.Lock()
 
     def state(self) -> str:
         return state_key(self.data)
+
+    def _cursor(self, state: str) -> duckdb.DuckDBPyConnection:
+        """A cursor on this build state's connection (the views are made once per state, not per request)."""
+        with self._con_lock:
+            if self._con is None or self._con[0] != state:
+                self._con = (state, connect(self.data))
+            return self._con[1].cursor()
+
+    def catalog(self) -> Catalog:
+        """The views and table macros of the store (what ``POST /api/sql`` may read), once per build state."""
+        state = self.state()
+        names: Catalog = self.cache.get(state, "catalog", lambda: _catalog_of(self._cursor(state)))
+        return names
+
+    def trace_ids(self) -> frozenset[str]:
+        """The ids of every built trace (one column read per build state): an unknown id costs a set lookup."""
+        state = self.state()
+        ids: frozenset[str] = self.cache.get(state, "trace_ids", lambda: self._read_ids(state))
+        return ids
+
+    def _read_ids(self, state: str) -> frozenset[str]:
+        def read() -> frozenset[str]:
+            cur = self._cursor(state)
+            try:
+                return frozenset(r[0] for r in cur.sql("select distinct trace_id from traces_all").fetchall())
+            finally:
+                cur.close()
+        return rerun_if_vanished(read)
 
     def named(self, name: str, params: Mapping[str, str], since: str | None) -> pa.Table:
         """A named query's result (cached per build state; a relative ``since`` is not cached)."""
@@ -138,8 +152,16 @@ class Store:
 
     def trace(self, trace_id: str) -> dict[str, Any]:
         """One trace: its summary, spans, DAG nodes (with score) and edges, scores, failures, root cause."""
-        doc: dict[str, Any] = self.cache.get(self.state(), f"trace:{trace_id}", lambda: self._trace(trace_id))
+        doc: dict[str, Any] = json.loads(self.trace_json(trace_id))
         return doc
+
+    def trace_json(self, trace_id: str) -> bytes:
+        """``trace`` as the JSON body the API sends, cached per build state apart from whole-store results."""
+        state = self.state()
+        if trace_id not in self.trace_ids():
+            raise NotFound(f"trace {trace_id}: not built (run `tracedag build`, or wait for the idle time)")
+        body: bytes = self.trace_cache.get(state, trace_id, lambda: encode.dumps(self._trace(trace_id)))
+        return body
 
     def _trace(self, trace_id: str) -> dict[str, Any]:
         docs = self.documents([trace_id], {"trace_id": trace_id})
@@ -166,12 +188,7 @@ class Store:
         summary = grouped(self._whole_or_run("trace_summary", p).to_pylist())
         failures = grouped(self._whole_or_run("propagation", p).to_pylist())
         roots = grouped(self._whole_or_run("root_causes", p).to_pylist())
-        con = connect(self.data)
-        try:
-            parts = {name: grouped(con.sql(sql, params={"t": sorted(wanted)}).to_arrow_table().to_pylist())
-                     for name, sql in _TRACE_SQL.items()}
-        finally:
-            con.close()
+        parts = {name: grouped(rows) for name, rows in self._parts(sorted(wanted)).items()}
         docs = {}
         for tid in trace_ids:
             if tid not in summary:
@@ -181,6 +198,41 @@ class Store:
             docs[tid] = {"trace": summary[tid][0], **{k: [_drop(r) for r in v.get(tid, [])] for k, v in parts.items()},
                          "failures": fails, "root_cause": root, "propagation_chain": _chain(root, fails)}
         return docs
+
+
+    def _parts(self, trace_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The nodes, edges, spans and scores rows of ``trace_ids`` (re-run when compaction removed a file)."""
+        def read() -> dict[str, list[dict[str, Any]]]:
+            cur = self._cursor(self.state())
+            try:
+                return {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
+                        for name, sql in _TRACE_SQL.items()}
+            finally:
+                cur.close()
+        return rerun_if_vanished(read)
+
+
+def _catalog_of(cur: duckdb.DuckDBPyConnection) -> Catalog:
+    try:
+        return catalog(cur)
+    finally:
+        cur.close()
+
+
+def rerun_if_vanished(read: Callable[[], _T], attempts: int = 3) -> _T:
+    """``read()``, run again on a fresh plan when a file it planned with was removed by compaction meanwhile.
+
+    A GC or compaction swap replaces a table's files at once; a query that listed the old ones just
+    before finds one gone ("Cannot open file ... No such file"). Listing again sees the new files.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except duckdb.IOException as e:
+            if attempt == attempts or not file_vanished(e):
+                raise QueryFailed("trace", str(e).strip().splitlines()[0]) from e
+            logger.info("a file vanished under compaction, re-running: %s", e)
+    raise AssertionError("unreachable")
 
 
 def _drop(row: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag.pipeline.serve.data import state_key
-from tracedag.pipeline.serve.sqlguard import check
+from tracedag.pipeline.serve.sqlguard import catalog, check
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
@@ -43,10 +43,10 @@ def run(data: Path, request: dict[str, Any], con: duckdb.DuckDBPyConnection | No
     ``con``: a connection with the views already made (by a spare worker), else one is opened.
     """
     sql = str(request["sql"])
-    check(sql)
+    con = con or connect(data, threads=int(request.get("threads", 1)))
+    check(sql, catalog(con))  # the views and macros of this store (analysis outputs included)
     max_rows = int(request.get("max_rows", 10_000))
     with tempfile.TemporaryDirectory(prefix="tracedag-sql-") as temp:
-        con = con or connect(data, threads=int(request.get("threads", 1)))
         try:
             _limits(con, request, temp)
             lock_down(con, data)
