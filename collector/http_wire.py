@@ -2,8 +2,8 @@
 
 ``read_head`` parses the request line and headers (bounded size and time); ``body_chunks``
 yields the raw body per ``Content-Length`` or chunked framing, never trusting a length for
-allocation; ``BodySink`` collects it, decompressing gzip on the fly with ``max_length`` so the
-size limit applies to the decompressed bytes while streaming.
+allocation; ``BodySink`` collects it, decompressing gzip ``INFLATE_CHUNK`` bytes at a time so the
+size limit and the in-flight budget apply to the decompressed bytes as they are produced.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 READ_SIZE = 256 * 1024
+# Decompressed bytes produced per zlib call, each admitted before the next: a gzip bomb holds at most
+# this much outside the in-flight budget per worker thread (one 64 MiB call per worker was 1.3 GB at 16).
+INFLATE_CHUNK = 1024 * 1024
 
 
 class HttpError(Exception):
@@ -202,17 +205,21 @@ class BodySink:
     """Collects the body, gunzipping it with the limit applied to the decompressed size.
 
     With ``defer`` the compressed bytes are kept (bounded by the wire limit and admitted) and
-    inflated by ``finish``, which then runs off the event loop (zlib releases the GIL); the
-    decompressed size is still checked while inflating, ``max_length`` bytes at a time.
+    inflated by ``finish``, which then runs off the event loop (zlib releases the GIL). Inflating
+    produces at most ``INFLATE_CHUNK`` bytes per step; each step is checked against the limit
+    (413) and passed to ``reserve`` (which may refuse it) before the next one is produced.
+    ``wbits`` is zlib's: 31 for gzip only, 15 for a zlib (deflate) stream, 47 for either.
     """
 
-    def __init__(self, limit: int, gzip: bool, reserve: Callable[[int], None], defer: bool = False) -> None:
+    def __init__(
+        self, limit: int, gzip: bool, reserve: Callable[[int], None], defer: bool = False, wbits: int = 31
+    ) -> None:
         self.limit = limit
         self.parts: list[bytes] = []
         self.size = 0
         self.wire_bytes = 0
         self._reserve = reserve
-        self._inflater = zlib.decompressobj(wbits=31) if gzip else None
+        self._inflater = zlib.decompressobj(wbits=wbits) if gzip else None
         self._deferred: list[bytes] | None = [] if gzip and defer else None
         self._wire_limit = limit + limit // 100 + 65536
 
@@ -231,18 +238,26 @@ class BodySink:
         if self._inflater is None:
             self._grow(raw)
             return
-        data = raw
         try:
-            while data:
-                if self._inflater.eof:
-                    raise HttpError(400, "data after the end of the gzip stream")
-                out = self._inflater.decompress(data, self.limit - self.size + 1)
-                self._grow(out)
-                data = self._inflater.unconsumed_tail
-            if self._inflater.unused_data:
-                raise HttpError(400, "data after the end of the gzip stream")
+            self._inflate(self._inflater, raw)
         except zlib.error as exc:
             raise HttpError(400, f"bad gzip body: {exc}") from exc
+
+    def _inflate(self, inflater: zlib._Decompress, data: bytes) -> None:
+        """Inflate ``data`` one bounded step at a time (a full step may leave output pending in zlib)."""
+        while True:
+            if inflater.eof:
+                if data or inflater.unused_data:
+                    raise HttpError(400, "data after the end of the gzip stream")
+                return
+            step = min(INFLATE_CHUNK, self.limit - self.size + 1)
+            out = inflater.decompress(data, step)
+            self._grow(out)
+            data = inflater.unconsumed_tail
+            if not data and len(out) < step:
+                if inflater.unused_data:
+                    raise HttpError(400, "data after the end of the gzip stream")
+                return
 
     def _grow(self, data: bytes) -> None:
         if self.size + len(data) > self.limit:
@@ -255,8 +270,8 @@ class BodySink:
         """Return the whole (decompressed) body; raise 400 for a truncated gzip stream."""
         if self._deferred is not None:
             pending, self._deferred = self._deferred, None
-            for raw in pending:
-                self._inflate_or_keep(raw)
+            while pending:
+                self._inflate_or_keep(pending.pop(0))
         if self._inflater is not None and self.wire_bytes and not self._inflater.eof:
             raise HttpError(400, "truncated gzip body")
         return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
