@@ -85,14 +85,76 @@ def stream(table: pa.Table, fmt: str) -> Iterator[bytes]:
         raise ValueError(fmt)
 
 
+def rows(batch: pa.RecordBatch | pa.Table) -> list[dict[str, Any]]:
+    """``batch.to_pylist()``, with dates and times Python cannot hold (year 10000, infinity) as text."""
+    try:
+        listed: list[dict[str, Any]] = batch.to_pylist()
+        return listed
+    except (OverflowError, ValueError):
+        columns = [_column_values(batch.column(i)) for i in range(batch.num_columns)]
+        return [dict(zip(batch.schema.names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _column_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    try:
+        values: list[Any] = column.to_pylist()
+        return values
+    except (OverflowError, ValueError):
+        if not pa.types.is_temporal(column.type):
+            raise
+        return _temporal_text(column)
+
+
+_INFINITY = {2**31 - 1: "infinity", -(2**31 - 1): "-infinity", 2**63 - 1: "infinity", -(2**63 - 1): "-infinity"}
+_PER_SECOND = {"s": 1, "ms": 1000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _temporal_text(column: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """ISO 8601 text of a date or timestamp column whose values lie beyond Python's (DuckDB's infinities too)."""
+    kind = column.type
+    raw = column.cast(pa.int64() if pa.types.is_timestamp(kind) or pa.types.is_date64(kind) else pa.int32())
+    out: list[str | None] = []
+    for v in raw.to_pylist():
+        if v is None or v in _INFINITY:
+            out.append(None if v is None else _INFINITY[v])
+        elif pa.types.is_date32(kind):
+            out.append(_civil(v))
+        else:
+            per = 1000 if pa.types.is_date64(kind) else _PER_SECOND[kind.unit]
+            out.append(_instant(v, per, pa.types.is_timestamp(kind) and kind.tz is not None))
+    return out
+
+
+def _civil(days: int) -> str:
+    """Proleptic Gregorian date of ``days`` after 1970-01-01 (H. Hinnant's days-to-civil), any year."""
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day, month = doy - (153 * mp + 2) // 5 + 1, mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    return f"{year:04d}-{month:02d}-{day:02d}" if year >= 0 else f"-{-year:04d}-{month:02d}-{day:02d}"
+
+
+def _instant(value: int, per_second: int, utc: bool) -> str:
+    seconds, fraction = divmod(value, per_second)
+    days, second = divmod(seconds, 86400)
+    text = f"{_civil(days)}T{second // 3600:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
+    if fraction:
+        text += "." + f"{fraction * 1_000_000 // per_second:06d}"
+    return text + ("+00:00" if utc else "")
+
+
 def _json(batches: list[pa.RecordBatch]) -> Iterator[bytes]:
     yield b"["
     first = True
     for batch in batches:
-        rows = batch.to_pylist()
-        if not rows:
+        items = rows(batch)
+        if not items:
             continue
-        text = ",".join(dumps(r) for r in rows)
+        text = ",".join(dumps(r) for r in items)
         yield (text if first else "," + text).encode()
         first = False
     yield b"]"

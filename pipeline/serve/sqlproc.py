@@ -2,26 +2,41 @@
 
 ``SqlRunner(data, limits)`` keeps one spare worker started (imports done, waiting on stdin), hands
 it the request, and starts the next spare. Each worker runs under ``RLIMIT_AS`` (the OS memory
-cap DuckDB's ``memory_limit`` is not) and is SIGKILLed at the wall-clock deadline; a semaphore
-lets at most ``limits.concurrent`` run, the others wait up to ``limits.queue_seconds`` and are
-then refused (``Busy``). A worker that dies never takes the server with it.
+cap DuckDB's ``memory_limit`` is not) and is SIGKILLed at the wall-clock deadline, or earlier when
+checking the SQL (sqlglot, in the worker: never on the server's event loop) outlasts
+``limits.check_timeout``; a semaphore lets at most ``limits.concurrent`` run, the others wait up to
+``limits.queue_seconds`` and are then refused (``Busy``). The worker encodes the answer and writes
+it as it goes; it is read here in chunks and never past ``limits.max_bytes`` (``answer``). Each
+worker spills into its own directory, ``tracedag-sql-<server pid>-*`` in the temporary directory,
+removed when the worker ends however it ends, and at start for servers no longer running. A
+worker that dies never takes the server with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import resource
+import selectors
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
-
+from tracedag.pipeline.serve.answer import TooLarge
+from tracedag.pipeline.serve.sqlguard import SqlTooLarge
+from tracedag.pipeline.serve.sqlworker import CHECKED, READY
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,16 @@ class SqlLimits:
     temp_mb: int = 256
     concurrent: int = 2
     queue_seconds: float = 5.0
+    max_bytes: int = 8 << 20  # bytes of one encoded answer
+    check_timeout: float = 2.0  # seconds the guard may take to check the SQL
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An encoded answer (at most ``max_bytes``) and whether rows were left out."""
+
+    body: bytes
+    truncated: bool
 
 
 AS_HEADROOM_MB = 1536
@@ -53,6 +78,42 @@ class Busy(QueryFailed):  # type: ignore[misc,unused-ignore]
     """Every worker slot stayed taken for the queue time."""
 
 
+class SqlCrashed(QueryFailed):  # type: ignore[misc,unused-ignore]
+    """The worker died of something other than memory (a signal, an uncaught error)."""
+
+
+class CheckTimeout(QueryFailed):  # type: ignore[misc,unused-ignore]
+    """Checking the SQL took longer than ``check_timeout`` (the worker was killed)."""
+
+
+SPILL_PREFIX = "tracedag-sql-"
+READY_WAIT = 60.0
+"""Seconds the server's start waits for its first spare worker (imports, views) to be ready."""
+_MEMORY_SIGNS = ("memoryerror", "bad_alloc", "out of memory", "cannot allocate memory")
+
+
+def sweep_spill_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the spill directories of servers no longer running (``tracedag-sql-<pid>-*``); return them."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for path in root.glob(SPILL_PREFIX + "*-*"):
+        pid = path.name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def _cap(megabytes: int) -> None:
     limit = megabytes * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -66,7 +127,7 @@ class SqlRunner:
         self.limits = limits or SqlLimits()
         self._slots = threading.BoundedSemaphore(self.limits.concurrent)
         self._lock = threading.Lock()
-        self._spare: subprocess.Popen[bytes] | None = None
+        self._spares: list[_Worker] = []
 
     def _start(self) -> subprocess.Popen[bytes]:
         cap = self.limits.memory_mb + AS_HEADROOM_MB
@@ -80,60 +141,208 @@ class SqlRunner:
             preexec_fn=lambda: _cap(cap), env=env, cwd=str(self.data),
         )
 
-    def _take(self) -> subprocess.Popen[bytes]:
+    def _take(self) -> _Worker:
+        """The most recently readied spare (a new one is started when none is left), else a new worker."""
         with self._lock:
-            proc = self._spare if self._spare is not None and self._spare.poll() is None else self._start()
-            self._spare = self._start()
-        return proc
+            worker = None
+            while self._spares and worker is None:
+                worker = self._spares.pop()
+                if worker.proc.poll() is not None:
+                    _reap(worker.proc)
+                    worker = None
+            if not self._spares:
+                self._spares.append(_Worker(self._start()))
+        return worker or _Worker(self._start())
+
+    def _give_back(self, worker: _Worker) -> None:
+        """A worker whose SQL the guard refused ran nothing: it waits for the next request."""
+        with self._lock:
+            if len(self._spares) < self.limits.concurrent:
+                self._spares.append(worker)
+                return
+        _reap(worker.proc, kill=True)
 
     def warm(self) -> None:
-        """Start the spare worker now (the first query then skips the interpreter start)."""
+        """Start the spare worker and wait (up to ``READY_WAIT`` s) until it is ready, so the first query
+        skips the interpreter start; remove the spill directories servers no longer running left behind."""
+        for path in sweep_spill_dirs():
+            logger.warning("removed the spill directory %s of a server no longer running", path)
         with self._lock:
-            if self._spare is None:
-                self._spare = self._start()
+            if not self._spares:
+                self._spares.append(_Worker(self._start()))
+            spare = self._spares[-1]
+        spare.wait_ready(READY_WAIT)
 
     def close(self) -> None:
         with self._lock:
-            if self._spare is not None:
-                self._spare.kill()
-                self._spare.wait()
-                self._spare = None
+            spares, self._spares = self._spares, []
+        for worker in spares:
+            _reap(worker.proc, kill=True)
 
-    def run(self, sql: str) -> pa.Table:
-        """Run ``sql`` in a worker; raise ``SqlTimeout``, ``SqlResources``, ``Busy`` or ``QueryFailed``."""
+    def run(self, sql: str, fmt: str = "json", truncate: bool = False) -> Answer:
+        """Run ``sql`` in a worker, its answer encoded as ``fmt``; raise ``SqlTimeout``, ``CheckTimeout``,
+        ``TooLarge``, ``SqlResources``, ``SqlCrashed``, ``Busy`` or ``QueryFailed`` (``SqlTooLarge``...).
+
+        ``truncate``: past ``max_bytes``, answer the rows that fit (marked truncated) instead of ``TooLarge``.
+        """
         if not self._slots.acquire(timeout=self.limits.queue_seconds):
             raise Busy("sql", f"{self.limits.concurrent} queries are running; try again later")
         try:
-            return self._run(sql)
+            spill = Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-"))
+            try:
+                return self._run(sql, fmt, truncate, spill)
+            finally:
+                shutil.rmtree(spill, ignore_errors=True)
         finally:
             self._slots.release()
 
-    def _run(self, sql: str) -> pa.Table:
+    def _run(self, sql: str, fmt: str, truncate: bool, spill: Path) -> Answer:
         lim = self.limits
-        request = {"sql": sql, "max_rows": lim.max_rows, "threads": lim.threads,
-                   "memory_mb": lim.memory_mb, "temp_mb": lim.temp_mb}
-        proc = self._take()
+        request = {"sql": sql, "format": fmt, "truncate": truncate, "max_rows": lim.max_rows,
+                   "max_bytes": lim.max_bytes, "threads": lim.threads, "memory_mb": lim.memory_mb,
+                   "temp_mb": lim.temp_mb, "spill": str(spill)}
+        worker = self._take()
+        reading = _Reading(worker, lim)
         try:
-            out, err = proc.communicate(json.dumps(request).encode(), timeout=lim.timeout)
-        except subprocess.TimeoutExpired as e:
-            proc.kill()
-            proc.communicate()
-            raise SqlTimeout("sql", f"timed out after {lim.timeout:g} s (the query was killed)") from e
-        if proc.returncode == 0:
-            return pa.ipc.open_stream(out).read_all()
-        return self._failure(proc.returncode, err)
+            _send(worker.proc, json.dumps(request).encode() + b"\n")
+            out, err = reading.collect()
+        except BaseException:
+            _reap(worker.proc, kill=True)
+            raise
+        status = _last_json(err)
+        if reading.again:
+            self._give_back(worker)
+            return self._failure(0, status, err)
+        _reap(worker.proc)
+        if worker.proc.returncode == 0:
+            return Answer(bytes(out), bool(status.get("truncated")))
+        return self._failure(worker.proc.returncode, status, err)
 
-    def _failure(self, code: int, err: bytes) -> pa.Table:
-        text = err.decode(errors="replace").strip()
-        last = text.splitlines()[-1] if text else ""
-        try:
-            detail = json.loads(last)
-        except ValueError:
-            detail = None
-        if isinstance(detail, dict) and "error" in detail:
-            reason = str(detail["error"])
-            if detail.get("memory") or "out of memory" in reason.lower() or "memory" in reason.lower() and "limit" in reason.lower():
-                raise SqlResources("sql", f"out of memory ({self.limits.memory_mb} MB): {reason}")
+    def _failure(self, code: int, status: dict[str, object], err: bytes) -> Answer:
+        reason = str(status.get("error", ""))
+        kind = {"SqlTooLarge": SqlTooLarge, "TooLarge": TooLarge}.get(str(status.get("kind")), QueryFailed)
+        if "error" in status and not status.get("memory") and kind is not QueryFailed:
+            raise kind("sql", reason)
+        text = err.decode(errors="replace").lower()
+        if status.get("memory") or any(sign in text for sign in _MEMORY_SIGNS):
+            raise SqlResources("sql", f"out of memory ({self.limits.memory_mb} MB): {reason or 'the worker died'}")
+        if "error" in status:
             raise QueryFailed("sql", reason)
-        raise SqlResources("sql", f"the query worker died (exit status {code}; memory cap "
-                                  f"{self.limits.memory_mb + AS_HEADROOM_MB} MB address space)")
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        logger.error("SQL worker crashed (%s): %s", how, err.decode(errors="replace")[-2000:])
+        raise SqlCrashed("sql", f"the query worker crashed ({how}); the server logged its output")
+
+
+@dataclass
+class _Worker:
+    proc: subprocess.Popen[bytes]
+    ready: bool = False  # its READY line was read: it waits for a request with imports and views done
+
+    def wait_ready(self, seconds: float) -> None:
+        """Read the worker's stderr until its READY line (at most ``seconds``; then it just is not ready yet)."""
+        assert self.proc.stderr is not None
+        seen, until = b"", time.monotonic() + seconds
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stderr, selectors.EVENT_READ)
+            while not self.ready and sel.select(max(0.0, until - time.monotonic())):
+                chunk = os.read(self.proc.stderr.fileno(), 4096)
+                seen += chunk
+                self.ready = READY in seen
+                if not chunk:
+                    return
+
+
+def _send(proc: subprocess.Popen[bytes], request: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(request)
+        proc.stdin.flush()
+    except BrokenPipeError:  # the worker died before reading: its exit status and stderr say why
+        pass
+
+
+def _reap(proc: subprocess.Popen[bytes], kill: bool = False) -> None:
+    if kill:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(BrokenPipeError):
+                pipe.close()
+
+
+def _last_json(err: bytes) -> dict[str, object]:
+    lines = err.decode(errors="replace").strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    return doc if isinstance(doc, dict) else {}
+
+
+class _Reading:
+    """Read one worker's stdout (at most ``max_bytes`` + slack) and stderr until both end, within deadlines.
+
+    Deadlines: the whole request gets ``timeout`` (as before the check moved here); the guard's check
+    gets ``check_timeout`` from the moment the worker is ready (a spare may still be importing when
+    the request comes), ended by the worker's ``CHECKED`` line. A refusal by the guard ends the
+    reading with the worker still running (``again``): it ran nothing.
+    """
+
+    SLACK = 64 * 1024
+    KEEP_ERR = 64 * 1024
+
+    def __init__(self, worker: _Worker, limits: SqlLimits) -> None:
+        self.worker, self.proc, self.limits = worker, worker.proc, limits
+        self.t0 = time.monotonic()
+        self.ready_at: float | None = self.t0 if worker.ready else None
+        self.checked = self.again = False
+        self.out, self.err = bytearray(), bytearray()
+
+    def _deadline(self) -> float:
+        end = self.t0 + self.limits.timeout
+        if self.ready_at is None or self.checked:
+            return end
+        return min(end, self.ready_at + self.limits.check_timeout)
+
+    def collect(self) -> tuple[bytearray, bytes]:
+        with selectors.DefaultSelector() as sel:
+            assert self.proc.stdout is not None and self.proc.stderr is not None
+            sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
+            sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
+            while sel.get_map() and not self.again:
+                left = self._deadline() - time.monotonic()
+                if left <= 0:
+                    raise self._expired()
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                    elif key.data == "out":
+                        self._take_out(chunk)
+                    else:
+                        self._take_err(chunk)
+        return self.out, bytes(self.err)
+
+    def _take_out(self, chunk: bytes) -> None:
+        self.out += chunk
+        if len(self.out) > self.limits.max_bytes + self.SLACK:  # the worker bounds itself; this is the backstop
+            raise TooLarge("sql", f"the answer is larger than {self.limits.max_bytes} bytes (--sql-max-bytes)")
+
+    def _take_err(self, chunk: bytes) -> None:
+        self.err += chunk
+        if self.ready_at is None and READY in self.err:
+            self.ready_at, self.worker.ready = time.monotonic(), True
+        if not self.checked and CHECKED in self.err:
+            self.checked = True
+        if not self.checked and self.err.endswith(b"\n") and _last_json(bytes(self.err)).get("again"):
+            self.again = True
+        if len(self.err) > self.KEEP_ERR:
+            del self.err[:len(self.err) - self.KEEP_ERR]
+
+    def _expired(self) -> QueryFailed:
+        if not self.checked and self.ready_at is not None and time.monotonic() >= self.ready_at + \
+                self.limits.check_timeout:
+            return CheckTimeout("sql", f"checking the SQL took longer than {self.limits.check_timeout:g} s "
+                                       "(--sql-check-timeout); send a shorter or simpler statement")
+        return SqlTimeout("sql", f"timed out after {self.limits.timeout:g} s (the query was killed)")

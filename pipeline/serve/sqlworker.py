@@ -1,25 +1,28 @@
 """The child process of ``POST /api/sql``: one checked SELECT over a locked-down connection.
 
 Run as ``python -m tracedag.pipeline.serve.sqlworker DATA``. It imports DuckDB and makes the
-views, then waits for one JSON request on stdin (``sql``, ``max_rows``, ``threads``, ``memory_mb``, ``temp_mb``), so a
-spare worker can be started ahead of the request. The parent (``sqlproc``) has already capped
-the address space (``RLIMIT_AS``) and kills the worker at the deadline; DuckDB's own limits
-(memory, threads, a private spill directory of bounded size) are set before the configuration
-is locked. The answer on stdout is an Arrow IPC stream of at most ``max_rows`` rows, with
-``truncated`` in the schema metadata; a failure is one JSON line on stderr and exit status 3.
+views, writes ``READY`` to stderr, then waits for one JSON request on stdin, so a spare worker can
+be started ahead of the request. It checks the SQL with the guard (``CHECKED`` on stderr when it
+passes: the parent kills a worker whose check outlasts its check deadline, so no parse ever runs
+in the server), then runs it. The parent (``sqlproc``) has already capped the address space
+(``RLIMIT_AS``) and kills the worker at the deadline; DuckDB's own limits (memory, threads, the
+spill directory the parent made, of bounded size) are set before the configuration is locked.
+The answer is encoded here, bounded in rows and bytes (``answer``), and written to stdout as it
+is made; the last stderr line is JSON: ``{"rows", "truncated"}`` with exit status 0, or
+``{"error", "kind"}`` with exit status 3.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
 
+from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
 from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
 from tracedag.pipeline.store.sandbox import lock_down
@@ -37,59 +40,90 @@ def _limits(con: duckdb.DuckDBPyConnection, request: dict[str, Any], temp: str) 
     con.execute("set enable_progress_bar = false")
 
 
-def run(data: Path, request: dict[str, Any], con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
-    """Check the SQL again, then run it on a locked-down connection; at most ``max_rows`` + marker.
+READY = b"tracedag-sql: ready\n"
+"""Written to stderr once the imports and views are done, before the request is read."""
+CHECKED = b"tracedag-sql: checked\n"
+"""Written to stderr once the SQL passed the guard: the parent's check deadline ends here."""
+
+
+def _say(line: bytes) -> None:
+    sys.stderr.buffer.write(line)
+    sys.stderr.buffer.flush()
+
+
+def run(data: Path, request: dict[str, Any], out: BinaryIO, con: duckdb.DuckDBPyConnection | None = None,
+        ) -> Written:
+    """Run SQL the guard passed on a locked-down connection, its answer encoded into ``out`` within bounds.
 
     ``con``: a connection with the views already made (by a spare worker), else one is opened.
+    ``request``: ``sql``, ``format``, ``max_rows``, ``max_bytes``, ``truncate``, ``spill`` (the spill
+    directory, made and removed by the parent) and DuckDB's limits.
     """
     sql = str(request["sql"])
     con = con or connect(data, threads=int(request.get("threads", 1)))
-    check(sql, catalog(con))  # the views and macros of this store (analysis outputs included)
-    max_rows = int(request.get("max_rows", 10_000))
-    with tempfile.TemporaryDirectory(prefix="tracedag-sql-") as temp:
+    bounds = Bounds(int(request.get("max_rows", 10_000)), int(request.get("max_bytes", 8 << 20)),
+                    bool(request.get("truncate", False)))
+    try:
+        _limits(con, request, str(request["spill"]))
+        lock_down(con, data)
+        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+        return write_answer(reader, str(request.get("format", "json")), bounds, out)
+    finally:
+        con.close()
+
+
+def _fail(reason: str, kind: str = "QueryFailed", **extra: Any) -> int:
+    _say(json.dumps({"error": reason, "kind": kind, **extra}).encode() + b"\n")
+    return FAILED
+
+
+class _Spare:
+    """The worker's connection while it waits, made again when the store changed since it was made."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.state = state_key(data)
+        self.con: duckdb.DuckDBPyConnection = connect(data)
+
+    def fresh(self) -> duckdb.DuckDBPyConnection:
+        if state_key(self.data) != self.state:
+            self.con.close()
+            self.state, self.con = state_key(self.data), connect(self.data)
+        return self.con
+
+
+def _next_checked(spare: _Spare) -> dict[str, Any] | None:
+    """The next request (one JSON line) whose SQL the guard passes; refused ones are answered here."""
+    for line in sys.stdin.buffer:
+        request: dict[str, Any] = json.loads(line)
         try:
-            _limits(con, request, temp)
-            lock_down(con, data)
-            reader = con.sql(sql).to_arrow_reader(min(max_rows + 1, 65_536))
-            batches: list[pa.RecordBatch] = []
-            rows = 0
-            for batch in reader:
-                batches.append(batch)
-                rows += batch.num_rows
-                if rows > max_rows:
-                    break
-            table = pa.Table.from_batches(batches, schema=reader.schema)
-        finally:
-            con.close()
-    truncated = table.num_rows > max_rows
-    table = table.slice(0, max_rows)
-    meta = {b"truncated": b"true" if truncated else b"false"}
-    return table.replace_schema_metadata(meta)
+            check(str(request["sql"]), catalog(spare.fresh()))  # the views and macros of this store
+        except QueryFailed as e:
+            _fail(e.reason, type(e).__name__, again=True)  # nothing ran: this worker stays the spare
+            continue
+        _say(CHECKED)
+        return request
+    return None
 
 
 def main(argv: list[str]) -> int:
-    data = Path(argv[1])
-    state = state_key(data)
-    con = connect(data)  # made while the worker waits as the spare; made again if the store changed since
-    request = json.loads(sys.stdin.buffer.read() or b"{}")
-    if state_key(data) != state:
-        con.close()
-        con = connect(data)
+    spare = _Spare(Path(argv[1]))
+    check("select 1", catalog(spare.con))  # the parser's first use loads its dialect: done before the clock runs
+    _say(READY)
+    request = _next_checked(spare)
+    if request is None:
+        return 0
     try:
-        table = run(data, request, con)
+        written = run(spare.data, request, sys.stdout.buffer, spare.con)
     except QueryFailed as e:
-        sys.stderr.write(json.dumps({"error": e.reason}) + "\n")
-        return FAILED
+        return _fail(e.reason, type(e).__name__)
     except (duckdb.Error, pa.ArrowException, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        sys.stderr.write(json.dumps({"error": first}) + "\n")
-        return FAILED
+        return _fail(first, memory="out of memory" in first.lower())
     except MemoryError:
-        sys.stderr.write(json.dumps({"error": "out of memory", "memory": True}) + "\n")
-        return FAILED
-    with pa.ipc.new_stream(sys.stdout.buffer, table.schema) as writer:
-        writer.write_table(table)
+        return _fail("out of memory", memory=True)
     sys.stdout.buffer.flush()
+    _say(json.dumps({"rows": written.rows, "truncated": written.truncated}).encode() + b"\n")
     return 0
 
 
