@@ -33,23 +33,27 @@ span_model as (
     select trace_id, span_id, model, coalesce(input_tokens, 0) as input_tokens,
            coalesce(output_tokens, 0) as output_tokens
     from spans
-    where (input_tokens is not null or output_tokens is not null) and trace_id in (select unnest(p_trace_ids))
+    where (input_tokens is not null or output_tokens is not null)
+      and trace_id in (select unnest((case when typeof(p_trace_ids) in ('NULL', '"NULL"') then error('span_costs(): p_trace_ids must be a list of trace ids, e.g. (select list(trace_id) from traces), not NULL') else p_trace_ids end)))
 ),
 model_price as (
-    -- the longest price-list name contained in the model name
+    -- the longest price-list name contained in the model name (priced applies the defaults: a
+    -- parameter inside this aggregate would not bind in a table macro that calls span_costs)
     select m.model,
-           coalesce(arg_max(p.input_per_mtok, length(p.model_key)), cast(p_default_input_per_mtok as double))
-               as input_per_mtok,
-           coalesce(arg_max(p.output_per_mtok, length(p.model_key)), cast(p_default_output_per_mtok as double))
-               as output_per_mtok
+           arg_max(p.input_per_mtok, length(p.model_key)) as input_per_mtok,
+           arg_max(p.output_per_mtok, length(p.model_key)) as output_per_mtok
     from (select distinct model from span_model where model is not null) m
     left join model_prices() p on contains(lower(m.model), p.model_key)
     group by m.model
 ),
 priced as (
     select s.trace_id, s.span_id, s.model, s.input_tokens, s.output_tokens,
-           cast(coalesce(p.input_per_mtok, cast(p_default_input_per_mtok as double)) as double) as input_per_mtok,
-           cast(coalesce(p.output_per_mtok, cast(p_default_output_per_mtok as double)) as double) as output_per_mtok
+           cast(coalesce(p.input_per_mtok,
+                         cast((case when p_default_input_per_mtok is null then error('span_costs(): p_default_input_per_mtok must be a price in USD per 1M tokens, not NULL') else p_default_input_per_mtok end) as double)) as double)
+               as input_per_mtok,
+           cast(coalesce(p.output_per_mtok,
+                         cast((case when p_default_output_per_mtok is null then error('span_costs(): p_default_output_per_mtok must be a price in USD per 1M tokens, not NULL') else p_default_output_per_mtok end) as double)) as double)
+               as output_per_mtok
     from span_model s
     left join model_price p on p.model = s.model
 )

@@ -78,12 +78,13 @@ step_score as (
         where score is not null
           and (cast(score as double) <= cast((case when p_fail_threshold is null then error('failure_steps(): p_fail_threshold must be a score, not NULL') else p_fail_threshold end) as double)
                or source = 'human')
-          and trace_id in (select unnest((case when p_trace_ids is null then error('failure_steps(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)))
+          and trace_id in (select unnest((case when typeof(p_trace_ids) in ('NULL', '"NULL"') then error('failure_steps(): p_trace_ids must be a list of trace ids, e.g. (select list(trace_id) from traces), not NULL') else p_trace_ids end)))
         group by trace_id, span_id
     )
 ),
 failed_step as (
-    select * from step_score where score <= cast(p_fail_threshold as double)
+    select * from step_score
+    where score <= cast((case when p_fail_threshold is null then error('failure_steps(): p_fail_threshold must be a score, not NULL') else p_fail_threshold end) as double)
 ),
 tnode as materialized (
     -- the steps of the traces that have a failure
@@ -234,7 +235,7 @@ select trace_id, conversation_id, coalesce(conversation_id, trace_id) as convers
                           order by start_time_unix_nano, trace_id) as turn_index,
        root_span_id
 from traces
-where trace_id in (select unnest((case when p_trace_ids is null then error('conversation_turns(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)));
+where trace_id in (select unnest((case when typeof(p_trace_ids) in ('NULL', '"NULL"') then error('conversation_turns(): p_trace_ids must be a list of trace ids, e.g. (select list(trace_id) from traces), not NULL') else p_trace_ids end)));
 
 create or replace macro failure_dag(p_fail_threshold, p_trace_ids, p_max_hops, p_across_turns) as table
 with recursive
@@ -387,7 +388,7 @@ step_score as (
                as score
     from step_scores
     where score is not null
-      and trace_id in (select unnest((case when p_trace_ids is null then error('workflow_weights(): p_trace_ids must be a list of trace ids, not NULL') else p_trace_ids end)))
+      and trace_id in (select unnest((case when typeof(p_trace_ids) in ('NULL', '"NULL"') then error('workflow_weights(): p_trace_ids must be a list of trace ids, e.g. (select list(trace_id) from traces), not NULL') else p_trace_ids end)))
     group by rid
 ),
 node as materialized (
