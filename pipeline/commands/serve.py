@@ -58,10 +58,15 @@ def read_token(path: Path | None, host: str) -> str | None:
               help="DuckDB memory limit of a SQL worker (its address space is capped 1.5 GB above).")
 @click.option("--sql-max-rows", default=10_000, show_default=True, type=click.IntRange(min=1),
               help="Rows a POST /api/sql answer holds at most (then truncated: true).")
+@click.option("--sql-max-bytes", default=8 << 20, show_default=True, type=click.IntRange(min=1024),
+              help="Bytes a POST /api/sql answer holds at most: larger is 413, or the rows that fit with "
+                   "?truncate=1 (truncated: true).")
+@click.option("--sql-check-timeout", default=2.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds the SQL guard may take to check one statement (then 400).")
 @_with_data
 def serve_command(host: str, port: int, token_file: Path | None, allowed_host: tuple[str, ...],
                   sql_timeout: float, sql_memory_mb: int,
-                  sql_max_rows: int, data: Path) -> None:
+                  sql_max_rows: int, sql_max_bytes: int, sql_check_timeout: float, data: Path) -> None:
     """Serve the store read-only: HTTP API, web UI at /, Prometheus /metrics, sandboxed SQL."""
     import uvicorn
 
@@ -70,7 +75,8 @@ def serve_command(host: str, port: int, token_file: Path | None, allowed_host: t
     from tracedag.pipeline.serve.sqlproc import SqlLimits
 
     token = read_token(token_file, host)
-    limits = SqlLimits(timeout=sql_timeout, memory_mb=sql_memory_mb, max_rows=sql_max_rows)
+    limits = SqlLimits(timeout=sql_timeout, memory_mb=sql_memory_mb, max_rows=sql_max_rows, max_bytes=sql_max_bytes,
+                       check_timeout=sql_check_timeout)
     app = create_app(data, token=token, limits=limits, hosts=HostPolicy(port, allowed_hosts(allowed_host)))
     where = f"[{host}]" if ":" in host else host
     click.echo(f"tracedag serve: http://{where}:{port}/ (API /api, metrics /metrics, OpenAPI /openapi.json)"

@@ -7,9 +7,10 @@ Routes (``openapi()`` describes them):
 - ``GET /api/traces/{trace_id}``: summary, spans, nodes (with score), edges, scores, failures,
   root cause and its propagation chain
 - ``GET /api/regressions`` (saved ``tracedag regress`` reports) and ``GET /api/regressions/{name}``
-- ``POST /api/sql`` (body: the SQL, or JSON ``{"sql": ...}``; ``?format=``): one SELECT in a
-  killable worker (``sqlproc``); 400 refused, 408 timed out, 413 too long, 422 out of memory,
-  503 busy
+- ``POST /api/sql`` (body: the SQL, or JSON ``{"sql": ..., "truncate": false}``; ``?format=``,
+  ``?truncate=1``): one SELECT checked and run in a killable worker (``sqlproc``), its answer
+  bounded in rows and bytes; 400 refused (or too slow to check), 408 timed out, 413 body, SQL or
+  answer too large, 422 out of memory, 500 the worker crashed, 503 busy
 - ``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /openapi.json``, ``GET /`` (web UI)
 
 Blocking work (DuckDB, the worker) runs in the thread pool, so one slow request never stops the
@@ -23,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -41,13 +42,14 @@ from starlette.staticfiles import StaticFiles
 from tracedag import queries
 from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve.answer import TooLarge
 from tracedag.pipeline.serve.assets import vendor_script
 from tracedag.pipeline.serve.data import NotFound, Store
 from tracedag.pipeline.serve.hostcheck import HostCheck, HostPolicy
 from tracedag.pipeline.serve.metrics import Metrics
 from tracedag.pipeline.serve.openapi import openapi
-from tracedag.pipeline.serve.sqlguard import SqlTooLarge, check
-from tracedag.pipeline.serve.sqlproc import Busy, SqlLimits, SqlResources, SqlRunner, SqlTimeout
+from tracedag.pipeline.serve.sqlguard import SqlTooLarge
+from tracedag.pipeline.serve.sqlproc import Busy, SqlCrashed, SqlLimits, SqlResources, SqlRunner, SqlTimeout
 from tracedag.schemas.errors import QueryFailed, TracedagError
 
 logger = logging.getLogger(__name__)
@@ -55,16 +57,22 @@ logger = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 WARM_INTERVAL = 5.0
 _RESERVED = {"format", "since"}
+MAX_BODY_BYTES = 4 << 20
 _STATUS: list[tuple[type[BaseException], int]] = [
-    (NotFound, 404), (saved.NoSuchReport, 404), (SqlTooLarge, 413), (SqlTimeout, 408), (SqlResources, 422), (Busy, 503),
-    (TracedagError, 400),
+    (NotFound, 404), (saved.NoSuchReport, 404), (SqlTooLarge, 413), (TooLarge, 413), (SqlTimeout, 408),
+    (SqlResources, 422), (Busy, 503), (SqlCrashed, 500), (TracedagError, 400),
 ]
+
+
+class BodyTooLarge(SqlTooLarge):  # type: ignore[misc,unused-ignore]
+    """The request body is larger than ``MAX_BODY_BYTES`` (the connection is closed after the answer)."""
 
 
 def _error(e: BaseException) -> JSONResponse:
     status = next(code for kind, code in _STATUS if isinstance(e, kind))
     reason = e.reason if isinstance(e, QueryFailed) else str(e)
-    return JSONResponse({"error": reason}, status_code=status)
+    headers = {"Connection": "close"} if isinstance(e, BodyTooLarge) else None  # the unread rest is not read
+    return JSONResponse({"error": reason}, status_code=status, headers=headers)
 
 
 def _format(request: Request) -> str:
@@ -133,18 +141,13 @@ class Api:
         return Response(encode.dumps(doc), media_type="application/json")
 
     async def run_sql(self, request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > 4 * 1024 * 1024:
-            raise SqlTooLarge("sql", "the request body is larger than 4 MiB")
-        sql = _sql_text(raw, request.headers.get("content-type", ""))
+        raw = await _read_body(request)
+        sql, truncate = _sql_request(raw, request.headers.get("content-type", ""), request.query_params)
         fmt = _format(request)
-        check(sql, await run_in_threadpool(self.store.catalog))  # refused here, before any process starts
-        table = await run_in_threadpool(self.sql.run, sql)
-        truncated = (table.schema.metadata or {}).get(b"truncated") == b"true"
-        if fmt != "json":
-            return _table_response(table, fmt, {"X-Truncated": str(truncated).lower()})
-        body = encode.dumps({"columns": table.column_names, "rows": table.to_pylist(), "truncated": truncated})
-        return Response(body, media_type="application/json")
+        # checked by the guard in the worker, under its own deadline: a parse never runs on the event loop
+        answer = await run_in_threadpool(self.sql.run, sql, fmt, truncate)
+        return Response(answer.body, media_type=encode.FORMATS[fmt],
+                        headers={"X-Truncated": str(answer.truncated).lower()})
 
     async def metrics_text(self, request: Request) -> Response:
         text = await run_in_threadpool(self.metrics.text)
@@ -160,8 +163,29 @@ class Api:
         return JSONResponse({"ok": True})
 
 
-def _sql_text(raw: bytes, content_type: str) -> str:
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) on its Content-Length before any of it is read, or as soon as a
+    chunked body passes ``MAX_BODY_BYTES``: the rest is never read (the connection is then closed)."""
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit():
+        raise QueryFailed("sql", "Content-Length is not a number")
+    if int(length) > MAX_BODY_BYTES:
+        raise BodyTooLarge("sql", f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise BodyTooLarge("sql", f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
+    except ClientDisconnect as e:
+        raise QueryFailed("sql", "the client closed the connection before the body ended") from e
+    return bytes(body)
+
+
+def _sql_request(raw: bytes, content_type: str, params: Mapping[str, str]) -> tuple[str, bool]:
+    """The SQL text and whether a truncated answer is asked for (``?truncate=1`` or ``"truncate": true``)."""
     text = raw.decode("utf-8", errors="strict") if raw else ""
+    truncate = params.get("truncate", "").lower() in ("1", "true", "yes")
     if "json" in content_type:
         try:
             doc = json.loads(text)
@@ -170,9 +194,14 @@ def _sql_text(raw: bytes, content_type: str) -> str:
         if not isinstance(doc, dict) or not isinstance(doc.get("sql"), str):
             raise QueryFailed("sql", 'the JSON body needs {"sql": "..."}')
         text = doc["sql"]
+        truncate = truncate or doc.get("truncate") is True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a JSON escape of half a surrogate pair
+        raise QueryFailed("sql", f"the SQL holds a lone surrogate ({text[e.start]!a}): not Unicode text") from e
     if not text.strip():
         raise QueryFailed("sql", "no SQL in the request body")
-    return text
+    return text, truncate
 
 
 def _guard(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
