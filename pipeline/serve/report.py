@@ -1,10 +1,12 @@
 """``tracedag report``: the web UI as one self-contained HTML file (scripts, style and data inlined).
 
-The trace list holds every trace (``trace_summary``, optionally ``since``); the full documents
-(spans, DAG, scores, failures, root cause) of ``max_traces`` of them are inlined: the traces with a
-root cause first (most unrecovered failures first), then the newest; so are the newest
-``MAX_REGRESSIONS`` saved ``tracedag regress`` reports. The page needs no server and
-no network: mail it, or keep it as a CI artifact.
+The trace list holds every trace (``trace_summary`` with the agent name, optionally ``since``); the
+full documents (spans, DAG, scores, failures, root cause, propagation path) of ``max_traces`` of
+them are inlined: the failed traces first (most unrecovered failures first), then the other traces
+with a root cause, then the newest. A listed row without its document is no link and says why. So
+are the newest ``MAX_REGRESSIONS`` saved ``tracedag regress`` reports inlined, and the cross-turn
+root causes of the conversations. The page needs no server and no network: mail it, or keep it as a
+CI artifact.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from tracedag.pipeline.regress import saved
-from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve import encode, tracelist
 from tracedag.pipeline.serve.assets import SCRIPTS, vendor_text
 from tracedag.pipeline.serve.data import Store
+from tracedag.pipeline.serve.traces_api import with_path
 from tracedag.pipeline.store.querying import run_named
 from tracedag.schemas.errors import QueryFailed
 
 STATIC = Path(__file__).parent / "static"
 MAX_LIST = 5000
 MAX_REGRESSIONS = 20
+SCRIPTS_OWN = ("dag.js", "app.js")
 
 
 @dataclass(frozen=True)
@@ -38,17 +42,26 @@ def _script(text: str) -> str:
 
 
 def _pick(traces: list[dict[str, Any]], n: int) -> list[str]:
-    rooted = sorted((t for t in traces if t["root_cause_span_id"]),
-                    key=lambda t: (-(t["unrecovered_failures"] or 0), t["trace_id"]))
-    ids = [t["trace_id"] for t in rooted[:n]]
-    ids += [t["trace_id"] for t in traces if t["trace_id"] not in set(ids)][: n - len(ids)]
+    """``n`` trace ids: failed first, then with a root cause (most unrecovered failures first), then newest."""
+    ranked = sorted((t for t in traces if t["passed"] is False or t["root_cause_span_id"]),
+                    key=lambda t: (t["passed"] is not False, -(t["unrecovered_failures"] or 0), t["trace_id"]))
+    ids = [t["trace_id"] for t in ranked[:n]]
+    taken = set(ids)
+    ids += [t["trace_id"] for t in traces if t["trace_id"] not in taken][: n - len(ids)]
     return ids
 
 
-def _rows_or_none(data: Path, name: str) -> list[dict[str, Any]]:
+def _conversation_causes(data: Path, traces: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """trace id -> its root cause across the turns of its conversation, for the listed traces."""
+    listed = {t["trace_id"] for t in traces}
+    return {r["trace_id"]: r for r in _rows_or_none(data, "root_causes", {"per": "conversation"})
+            if r["trace_id"] in listed}
+
+
+def _rows_or_none(data: Path, name: str, params: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """A named query's rows, or none when its inputs are missing (the analysis tables of ``tracedag determinism``)."""
     try:
-        rows: list[dict[str, Any]] = run_named(data, name, {}).to_pylist()
+        rows: list[dict[str, Any]] = run_named(data, name, params or {}).to_pylist()
     except QueryFailed:
         return []
     return rows
@@ -63,11 +76,14 @@ def _regressions(data: Path) -> list[dict[str, Any]]:
 def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tuple[str, int, int]:
     """The HTML text, the number of traces listed and of traces inlined in full."""
     store = Store(data)
-    total, page = store.traces(since=since, limit=MAX_LIST)
+    total, page = tracelist.page(store, tracelist.TraceQuery(since=since, limit=MAX_LIST))
     traces = page.to_pylist()
-    details = store.documents(_pick(traces, max_traces))
+    docs = store.documents(_pick(traces, max_traces))
+    names = {t["trace_id"]: t["agent"] for t in traces}
+    details = {tid: with_path(doc, names.get(tid, "")) for tid, doc in docs.items()}
     extra: dict[str, Any] = {name: _rows_or_none(data, name) for name in ("determinism", "node_utility", "edge_utility")}
     extra["regressions"] = _regressions(data)
+    extra["conversation_causes"] = _conversation_causes(data, traces)
     payload = encode.dumps({"traces": traces, "total": total, "details": details, **extra})
     html = (STATIC / "index.html").read_text()
     inline = _script("window.TRACEDAG_DATA = " + payload + ";")
@@ -76,7 +92,8 @@ def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tu
                         "<style>" + (STATIC / "style.css").read_text() + "</style>")
     for name in SCRIPTS:
         html = html.replace(f'<script src="static/vendor/{name}"></script>', _script(vendor_text(name)))
-    html = html.replace('<script src="static/app.js"></script>', _script((STATIC / "app.js").read_text()))
+    for name in SCRIPTS_OWN:
+        html = html.replace(f'<script src="static/{name}"></script>', _script((STATIC / name).read_text()))
     return html, len(traces), len(details)
 
 

@@ -1,5 +1,5 @@
-// tracedag web UI: trace list, one trace's DAG (cytoscape + dagre), span panel, agent graph, determinism,
-// saved regression reports.
+// tracedag web UI: trace list, one trace (DAG + timeline, dag.js), a conversation's turns, agent graph,
+// determinism, saved regression reports.
 // Served by `tracedag serve` (data from /api) or inlined by `tracedag report` (window.TRACEDAG_DATA).
 (function () {
   "use strict";
@@ -11,6 +11,9 @@
   const $ = (sel) => document.querySelector(sel);
   const esc = (v) => String(v == null ? "" : v).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
   const num = (v, d) => (v == null ? "" : Number(v).toFixed(d));
+  const when = (v) => String(v || "").replace("T", " ").slice(0, 19);
+  const took = (ms) => (ms == null ? "" : ms >= 1000 ? (ms / 1000).toFixed(ms >= 10000 ? 0 : 1) + " s" : Math.round(ms) + " ms");
+  const NO_DAG = "not in this report (tracedag report --traces N inlines more)";
 
   async function getJSON(path) {
     const r = await fetch(path, { headers });
@@ -19,108 +22,123 @@
     return body;
   }
 
-  // ---- trace list -------------------------------------------------------
-  function filterInline(f) {
+  // ---- trace list: filters, sort, pages ------------------------------------------------------------
+  const list = { sort: "start_time", order: "desc", offset: 0, limit: 100 };
+
+  function filters() {
+    const f = {};
+    for (const [k, v] of new FormData($("#filters")).entries()) if (v) f[k] = v;
+    return f;
+  }
+
+  const sortKey = (t, key) => (key === "start_time" ? t.start_time_unix_nano : t[key]);
+
+  // the report's list: the same filters (run labels: the trace's own columns), sort and pages in the page
+  function pageInline(f) {
     let rows = INLINE.traces;
     if (f.status === "passed") rows = rows.filter((t) => t.passed === true);
     if (f.status === "failed") rows = rows.filter((t) => t.passed === false);
     if (f.status === "error") rows = rows.filter((t) => t.error_count > 0);
-    if (f.agent) rows = rows.filter((t) => t.service_name === f.agent);
-    if (f.conversation) rows = rows.filter((t) => t.conversation_id === f.conversation);
-    return { total: rows.length, traces: rows };
+    for (const [k, col] of [["agent", "agent"], ["service_version", "service_version"], ["scenario", "scenario_id"],
+                            ["conversation", "conversation_id"]]) if (f[k]) rows = rows.filter((t) => t[col] === f[k]);
+    if (f.label) {
+      const pairs = f.label.split(",").map((p) => p.split("=").map((x) => x.trim()));
+      rows = rows.filter((t) => pairs.every(([k, v]) => String(t[k]) === v));
+    }
+    const sign = list.order === "asc" ? 1 : -1;
+    rows = rows.slice().sort((a, b) => {
+      const x = sortKey(a, list.sort), y = sortKey(b, list.sort);
+      if (x == null || y == null) return x == null ? (y == null ? 0 : 1) : -1;
+      return (x < y ? -1 : x > y ? 1 : 0) * sign || (a.trace_id < b.trace_id ? -1 : 1);
+    });
+    const choices = {};
+    for (const [k, col] of [["agent", "agent"], ["service_version", "service_version"], ["scenario", "scenario_id"]])
+      choices[k] = [...new Set(INLINE.traces.map((t) => t[col]).filter((v) => v != null && v !== ""))].sort();
+    return { total: rows.length, traces: rows.slice(list.offset, list.offset + list.limit), choices };
+  }
+
+  function fillChoices(choices) {
+    for (const [name, values] of Object.entries(choices || {})) {
+      const sel = $(`#filters select[name=${name}]`);
+      if (!sel || sel.options.length > 1) continue;
+      sel.innerHTML = '<option value="">any</option>' + values.map((v) => `<option>${esc(v)}</option>`).join("");
+    }
+  }
+
+  function rowHtml(t) {
+    const linked = !INLINE || INLINE.details[t.trace_id];
+    const attrs = linked ? `data-trace-id="${esc(t.trace_id)}"` : `class="nodag" data-nodag="${esc(t.trace_id)}"`;
+    return `<tr ${attrs}><td class="id" title="${esc(t.trace_id)}">${esc(t.trace_id.slice(0, 8))}</td>` +
+      `<td>${esc(t.agent)}</td><td>${t.conversation_id ? `<a href="#" data-conv="${esc(t.conversation_id)}">${esc(t.conversation_id)}</a>` : ""}</td><td class="status-${esc(t.status)}">${esc(t.status)}</td>` +
+      `<td>${esc(t.root_cause_step)}</td><td class="num">${num(t.workflow_score, 2)}</td>` +
+      `<td class="num">${took(t.duration_ms)}</td><td>${esc(when(t.start_time))}</td>` +
+      `<td>${linked ? '<a href="#" class="open">DAG</a>' : esc(NO_DAG)}</td></tr>`;
   }
 
   async function loadTraces() {
-    const form = new FormData($("#filters"));
-    const f = {};
-    for (const [k, v] of form.entries()) if (v) f[k] = v;
+    const f = filters();
     let page;
     try {
-      page = INLINE ? filterInline(f) : await getJSON("api/traces?" + new URLSearchParams({ ...f, limit: 500 }));
+      page = INLINE ? pageInline(f)
+        : await getJSON("api/trace_list?" + new URLSearchParams({ ...f, sort: list.sort, order: list.order,
+                                                                  offset: list.offset, limit: list.limit }));
     } catch (e) {
       $("#count").textContent = "error: " + e.message;
       return;
     }
-    $("#count").textContent = page.total + " traces" + (page.total > page.traces.length ? " (newest " + page.traces.length + " shown)" : "");
+    fillChoices(page.choices);
+    const last = Math.min(list.offset + page.traces.length, page.total);
+    $("#count").textContent = page.total ? `${list.offset + 1}–${last} of ${page.total} traces` : "0 traces";
+    $("#prev").disabled = list.offset === 0;
+    $("#next").disabled = last >= page.total;
+    document.querySelectorAll("#traces th[data-sort]").forEach((th) => {
+      th.classList.toggle("sorted", th.dataset.sort === list.sort);
+      th.classList.toggle("asc", th.dataset.sort === list.sort && list.order === "asc");
+      th.classList.toggle("desc", th.dataset.sort === list.sort && list.order === "desc");
+    });
     const body = $("#traces tbody");
-    body.innerHTML = page.traces.map((t) =>
-      `<tr data-trace-id="${esc(t.trace_id)}" class="${t.passed === false ? "failed" : ""}">` +
-      `<td>${esc((t.start_time || "").replace("T", " ").slice(0, 19))}</td><td>${esc(t.service_name)}</td>` +
-      `<td>${esc(t.steps)}</td><td>${esc(t.failed_steps)}</td><td class="score">${num(t.workflow_score, 2)}</td>` +
-      `<td>${esc(t.root_cause_step || "")}</td></tr>`).join("");
+    body.innerHTML = page.traces.map(rowHtml).join("");
+    body.dataset.total = String(page.total);
     body.dataset.loaded = String(page.traces.length);
   }
 
-  // ---- one trace --------------------------------------------------------
-  function colour(score) {
-    if (score == null) return "#b8bec8";
-    const t = Math.max(0, Math.min(1, (score - 1) / 4));
-    const stops = [[215, 48, 39], [253, 174, 97], [26, 152, 80]];
-    const [a, b, u] = t < 0.5 ? [stops[0], stops[1], t * 2] : [stops[1], stops[2], (t - 0.5) * 2];
-    return "rgb(" + a.map((x, i) => Math.round(x + (b[i] - x) * u)).join(",") + ")";
-  }
-
+  // ---- one trace ------------------------------------------------------------------------------------
   let current = null;
 
   async function openTrace(id) {
-    document.querySelectorAll("#traces tr.selected").forEach((r) => r.classList.remove("selected"));
-    const row = document.querySelector(`#traces tr[data-trace-id="${CSS.escape(id)}"]`);
-    if (row) row.classList.add("selected");
+    show("trace");
+    $("#dag").removeAttribute("data-trace");
+    $("#title").textContent = "loading " + id + " ...";
     let doc;
     try {
-      doc = INLINE ? INLINE.details[id] : await getJSON("api/traces/" + encodeURIComponent(id));
+      doc = INLINE ? INLINE.details[id] : await getJSON("api/traces/" + encodeURIComponent(id) + "/view");
     } catch (e) {
       $("#title").textContent = "error: " + e.message;
       return;
     }
     if (!doc) {
-      $("#title").textContent = "This trace's DAG is not in the report (tracedag report --traces N inlines more).";
+      $("#title").textContent = "This trace's DAG is " + NO_DAG + ".";
       return;
     }
     current = doc;
-    drawDag(doc);
+    drawTrace(doc);
   }
 
-  function drawDag(doc) {
+  function drawTrace(doc) {
     const t = doc.trace;
-    const chain = doc.propagation_chain || [];
-    const root = doc.root_cause ? doc.root_cause.root_span_id : null;
-    $("#title").textContent = `${t.service_name} · ${t.trace_id} · ${doc.nodes.length} steps · workflow score ${num(t.workflow_score, 2)}` +
-      (doc.root_cause ? ` · root cause ${doc.root_cause.root_step_name} (${doc.root_cause.root_taxonomy_l1 || "unclassified"})` : "");
-    const ids = new Set(doc.nodes.map((n) => n.span_id));
-    const onChain = new Set();
-    for (let i = 0; i + 1 < chain.length; i++) onChain.add(chain[i] + ">" + chain[i + 1]);
-    const elements = doc.nodes.map((n) => ({
-      data: { id: n.span_id, label: n.step_name || n.step_type, colour: colour(n.score), score: n.score },
-      classes: [n.span_id === root ? "root" : "", chain.includes(n.span_id) ? "chain" : ""].join(" "),
-    }));
-    doc.edges.forEach((e, i) => {
-      if (!ids.has(e.source) || !ids.has(e.target)) return;
-      elements.push({ data: { id: "e" + i, source: e.source, target: e.target, kind: e.edge_kind },
-                      classes: onChain.has(e.source + ">" + e.target) ? "chain" : "" });
-    });
-    const cy = cytoscape({
-      container: $("#dag"),
-      elements,
-      wheelSensitivity: 0.3,
-      style: [
-        { selector: "node", style: { "background-color": "data(colour)", label: "data(label)", "font-size": 9,
-                                     "text-valign": "bottom", "text-margin-y": 3, width: 18, height: 18 } },
-        { selector: "edge", style: { width: 1, "line-color": "#c3c8d0", "target-arrow-color": "#c3c8d0",
-                                     "target-arrow-shape": "triangle", "curve-style": "bezier", "arrow-scale": 0.6 } },
-        { selector: "edge.chain", style: { width: 4, "line-color": "#6a00a8", "target-arrow-color": "#6a00a8" } },
-        { selector: "node.chain", style: { "border-width": 3, "border-color": "#6a00a8" } },
-        { selector: "node.root", style: { "border-width": 6, "border-color": "#6a00a8", width: 28, height: 28,
-                                          "font-weight": "bold" } },
-        { selector: "node:selected", style: { "overlay-opacity": 0.25, "overlay-color": "#1d2330" } },
-      ],
-      layout: { name: window.cytoscapeDagre ? "dagre" : "breadthfirst", rankDir: "TB", nodeSep: 12, rankSep: 40,
-                directed: true },
-    });
-    cy.on("tap", "node", (ev) => showSpan(ev.target.id()));
-    window.tracedagCy = cy;
-    $("#dag").dataset.nodes = String(cy.nodes().length);
-    $("#dag").dataset.root = root || "";
+    const rc = doc.root_cause;
+    const conv = t.conversation_id ? ` · conversation <a href="#" id="open-conv">${esc(t.conversation_id)}</a>` : "";
+    $("#title").innerHTML = `${esc(doc.agent || t.agent || t.service_name)} · ${esc(t.trace_id)} · ${doc.nodes.length} steps · ` +
+      `workflow score ${num(t.workflow_score, 2)}` + conv +
+      (rc ? ` · root cause <b>${esc(rc.root_step_name)}</b> (${esc(rc.root_taxonomy_l1 || "unclassified")}` +
+            `${rc.root_taxonomy_l3 ? " / " + esc(rc.root_taxonomy_l3) : ""}) → final failure <b>${esc(rc.failed_step_name)}</b>, ` +
+            `${Math.max(0, (doc.propagation_path || []).length - 1)} hops` : "");
+    const drawn = window.tracedagDag.draw($("#dag"), $("#timeline"), doc, showSpan);
+    window.tracedagCy = drawn.cy;
+    window.tracedagSelect = drawn.select;
+    $("#dag").dataset.nodes = String(drawn.cy.nodes().length);
+    $("#dag").dataset.root = rc ? rc.root_span_id : "";
+    $("#dag").dataset.path = (doc.propagation_path || []).join(",");
     $("#dag").dataset.trace = t.trace_id;
   }
 
@@ -129,17 +147,53 @@
     const span = doc.spans.find((s) => s.span_id === id) || {};
     const node = doc.nodes.find((n) => n.span_id === id) || {};
     const scores = doc.scores.filter((s) => s.span_id === id);
+    const fail = (doc.failures || []).find((f) => f.span_id === id);
     let attrs = span.attributes;
     try { attrs = JSON.stringify(JSON.parse(attrs), null, 1); } catch (e) { /* keep the text */ }
-    const isRoot = doc.root_cause && doc.root_cause.root_span_id === id;
+    const rc = doc.root_cause || {};
+    const role = id === rc.root_span_id ? `<p><b>root cause</b> (${esc(rc.root_taxonomy_l1)} / ${esc(rc.root_taxonomy_l2)} / ${esc(rc.root_taxonomy_l3)})</p>`
+      : id === rc.failed_span_id ? "<p><b>final failure</b> of the trace</p>" : "";
     $("#panel").innerHTML =
-      `<h3>${esc(span.name || node.step_name)}</h3>` + (isRoot ? `<p><b>root cause</b> (${esc(doc.root_cause.root_taxonomy_l1)} / ${esc(doc.root_cause.root_taxonomy_l2)} / ${esc(doc.root_cause.root_taxonomy_l3)})</p>` : "") +
+      `<h3>${esc(span.name || node.step_name)}</h3>` + role +
+      (fail ? `<p>${esc(fail.recovered ? "failed, recovered" : fail.kind)} failure${fail.nearest_failing_upstream && fail.nearest_failing_upstream.length ? " (from " + fail.nearest_failing_upstream.length + " failing upstream step(s))" : ""}</p>` : "") +
       `<p>${esc(node.step_type)} · ${num(node.duration_ms, 1)} ms · status ${esc(span.status_code)} · score ${num(node.score, 2)}</p>` +
       (scores.length ? "<table><tr><th>metric</th><th>score</th><th>source</th><th>category</th></tr>" + scores.map((s) =>
         `<tr><td>${esc(s.metric)}</td><td>${num(s.score, 2)}</td><td>${esc(s.source)}</td><td>${esc(s.taxonomy_l3 || s.taxonomy_l1 || "")}</td></tr>`).join("") + "</table>" : "") +
       `<h3>input</h3><pre>${esc(span.input_text)}</pre><h3>output</h3><pre>${esc(span.output_text)}</pre>` +
       `<h3>attributes</h3><pre>${esc(attrs)}</pre>`;
     $("#panel").dataset.span = id;
+  }
+
+  // ---- a conversation: its turns in order, each turn's outcome, the cross-turn cause -------------------
+  function conversationInline(id) {
+    const turns = INLINE.traces.filter((t) => t.conversation_id === id)
+      .sort((a, b) => a.start_time_unix_nano - b.start_time_unix_nano);
+    const causes = INLINE.conversation_causes || {};
+    return { conversation_id: id, turns: turns.map((t, i) => ({ turn: i + 1, trace: t, cross_turn_cause: causes[t.trace_id] || null })) };
+  }
+
+  async function openConversation(id) {
+    show("conversation");
+    let doc;
+    try {
+      doc = INLINE ? conversationInline(id) : await getJSON("api/conversations/" + encodeURIComponent(id));
+    } catch (e) {
+      $("#conv-body").textContent = "error: " + e.message;
+      return;
+    }
+    const byTrace = new Map(doc.turns.map((x) => [x.trace.trace_id, x.turn]));
+    $("#conv-title").textContent = `conversation ${id} · ${doc.turns.length} turn(s)`;
+    $("#conv-body").innerHTML = "<table id=\"turns\"><thead><tr><th>turn</th><th>trace</th><th>start</th><th>status</th><th>score</th>" +
+      "<th>root cause in the turn</th><th>cause across turns</th></tr></thead><tbody>" + doc.turns.map((x) => {
+        const t = x.trace, c = x.cross_turn_cause;
+        const across = !c ? "" : c.root_trace_id && c.root_trace_id !== t.trace_id
+          ? `${esc(c.root_step_name)} in <a href="#" data-open="${esc(c.root_trace_id)}">turn ${esc(byTrace.get(c.root_trace_id) || c.root_turn_index)}</a>`
+          : `${esc(c.root_step_name)} (this turn)`;
+        return `<tr data-turn="${x.turn}"><td>${x.turn}</td><td class="id"><a href="#" data-open="${esc(t.trace_id)}">${esc(t.trace_id.slice(0, 8))}</a></td>` +
+          `<td>${esc(when(t.start_time))}</td><td class="status-${esc(t.status)}">${esc(t.status)}</td><td>${num(t.workflow_score, 2)}</td>` +
+          `<td>${esc(t.root_cause_step)}</td><td class="across">${across}</td></tr>`;
+      }).join("") + "</tbody></table>";
+    $("#conv-body").dataset.conversation = id;
   }
 
   // ---- determinism ------------------------------------------------------
@@ -253,7 +307,7 @@
       container: $("#agraph"), elements,
       style: [
         { selector: "node", style: { width: "data(size)", height: "data(size)", "background-color": "data(colour)",
-                                     label: "data(label)", "font-size": 10, "text-valign": "bottom" } },
+                                     label: "data(label)", "font-size": 12, "text-valign": "bottom" } },
         { selector: "edge", style: { width: "data(width)", "line-color": "data(colour)", "target-arrow-color": "data(colour)",
                                      "target-arrow-shape": "triangle", "curve-style": "bezier" } },
       ],
@@ -263,29 +317,62 @@
     $("#agraph").dataset.agent = key;
   }
 
-  function show(view) {
-    document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === view));
-    const det = view === "determinism";
-    const agents = view === "agents";
-    const reg = view === "regressions";
-    $("#determinism").hidden = !det;
-    $("#agents").hidden = !agents;
-    $("#regressions").hidden = !reg;
-    ["#list", "#graph", "#panel"].forEach((s) => { $(s).hidden = det || agents || reg; });
-    if (det) loadDeterminism();
-    if (agents) loadAgents();
-    if (reg) loadRegressions();
+  // ---- tabs: exactly one section visible ------------------------------------------------------------
+  const SECTIONS = ["list", "trace", "conversation", "agents", "determinism", "regressions"];
+  const TAB_OF = { list: "traces", trace: "traces", conversation: "traces" };
+
+  function show(section) {
+    SECTIONS.forEach((s) => { $("#" + s).hidden = s !== section; });
+    const tab = TAB_OF[section] || section;
+    document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("on", a.dataset.view === tab));
+    document.body.dataset.view = section;
+    if (section === "trace" && window.tracedagCy) window.tracedagCy.resize();
+    if (section === "determinism") loadDeterminism();
+    if (section === "agents") loadAgents();
+    if (section === "regressions") loadRegressions();
   }
 
-  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); loadTraces(); });
+  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); list.offset = 0; loadTraces(); });
+  $("#prev").addEventListener("click", () => { list.offset = Math.max(0, list.offset - list.limit); loadTraces(); });
+  $("#next").addEventListener("click", () => { list.offset += list.limit; loadTraces(); });
+  document.querySelectorAll("#traces th[data-sort]").forEach((th) => th.addEventListener("click", () => {
+    const key = th.dataset.sort;
+    list.order = list.sort === key && list.order === "desc" ? "asc" : list.sort === key ? "desc" : (key === "start_time" ? "desc" : "asc");
+    list.sort = key;
+    list.offset = 0;
+    loadTraces();
+  }));
   $("#traces tbody").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    const conv = ev.target.closest("a[data-conv]");
+    if (conv) { openConversation(conv.dataset.conv); return; }
     const tr = ev.target.closest("tr[data-trace-id]");
-    if (tr) openTrace(tr.dataset.traceId);
+    if (!tr) return;
+    document.querySelectorAll("#traces tr.selected").forEach((r) => r.classList.remove("selected"));
+    tr.classList.add("selected");
+    openTrace(tr.dataset.traceId);
+  });
+  $("#back").addEventListener("click", () => show("list"));
+  $("#conv-back").addEventListener("click", () => show(current ? "trace" : "list"));
+  $("#title").addEventListener("click", (ev) => {
+    if (ev.target.id !== "open-conv") return;
+    ev.preventDefault();
+    openConversation(current.trace.conversation_id);
+  });
+  $("#conv-body").addEventListener("click", (ev) => {
+    const a = ev.target.closest("a[data-open]");
+    if (!a) return;
+    ev.preventDefault();
+    openTrace(a.dataset.open);
   });
   $("#reg-list tbody").addEventListener("click", (ev) => {
     const tr = ev.target.closest("tr[data-name]");
     if (tr) openRegression(tr.dataset.name);
   });
-  document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (ev) => { ev.preventDefault(); show(a.dataset.view); }));
+  document.querySelectorAll("nav a").forEach((a) => a.addEventListener("click", (ev) => {
+    ev.preventDefault();
+    show(a.dataset.view === "traces" ? "list" : a.dataset.view);
+  }));
+  window.tracedagUi = { openTrace, openConversation, show };
   loadTraces();
 })();

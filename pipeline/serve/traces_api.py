@@ -1,0 +1,93 @@
+"""The web UI's trace endpoints (beside ``app.py``'s): the list page, one trace's view, a conversation.
+
+- ``GET /api/trace_list?sort=&order=asc|desc&status=&agent=&service_version=&scenario=&conversation=
+  &label=key=value[,..]&since=&limit=&offset=``: ``{"total", "offset", "limit", "traces", "choices"}``;
+  each row is a ``trace_summary`` row with ``agent`` (name) and ``status``.
+- ``GET /api/traces/{trace_id}/view``: the document of ``GET /api/traces/{trace_id}`` with the
+  ``propagation_path`` (every step from the root cause to the final failure, ``paths.py``) and
+  ``agent``.
+- ``GET /api/conversations/{conversation_id}``: its turns in order, each turn's outcome and root
+  cause, and the cross-turn root cause of every failed turn (``root_causes`` per conversation).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tracedag.pipeline.serve import encode, tracelist
+from tracedag.pipeline.serve.data import NotFound, Store
+from tracedag.pipeline.serve.paths import propagation_path
+from tracedag.schemas.errors import QueryFailed, TracedagError
+
+logger = logging.getLogger(__name__)
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def trace_view(store: Store, trace_id: str) -> dict[str, Any]:
+    """One trace's document with its propagation path and agent name."""
+    doc = store.trace(trace_id)
+    return with_path(doc, tracelist.agents(store).get(trace_id, ""))
+
+
+def with_path(doc: dict[str, Any], agent: str) -> dict[str, Any]:
+    """A copy of a trace document (``Store.documents``) with ``propagation_path`` and ``agent``."""
+    path = propagation_path(doc.get("root_cause"), doc.get("failures") or [], doc.get("edges") or [])
+    return {**doc, "propagation_path": path, "agent": agent}
+
+
+def conversation(store: Store, conversation_id: str) -> dict[str, Any]:
+    """The turns of a conversation in start order, each with its outcome and (cross-turn) root cause."""
+    table = tracelist.with_columns(store, store.named("trace_summary", {}, None))
+    turns = sorted((r for r in table.to_pylist() if r["conversation_id"] == conversation_id),
+                   key=lambda r: (r["start_time_unix_nano"] or 0, r["trace_id"]))
+    if not turns:
+        raise NotFound(f"conversation {conversation_id}: no built trace carries it")
+    causes = {r["trace_id"]: r for r in store.named("root_causes", {"per": "conversation"}, None).to_pylist()
+              if r["conversation_id"] == conversation_id}
+    out = []
+    for i, t in enumerate(turns, start=1):
+        cause = causes.get(t["trace_id"])
+        out.append({"turn": i, "trace": t, "cross_turn_cause": cause})
+    return {"conversation_id": conversation_id, "turns": out}
+
+
+def _guard(handler: Handler) -> Handler:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except NotFound as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        except TracedagError as e:
+            reason = e.reason if isinstance(e, QueryFailed) else str(e)
+            return JSONResponse({"error": reason}, status_code=400)
+    return wrapped
+
+
+def routes(store: Store) -> list[Route]:
+    """The routes of these endpoints over ``store`` (``app.create_app`` registers them)."""
+
+    async def trace_list(request: Request) -> Response:
+        q = tracelist.query_from(dict(request.query_params))
+        total, rows = await run_in_threadpool(tracelist.page, store, q)
+        offered = await run_in_threadpool(tracelist.choices, store)
+        return Response(encode.dumps({"total": total, "offset": q.offset, "limit": q.limit,
+                                      "traces": rows.to_pylist(), "choices": offered}), media_type="application/json")
+
+    async def view(request: Request) -> Response:
+        doc = await run_in_threadpool(trace_view, store, request.path_params["trace_id"])
+        return Response(encode.dumps(doc), media_type="application/json")
+
+    async def turns(request: Request) -> Response:
+        doc = await run_in_threadpool(conversation, store, request.path_params["conversation_id"])
+        return Response(encode.dumps(doc), media_type="application/json")
+
+    return [Route("/api/trace_list", _guard(trace_list)),
+            Route("/api/traces/{trace_id}/view", _guard(view)),
+            Route("/api/conversations/{conversation_id}", _guard(turns))]
