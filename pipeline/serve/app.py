@@ -41,7 +41,7 @@ from starlette.staticfiles import StaticFiles
 
 from tracedag import queries
 from tracedag.pipeline.regress import saved
-from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve import encode, traces_api
 from tracedag.pipeline.serve.answer import TooLarge
 from tracedag.pipeline.serve.assets import vendor_script
 from tracedag.pipeline.serve.data import NotFound, Store
@@ -284,6 +284,7 @@ def create_app(data: Path, token: str | None = None, limits: SqlLimits | None = 
         Route("/api/queries", _guard(api.list_queries)),
         Route("/api/queries/{name}", _guard(api.run_query)),
         Route("/api/traces", _guard(api.traces)),
+        *traces_api.routes(api.store),
         Route("/api/traces/{trace_id}", _guard(api.trace)),
         Route("/api/regressions", _guard(api.regressions)),
         Route("/api/regressions/{name}", _guard(api.regression)),
