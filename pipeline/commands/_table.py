@@ -15,6 +15,7 @@ from typing import IO, Any
 MIN_WIDTH = 80
 TABLE_ROWS = 200  # rows a terminal table shows; the other formats write everything
 TERMINAL_CELL = 60  # widest cell on a terminal (ellipsized beyond); in a pipe cells are whole
+UNBOUNDED = 100_000  # a width no table reaches: tables (expand=False) print at their natural width
 
 
 def natural_width(renderable: Any) -> int:
@@ -23,7 +24,7 @@ def natural_width(renderable: Any) -> int:
 
     from rich.console import Console
 
-    probe = Console(width=100_000, file=io.StringIO())
+    probe = Console(width=UNBOUNDED, file=io.StringIO())
     return max(MIN_WIDTH, probe.measure(renderable).maximum)
 
 
@@ -42,6 +43,15 @@ def print_whole(renderable: Any, *, err: bool = False, file: IO[str] | None = No
         Console(stderr=err).print(renderable)
         return
     Console(file=stream, width=natural_width(renderable)).print(renderable)
+
+
+def whole_console(*, err: bool = False) -> Any:
+    """A Console for a command that prints several tables and lines: the terminal's width on a
+    terminal, else wide enough that each table prints at its natural width (nothing cut or wrapped)."""
+    from rich.console import Console
+
+    stream = sys.stderr if err else sys.stdout
+    return Console(stderr=err) if stream.isatty() else Console(stderr=err, width=UNBOUNDED)
 
 
 def is_terminal(output: Path | None) -> bool:

@@ -52,6 +52,7 @@ def determinism_command(
     from tracedag.pipeline.analysis.determinism import analyze, write_outputs
     from tracedag.pipeline.analysis.report import group_by_hint, print_report
     from tracedag.pipeline.analysis.response import make_scorer
+    from tracedag.pipeline.commands._table import whole_console
     from tracedag.schemas.agent_graph import load_graph
 
     graphs = [load_graph(f) for f in graph_files]
@@ -60,7 +61,7 @@ def determinism_command(
     with _progress(err) as progress:
         result = analyze(data, group_by=group_by, graphs=graphs, scorer=scorer, progress=progress)
         written = write_outputs(result, data, output, progress)
-    print_report(Console(), result, written)
+    print_report(whole_console(), result, written)
     hint = group_by_hint(result, group_by)
     if hint:
         err.print(hint, style="yellow", highlight=False, markup=False, soft_wrap=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -11,7 +10,7 @@ import click
 
 from tracedag.pipeline.commands._engine import engine_for, engine_options
 from tracedag.pipeline.commands._options import data_option as _shared_data_option
-from tracedag.pipeline.commands._output import print_whole
+from tracedag.pipeline.commands._table import print_whole
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 data_option: Callable[[_F], _F] = _shared_data_option
@@ -100,20 +99,17 @@ def _echo_gc(stats: Any) -> None:
 @click.argument("trace_id")
 @data_option
 def show_command(trace_id: str, data: Path) -> None:
-    """Print the DAG of one trace (id or unique prefix) as an indented timeline.
+    """Print the DAG of one trace (id or unique prefix) as an indented timeline, its root cause and
+    the failing steps the failure propagated through marked.
 
     Args:
         trace_id: the trace id, or a prefix of it that matches one built trace.
         data: the data directory.
     """
-    from rich.console import Console
-
-    from tracedag.pipeline.dag.show import load_trace, render_trace
+    from tracedag.pipeline.dag.show import load_cause, load_trace, render_trace
 
     trace, nodes = load_trace(data, trace_id)
-    # a pipe or file gets a wide timeline rather than rich's 80-column default
-    console = Console() if sys.stdout.isatty() else Console(width=160)
-    console.print(render_trace(trace, nodes))
+    print_whole(render_trace(trace, nodes, load_cause(data, trace["trace_id"])))
 
 
 COMMANDS: list[click.Command] = [build_command, show_command]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tracedag.pipeline.commands._options import new_data_option
-from tracedag.pipeline.commands._output import print_whole
+from tracedag.pipeline.commands._table import print_whole
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID

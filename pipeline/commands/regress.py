@@ -75,7 +75,7 @@ def regress_command(data: Path, baseline: str, candidate: str, config_path: Path
 
 
 def _print(result: object, fmt: str, all_rows: bool) -> None:
-    from tracedag.pipeline.commands._output import print_whole
+    from tracedag.pipeline.commands._table import print_whole
     from tracedag.pipeline.regress import report as rep
     from tracedag.pipeline.regress.model import RegressResult
 

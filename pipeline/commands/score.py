@@ -9,7 +9,7 @@ import click
 
 from tracedag.pipeline.commands._engine import engine_for, engine_options
 from tracedag.pipeline.commands._options import data_option
-from tracedag.pipeline.commands._output import print_whole
+from tracedag.pipeline.commands._table import print_whole
 
 
 @click.command("score")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
 
@@ -23,7 +26,9 @@ _NODES_SQL = """
 select n.*, s.score, s.metric_count
 from dag_nodes n
 left join (
-    select span_id, min(score)::double as score, count(*) as metric_count
+    -- a step's score as in failures.sql: the minimum over its rows, the human rows only when labelled
+    select span_id, coalesce(min(score) filter (where source = 'human'), min(score))::double as score,
+           count(*) as metric_count
     from step_scores where trace_id = $t group by span_id
 ) s using (span_id)
 where n.trace_id = $t
@@ -31,12 +36,29 @@ order by n.nested_left
 """
 
 
+_SPANS_SQL = "select count(*) from spans where trace_id like $p || '%'"
+
+
 class TraceNotFound(TracedagError):  # type: ignore[misc,unused-ignore]
     """No built trace matches the id (or the prefix matches several)."""
 
     def __init__(self, trace_id: str, reason: str) -> None:
-        super().__init__(f"trace {trace_id}: {reason}")
+        super().__init__(f"trace {trace_id} {reason}")
         self.trace_id = trace_id
+
+
+def _missing(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> TraceNotFound:
+    """Why no built trace matches: its spans are in the store but not built yet, or it is not in the store."""
+    try:
+        spans = con.execute(_SPANS_SQL, {"p": trace_id.lower()}).fetchone()
+    except duckdb.CatalogException:  # a store without a spans file has no spans view
+        spans = None
+    if spans and spans[0]:
+        count = f"{spans[0]} span" + ("" if spans[0] == 1 else "s")
+        return TraceNotFound(trace_id, f"has {count} in the store {data} but is not built yet: run "
+                                       f"`tracedag build --data {data} --idle 0` to build it now (a live trace is "
+                                       "built once no span arrived for it for the idle time, 30 s by default)")
+    return TraceNotFound(trace_id, f"is not in the store {data}")
 
 
 def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -46,14 +68,56 @@ def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str
     try:
         found = con.sql(_TRACE_SQL, params={"p": trace_id.lower()}).to_arrow_table().to_pylist()
         if not found:
-            raise TraceNotFound(trace_id, "not built (run `tracedag build`, or wait for the idle time)")
+            raise _missing(con, data, trace_id)
         if len(found) > 1 and found[0]["trace_id"] != trace_id:
-            raise TraceNotFound(trace_id, "the prefix matches several traces")
+            raise TraceNotFound(trace_id, "matches several traces: give more of the id")
         trace = found[0]
         nodes = con.sql(_NODES_SQL, params={"t": trace["trace_id"]}).to_arrow_table().to_pylist()
     finally:
         con.close()
     return trace, nodes
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The trace's failure, its root cause (greedy, as ``root_causes``) and the failing steps between."""
+
+    root_span_id: str
+    failed_span_id: str
+    path: tuple[str, ...]  # span ids from the root cause to the failure, both included
+    hops_from_root: int
+    longest_chain: int
+
+
+def load_cause(data: Path, trace_id: str) -> Cause | None:
+    """The root cause of a built trace and its propagation path (None when the trace did not fail)."""
+    final = run_named(data, "root_causes", {"trace_id": trace_id}).to_pylist()
+    if not final:
+        return None
+    row = final[0]
+    steps = {r["failed_span_id"]: r for r in
+             run_named(data, "root_causes", {"trace_id": trace_id, "per": "step"}).to_pylist()}
+    upstream = {r["span_id"]: r["nearest_failing_upstream"] or [] for r in
+                run_named(data, "propagation", {"trace_id": trace_id}).to_pylist()}
+    path = _walk(row["failed_span_id"], row["root_span_id"], steps, upstream)
+    return Cause(row["root_span_id"], row["failed_span_id"], tuple(path), int(row["hops_from_root"]),
+                 int(row["longest_chain"]))
+
+
+def _walk(failed: str, root: str, steps: dict[str, dict[str, Any]], upstream: dict[str, list[str]]) -> list[str]:
+    """The greedy walk back from ``failed``: each move goes to a failing upstream step with the same
+    root one hop nearer to it (the lowest-scoring one when several qualify); root first."""
+    path = [failed]
+    while path[-1] != root and len(path) <= len(steps):
+        here = steps.get(path[-1])
+        nearer = [u for u in upstream.get(path[-1], []) if here is not None and u in steps
+                  and steps[u]["root_span_id"] == root and steps[u]["hops_from_root"] == here["hops_from_root"] - 1]
+        if not nearer:
+            break
+        path.append(min(nearer, key=lambda u: (steps[u]["failed_score"], u)))
+    if path[-1] != root:
+        path.append(root)
+    return path[::-1]
 
 
 def _ms(ns: int | None) -> str:
@@ -92,28 +156,58 @@ def _header(trace: dict[str, Any]) -> Text:
     return t
 
 
-def render_trace(trace: dict[str, Any], nodes: list[dict[str, Any]]) -> RenderableType:
-    """A rich renderable: trace header, then one row per step in call-tree pre-order."""
+def _mark(span_id: str, cause: Cause | None) -> Text:
+    """The cause column: the root cause, the failing steps it propagated through, the trace's failure."""
+    if cause is None or span_id not in cause.path:
+        return Text("")
+    if span_id == cause.root_span_id:
+        return Text("◆ root cause" + (" = failure" if span_id == cause.failed_span_id else ""), style="bold red")
+    if span_id == cause.failed_span_id:
+        return Text(f"✖ failure ({cause.path.index(span_id)})", style="bold red")
+    return Text(f"↓ path ({cause.path.index(span_id)})", style="red")
+
+
+def _cause_line(cause: Cause, nodes: list[dict[str, Any]]) -> Text:
+    """One line naming the root cause and the path to the failure, readable in a pipe without colour."""
+    by_span = {n["span_id"]: n for n in nodes}
+
+    def name(span_id: str) -> str:
+        n = by_span.get(span_id)
+        return (n["step_name"] or span_id) if n else span_id
+
+    root = by_span.get(cause.root_span_id) or {}
+    score = "" if root.get("score") is None else f", score {root['score']:.1f}"
+    t = Text("root cause: ", style="bold")
+    t.append(f"{name(cause.root_span_id)} ({root.get('step_type') or '?'}{score})", style="bold red")
+    if len(cause.path) > 1:
+        t.append(" → " + " → ".join(name(s) for s in cause.path[1:]) + " (the trace's failure)")
+    hops = f"{cause.hops_from_root} hop" + ("" if cause.hops_from_root == 1 else "s")
+    t.append(f"; {hops} from the root, longest failure chain {cause.longest_chain} (tracedag query root_causes)",
+             style="dim")
+    return t
+
+
+def render_trace(trace: dict[str, Any], nodes: list[dict[str, Any]], cause: Cause | None = None) -> RenderableType:
+    """A rich renderable: trace header, one row per step in call-tree pre-order (the root cause and
+    its propagation path marked), then the root-cause line."""
     t0 = trace["start_time_unix_nano"] or 0
     total = max(int(trace["duration_ns"] or 0), 1)
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col, justify in (("step", "left"), ("type", "left"), ("iter", "right"), ("branch", "right"),
-                         ("start", "right"), ("duration", "right"), ("status", "left"), ("score", "right"),
-                         ("flags", "left"), ("timeline", "left")):
+    columns = [("step", "left"), ("type", "left"), ("iter", "right"), ("branch", "right"), ("start", "right"),
+               ("duration", "right"), ("status", "left"), ("score", "right"), ("cause", "left"), ("flags", "left"),
+               ("timeline", "left")]
+    for col, justify in columns if cause is not None else [c for c in columns if c[0] != "cause"]:
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for n in nodes:
         name = n["step_name"] or n["span_id"]
         score = "" if n["score"] is None else f"{n['score']:.1f}"
-        table.add_row(
-            Text("  " * n["depth"] + name, style="bold" if n["depth"] == 0 else ""),
-            n["step_type"] or "",
-            str(n["iteration"]),
-            str(n["branch_id"]) if n["branch_id"] else "",
-            _ms(n["start_time_unix_nano"] - t0),
-            _ms(n["duration_ns"]),
-            _status(n["status_code"]),
-            score,
-            _flags(n),
-            _bar(n, t0, total),
-        )
-    return Group(_header(trace), table)
+        cells: list[RenderableType] = [
+            Text("  " * n["depth"] + name, style="bold" if n["depth"] == 0 else ""), n["step_type"] or "",
+            str(n["iteration"]), str(n["branch_id"]) if n["branch_id"] else "", _ms(n["start_time_unix_nano"] - t0),
+            _ms(n["duration_ns"]), _status(n["status_code"]), score]
+        if cause is not None:
+            cells.append(_mark(n["span_id"], cause))
+        table.add_row(*cells, _flags(n), _bar(n, t0, total))
+    if cause is None:
+        return Group(_header(trace), table)
+    return Group(_header(trace), table, _cause_line(cause, nodes))

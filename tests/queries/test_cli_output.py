@@ -175,3 +175,69 @@ def test_failures_explanation_keeps_the_exception_case_and_says_it_once(tmp_path
     assert json.loads(out) == [{"step_name": "charge_card",
                                 "explanation": "the tool raised or reported an error: ValueError: Card DECLINED for "
                                                "order A-42 (also fired: status_error, exception_event)"}]
+
+
+def _cause_column(out: str) -> dict[str, str]:
+    """step name -> the cause cell of `tracedag show`'s table (box-less: split by the header's offsets)."""
+    lines = out.splitlines()
+    head = next(line for line in lines if line.startswith("step "))
+    start, end = head.index("cause"), head.index("flags")
+    return {line.split()[0]: line[start:end].strip() for line in lines[lines.index(head) + 1:]
+            if line.startswith(" ") or line[:1].isalpha() and not line.startswith("root cause")}
+
+
+def test_show_marks_the_root_cause_and_the_propagation_path(query_store: Path) -> None:
+    code, out = run(query_store, "show", "t2-converge")
+    assert code == 0, out
+    # greedy from merge (1.0): clean_a (1.0) before clean_b (2.0), then fetch_a, clean_a's only failing upstream
+    assert _cause_column(out) == {"orchestrator": "", "fetch_a": "◆ root cause", "fetch_b": "",
+                                  "clean_a": "↓ path (1)", "clean_b": "", "merge": "✖ failure (2)"}
+    assert ("root cause: fetch_a (tool, score 2.0) → clean_a → merge (the trace's failure); 2 hops from the root, "
+            "longest failure chain 2 (tracedag query root_causes)") in out
+    code, out = run(query_store, "show", "t1-chain")
+    # planner's failing predecessors are all four children; greedy moves once, to search (1.0)
+    assert _cause_column(out)["search"] == "◆ root cause" and _cause_column(out)["planner"] == "✖ failure (1)"
+    assert "1 hop from the root, longest failure chain 4" in out
+    code, out = run(query_store, "show", "t3-retry")
+    assert _cause_column(out)["summarize"] == "◆ root cause = failure"
+    code, out = run(query_store, "show", "t5-clean")
+    assert code == 0 and "root cause" not in out and "cause" not in out.splitlines()[1]
+
+
+def test_show_scores_a_step_as_the_failures_do(query_store: Path) -> None:
+    # reply: judge 1.0, human 4.0: the human label wins, as in failures.sql (reply is not a failure)
+    code, out = run(query_store, "show", "t4-ties")
+    reply = next(line for line in out.splitlines() if line.strip().startswith("reply"))
+    assert " 4.0 " in reply and "failure" not in reply
+
+
+def test_show_says_whether_a_trace_is_in_the_store(query_store: Path, tmp_path: Path) -> None:
+    from tests.realspans import capture, to_table
+    from tracedag.pipeline.store.parquet import write_parquet_atomic
+    from tracedag.schemas.layout import table_dir
+
+    code, out = run(query_store, "show", "0af7651916cd43dd8448eb211c80319c")
+    assert code == 1
+    assert f"trace 0af7651916cd43dd8448eb211c80319c is not in the store {query_store}" in out
+    assert "not built" not in out
+    with capture("shop-agent") as (provider, exporter):
+        with provider.get_tracer("shop").start_as_current_span("invoke_agent shop"):
+            pass
+        spans = exporter.get_finished_spans()
+    data = tmp_path / "data"
+    write_parquet_atomic(to_table(spans), table_dir(data, "spans"))
+    trace_id = f"{spans[0].context.trace_id:032x}"
+    code, out = run(data, "show", trace_id)
+    assert code == 1 and f"trace {trace_id} has 1 span in the store {data} but is not built yet" in out
+    build = re.search(r"`tracedag (build [^`]+)`", out.replace("\n", " "))
+    assert build is not None
+    result = CliRunner().invoke(cli, build.group(1).split())  # the command as printed builds it
+    assert result.exit_code == 0, result.output
+    code, out = run(data, "show", trace_id)
+    assert code == 0 and "shop" in out
+
+
+def test_show_in_a_pipe_is_whole(query_store: Path) -> None:
+    out = _piped("show", "t2-converge", "--data", str(query_store))
+    assert "…" not in out and "root cause: fetch_a" in out
+    assert max(len(line) for line in out.splitlines()) > 80
