@@ -122,12 +122,12 @@ def _pct(x: float) -> str:
 
 
 def _report(result: SimulationResult, where: str, args: UserSimArgs) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from tracedag.pipeline.commands._table import whole_console
     from tracedag.pipeline.replay.simulation import rates
 
-    console = Console()
+    console = whole_console()
     table = Table(title=f"simulated users {result.simulation_id}")
     for col in ("intent", "path", "conversations", "runs", "restarts", "CCR", "PCR"):
         table.add_column(col)
