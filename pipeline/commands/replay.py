@@ -150,10 +150,11 @@ def _progress() -> Iterator[Any]:
 def _report(result: ReplayResult, where: str, tools: str = "live") -> None:
     from collections import Counter
 
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from tracedag.pipeline.commands._table import whole_console
+
+    console = whole_console()
     table = Table(title=f"replay {result.replay_id}")
     for col in ("conversation", "turns", "runs", "failed", "first error"):
         table.add_column(col)
