@@ -134,7 +134,7 @@ def _print_semantic(learned: Learned) -> None:
 def _print_learned(learned: Learned, out: Path, data: Path) -> None:
     from rich.table import Table
 
-    from tracedag.pipeline.commands._output import print_whole
+    from tracedag.pipeline.commands._table import print_whole
 
     model = learned.model
     t = Table(title=f"validation model for {model.agent} ({model.state} states)", title_justify="left")
@@ -178,7 +178,7 @@ def check_command(data: Path, selection: str | None, model_path: Path, fail_unde
 def _print_checked(table: pa.Table) -> float | None:
     from rich.table import Table
 
-    from tracedag.pipeline.commands._output import print_whole
+    from tracedag.pipeline.commands._table import print_whole
 
     rows = table.to_pylist()
     per: dict[str, list[dict[str, Any]]] = {}
