@@ -2,17 +2,22 @@
 
 The figures are computed once per build state (``data.state_key``: a build, a scoring round or a
 compaction changes it) and the text is kept; a scrape between two builds costs one directory
-walk. Families (all gauges, labels in brackets):
+walk. Every family has one sample per label set. ``agent`` is always the agent name (the one
+``run_steps`` uses: the earliest ``agent_name`` of a trace's spans, else its service name) and
+``service`` the OpenTelemetry service name. Families (all gauges, labels in brackets):
 
 - ``tracedag_traces_built`` - built traces (latest build each);
-- ``tracedag_failures{agent,step_type,category}`` - failed steps not recovered (failures.sql);
-- ``tracedag_root_causes{agent,step_type,category}`` - failed traces by root cause (trace_summary);
-- ``tracedag_workflow_score{agent}`` - histogram of workflow scores (1..5);
-- ``tracedag_determinism{agent,kind}`` - node/action/response consistency (determinism_agent);
+- ``tracedag_failures{agent,service,step_type,category}`` - failed steps not recovered (failures.sql);
+- ``tracedag_root_causes{agent,service,step_type,category}`` - failed traces by root cause (trace_summary);
+- ``tracedag_workflow_score{agent,service}`` - histogram of workflow scores (1..5);
+- ``tracedag_determinism{agent,service,agent_version,comparison,kind}`` - node/action/action-input
+  consistency across runs of a scenario (0..1, determinism_agent);
+- ``tracedag_response_consistency{agent,service,agent_version,comparison}`` - agreement of the
+  responses across runs (1..4, determinism_agent);
 - ``tracedag_step_latency_p50_seconds``/``_p90_seconds{step_type,step_name}`` - step durations
   (step_stats);
-- ``tracedag_build_lag_seconds{agent}`` - histogram of last span received -> trace built (the
-  acknowledgement-to-queryable lag of the live analysis);
+- ``tracedag_build_lag_seconds{agent,service}`` - histogram of last span received -> trace built
+  (the acknowledgement-to-queryable lag of the live analysis);
 - ``tracedag_metrics_compute_seconds`` - time the last recomputation took.
 """
 
@@ -20,26 +25,28 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
 
 from tracedag.pipeline.serve.data import Store
+from tracedag.pipeline.serve.tracelist import agent_names
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
 
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
-_KINDS = ("node_consistency", "action_consistency", "action_input_consistency", "response_consistency")
+_KINDS = ("node_consistency", "action_consistency", "action_input_consistency")
+Labels = tuple[tuple[str, str], ...]
 
 
 def _escape(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(pairs: dict[str, object]) -> str:
+def _labels(pairs: Mapping[str, object]) -> str:
     if not pairs:
         return ""
     return "{" + ",".join(f'{k}="{_escape("" if v is None else v)}"' for k, v in pairs.items()) + "}"
@@ -53,25 +60,30 @@ def _number(v: float) -> str:
     return repr(float(v)) if v != int(v) else str(int(v))
 
 
-def _histogram(name: str, help_text: str, groups: dict[str, list[float]], buckets: Iterable[float],
-               label: str) -> list[str]:
+def _histogram(name: str, help_text: str, groups: dict[Labels, list[float]], buckets: Iterable[float]) -> list[str]:
     lines = _family(name, "histogram", help_text)
     bounds = list(buckets)
     for key in sorted(groups):
-        values = groups[key]
+        values, labels = groups[key], dict(key)
         for b in bounds:
-            lines.append(f"{name}_bucket{_labels({label: key, 'le': _number(b)})} {sum(1 for v in values if v <= b)}")
-        lines.append(f"{name}_bucket{_labels({label: key, 'le': '+Inf'})} {len(values)}")
-        lines.append(f"{name}_sum{_labels({label: key})} {_number(round(sum(values), 6))}")
-        lines.append(f"{name}_count{_labels({label: key})} {len(values)}")
+            lines.append(f"{name}_bucket{_labels({**labels, 'le': _number(b)})} {sum(1 for v in values if v <= b)}")
+        lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {len(values)}")
+        lines.append(f"{name}_sum{_labels(labels)} {_number(round(sum(values), 6))}")
+        lines.append(f"{name}_count{_labels(labels)} {len(values)}")
     return lines
 
 
-def _counts(name: str, help_text: str, counter: Counter[tuple[str, str, str]]) -> list[str]:
+def _counts(name: str, help_text: str, counter: Counter[tuple[str, str, str, str]]) -> list[str]:
     lines = _family(name, "gauge", help_text)
-    for (agent, step, category), n in sorted(counter.items()):
-        lines.append(f"{name}{_labels({'agent': agent, 'step_type': step, 'category': category})} {n}")
+    for (agent, service, step, category), n in sorted(counter.items()):
+        labels = {"agent": agent, "service": service, "step_type": step, "category": category}
+        lines.append(f"{name}{_labels(labels)} {n}")
     return lines
+
+
+def _who(agents: Mapping[str, str], trace_id: str, service: str | None) -> tuple[str, str]:
+    """(agent name, service name) of a trace."""
+    return agents.get(trace_id) or service or "", service or ""
 
 
 def compute(data: Path) -> str:
@@ -79,41 +91,58 @@ def compute(data: Path) -> str:
     t0 = time.perf_counter()
     summary = run_named(data, "trace_summary", {}).to_pylist()
     failures = run_named(data, "failures", {}).to_pylist()
+    agents = agent_names(data)
     lines = _family("tracedag_traces_built", "gauge", "Built traces (latest build of each).")
     lines.append(f"tracedag_traces_built {len(summary)}")
-    lines += _counts("tracedag_failures", "Failed steps not recovered, by agent, step type and taxonomy category.",
-                     Counter((f["service_name"] or "", f["step_type"] or "", f["taxonomy_l1"] or "unclassified")
-                             for f in failures if not f["recovered"]))
-    lines += _counts("tracedag_root_causes", "Failed traces by their root cause's agent, step type and category.",
-                     Counter((s["service_name"] or "", s["root_cause_type"] or "", s["root_cause_category"] or "")
-                             for s in summary if s["root_cause_span_id"]))
-    scores: dict[str, list[float]] = {}
+    lines += _counts("tracedag_failures", "Failed steps not recovered, by agent, service, step type and taxonomy category.",
+                     Counter((*_who(agents, f["trace_id"], f["service_name"]), f["step_type"] or "",
+                              f["taxonomy_l1"] or "unclassified") for f in failures if not f["recovered"]))
+    lines += _counts("tracedag_root_causes", "Failed traces by agent, service, and their root cause's step type and category.",
+                     Counter((*_who(agents, s["trace_id"], s["service_name"]), s["root_cause_type"] or "",
+                              s["root_cause_category"] or "") for s in summary if s["root_cause_span_id"]))
+    scores: dict[Labels, list[float]] = {}
     for s in summary:
         if s["workflow_score"] is not None:
-            scores.setdefault(s["service_name"] or "", []).append(float(s["workflow_score"]))
-    lines += _histogram("tracedag_workflow_score", "Workflow score of each built trace (1..5).", scores,
-                        SCORE_BUCKETS, "agent")
-    lines += _determinism(data)
+            agent, service = _who(agents, s["trace_id"], s["service_name"])
+            scores.setdefault((("agent", agent), ("service", service)), []).append(float(s["workflow_score"]))
+    lines += _histogram("tracedag_workflow_score", "Workflow score of each built trace (1..5).", scores, SCORE_BUCKETS)
+    lines += _determinism(data, _services(agents, summary))
     lines += _step_latency(data)
-    lines += _histogram("tracedag_build_lag_seconds", "Last span received to trace built, per trace.",
-                        _lags(data), LAG_BUCKETS, "agent")
+    lines += _histogram("tracedag_build_lag_seconds", "Last span received to trace built, per trace (seconds).",
+                        _lags(data, agents), LAG_BUCKETS)
     lines += _family("tracedag_metrics_compute_seconds", "gauge", "Seconds the last recomputation of these figures took.")
     lines.append(f"tracedag_metrics_compute_seconds {time.perf_counter() - t0:.6f}")
     return "\n".join(lines) + "\n"
 
 
-def _determinism(data: Path) -> list[str]:
-    lines = _family("tracedag_determinism", "gauge", "Consistency across runs of a scenario, per agent (0..1).")
+def _services(agents: Mapping[str, str], summary: list[dict[str, object]]) -> dict[str, str]:
+    """agent name -> its service names (comma separated when an agent runs in several services)."""
+    found: dict[str, set[str]] = {}
+    for s in summary:
+        service = str(s["service_name"] or "")
+        agent, _ = _who(agents, str(s["trace_id"]), service)
+        found.setdefault(agent, set()).add(service)
+    return {a: ",".join(sorted(v)) for a, v in found.items()}
+
+
+def _determinism(data: Path, services: Mapping[str, str]) -> list[str]:
+    lines = _family("tracedag_determinism", "gauge",
+                    "Consistency across runs of a scenario (0..1): kind = node, action or action-input consistency.")
+    response = _family("tracedag_response_consistency", "gauge",
+                       "Agreement of the responses across runs of a scenario (1..4 scale).")
     try:
         rows = run_named(data, "determinism_agent", {}).to_pylist()
     except QueryFailed:
-        return lines
+        return lines + response
     for r in rows:
+        labels = {"agent": r.get("agent"), "service": services.get(str(r.get("agent") or ""), ""),
+                  "agent_version": r.get("agent_version"), "comparison": r.get("comparison")}
         for kind in _KINDS:
-            value = r.get(kind)
-            if value is not None:
-                lines.append(f"tracedag_determinism{_labels({'agent': r.get('agent'), 'kind': kind})} {value}")
-    return lines
+            if r.get(kind) is not None:
+                lines.append(f"tracedag_determinism{_labels({**labels, 'kind': kind})} {r[kind]}")
+        if r.get("response_consistency") is not None:
+            response.append(f"tracedag_response_consistency{_labels(labels)} {r['response_consistency']}")
+    return lines + response
 
 
 def _step_latency(data: Path) -> list[str]:
@@ -121,7 +150,7 @@ def _step_latency(data: Path) -> list[str]:
     lines: list[str] = []
     for q in ("p50", "p90"):
         name = f"tracedag_step_latency_{q}_seconds"
-        lines += _family(name, "gauge", f"{q} of step duration, by step type and name.")
+        lines += _family(name, "gauge", f"{q} of step duration, by step type and name (seconds).")
         for r in rows:
             if r[f"{q}_ms"] is not None:
                 labels = _labels({"step_type": r["step_type"], "step_name": r["step_name"]})
@@ -129,17 +158,19 @@ def _step_latency(data: Path) -> list[str]:
     return lines
 
 
-def _lags(data: Path) -> dict[str, list[float]]:
+def _lags(data: Path, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
     con = connect(data)
     try:
         table: pa.Table = con.sql(
-            "select service_name, (built_unix_nano - last_received_unix_nano) / 1e9 as lag from traces "
+            "select trace_id, service_name, (built_unix_nano - last_received_unix_nano) / 1e9 as lag from traces "
             "where last_received_unix_nano is not null").to_arrow_table()
     finally:
         con.close()
-    out: dict[str, list[float]] = {}
-    for agent, lag in zip(table["service_name"].to_pylist(), table["lag"].to_pylist(), strict=True):
-        out.setdefault(agent or "", []).append(max(0.0, float(lag)))
+    out: dict[Labels, list[float]] = {}
+    for tid, service, lag in zip(table["trace_id"].to_pylist(), table["service_name"].to_pylist(),
+                                 table["lag"].to_pylist(), strict=True):
+        agent, svc = _who(agents, tid, service)
+        out.setdefault((("agent", agent), ("service", svc)), []).append(max(0.0, float(lag)))
     return out
 
 

@@ -10,6 +10,7 @@ cached per build state, as the rest of the server's (``data.Store``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -73,16 +74,19 @@ def query_from(params: dict[str, str]) -> TraceQuery:
                       limit=max(1, min(limit, MAX_PAGE)), offset=max(0, offset))
 
 
+def agent_names(data: Path) -> dict[str, str]:
+    """trace id -> agent name, for every built trace of the store at ``data``."""
+    con = connect(data)
+    try:
+        rows = con.sql(_AGENTS_SQL).fetchall()
+    finally:
+        con.close()
+    return {str(tid): str(agent or "") for tid, agent in rows}
+
+
 def agents(store: Store) -> dict[str, str]:
-    """trace id -> agent name, for every built trace (cached per build state)."""
-    def compute() -> dict[str, str]:
-        con = connect(store.data)
-        try:
-            rows = con.sql(_AGENTS_SQL).fetchall()
-        finally:
-            con.close()
-        return {str(tid): str(agent or "") for tid, agent in rows}
-    found: dict[str, str] = store.cache.get(store.state(), "trace_agents", compute)
+    """``agent_names`` of the store, cached per build state."""
+    found: dict[str, str] = store.cache.get(store.state(), "trace_agents", lambda: agent_names(store.data))
     return found
 
 

@@ -15,7 +15,9 @@ import pytest
 
 from tests.serve.serve_support import Server, built_store, free_port, running_server
 from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.serve.metrics import compute
 from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.views import connect
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$')
 
@@ -26,9 +28,21 @@ def server(serve_store: Path) -> Iterator[Server]:
         yield s
 
 
-def _expected_failures(data: Path) -> Counter[tuple[str, str, str]]:
+def _agent_names(data: Path) -> dict[str, str]:
+    """trace id -> agent name: the earliest agent_name among its spans (every generated span's service has one)."""
+    con = connect(data)
+    try:
+        rows = con.sql("select trace_id, arg_min(agent_name, start_time_unix_nano) from spans "
+                       "where agent_name is not null group by trace_id").fetchall()
+    finally:
+        con.close()
+    return dict(rows)
+
+
+def _expected_failures(data: Path) -> Counter[tuple[str, str, str, str]]:
     rows = run_named(data, "failures", {}).to_pylist()
-    return Counter((r["service_name"], r["step_type"], r["taxonomy_l1"] or "unclassified")
+    agents = _agent_names(data)
+    return Counter((agents[r["trace_id"]], r["service_name"], r["step_type"], r["taxonomy_l1"] or "unclassified")
                    for r in rows if not r["recovered"])
 
 
@@ -52,8 +66,9 @@ def test_the_text_has_every_family_and_the_failure_counts(server: Server, serve_
         assert f"# TYPE {family} " in r.text
     expected = _expected_failures(serve_store)
     assert expected
-    for (agent, step, category), n in expected.items():
-        assert samples[f'tracedag_failures{{agent="{agent}",step_type="{step}",category="{category}"}}'] == n
+    for (agent, service, step, category), n in expected.items():
+        key = f'tracedag_failures{{agent="{agent}",service="{service}",step_type="{step}",category="{category}"}}'
+        assert samples[key] == n
     built = run_named(serve_store, "trace_summary", {}).num_rows
     assert samples["tracedag_traces_built"] == built
     counts = sum(v for k, v in samples.items() if k.startswith("tracedag_workflow_score_count"))
@@ -119,3 +134,70 @@ def test_a_real_prometheus_scrapes_and_promql_returns_the_failure_count(
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample line as (metric, labels, value)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        m = _LINE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        out.append((m[1], dict(_LABEL.findall(m[2] or "")), float(m[3])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's store: agents with a name other than their service, determinism over replays and variants."""
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+    data = tmp_path_factory.mktemp("metrics-demo") / "demo"
+    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
+    assert done.exit_code == 0, done.output
+    return data
+
+
+def test_one_sample_per_label_set_and_agent_is_the_agent_name_everywhere(serve_store: Path, demo_store: Path) -> None:
+    for data in (serve_store, demo_store):
+        series = _series(compute(data))
+        keys = Counter((name, tuple(sorted(labels.items()))) for name, labels, _ in series)
+        assert [k for k, n in keys.items() if n > 1] == []
+        agents = set(_agent_names(data).values())
+        services = set(run_named(data, "trace_summary", {}).column("service_name").to_pylist())
+        assert agents.isdisjoint(services)  # the two stores name agents and services apart: a mix-up shows
+        labelled = [(name, labels) for name, labels, _ in series if "agent" in labels]
+        assert {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n, _ in labelled} >= {
+            "tracedag_failures", "tracedag_root_causes", "tracedag_workflow_score", "tracedag_build_lag_seconds"}
+        for name, labels in labelled:
+            assert labels["agent"] in agents, (name, labels)
+            assert set(labels["service"].split(",")) <= services, (name, labels)
+
+
+def test_determinism_keeps_version_and_comparison_and_response_has_its_own_scale(demo_store: Path) -> None:
+    text = compute(demo_store)
+    rows = run_named(demo_store, "determinism_agent", {}).to_pylist()
+    assert {r["comparison"] for r in rows} == {"replays", "variants"}
+    got = {(s[1]["agent"], s[1]["agent_version"], s[1]["comparison"], s[1]["kind"]): s[2]
+           for s in _series(text) if s[0] == "tracedag_determinism"}
+    response = {(s[1]["agent"], s[1]["agent_version"], s[1]["comparison"]): s[2]
+                for s in _series(text) if s[0] == "tracedag_response_consistency"}
+    for r in rows:
+        for kind in ("node_consistency", "action_consistency", "action_input_consistency"):
+            if r[kind] is not None:
+                assert got[(r["agent"], r["agent_version"] or "", r["comparison"], kind)] == pytest.approx(r[kind])
+        if r["response_consistency"] is not None:
+            assert response[(r["agent"], r["agent_version"] or "", r["comparison"])] == \
+                pytest.approx(r["response_consistency"])
+    assert got and all(0 <= v <= 1 for v in got.values())
+    assert response and all(1 <= v <= 4 for v in response.values())
+    assert "# HELP tracedag_determinism Consistency across runs of a scenario (0..1)" in text
+    assert "# HELP tracedag_response_consistency Agreement of the responses across runs of a scenario (1..4" in text
+    if shutil.which("promtool"):
+        done = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
