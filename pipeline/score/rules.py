@@ -9,12 +9,12 @@ wins, ties going to the rule listed first (the more specific one).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracedag.pipeline.score.result_errors import KEY_HINTS, result_error
 from tracedag.pipeline.score.rows import ScoreRow, categorize
 from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, parse_arguments
 
@@ -52,21 +52,12 @@ class StepFacts:
 
 # ---- signals derived from the facts -------------------------------------------------------------
 
-_ERROR_WORDS = re.compile(r"^\s*(error\s*:|exception\s*:|\w+(?:error|exception)\s*:|traceback \(most recent call last\)|failed\s*:)", re.I)
-_RESULT_ERROR_KEYS = ("error", "errors", "exception")
-
-
-def _json(text: str | None) -> Any:
-    if not text or text.lstrip()[:1] not in ("{", "["):
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+# the prefilter of the columnar scan (scan.py): a result holding none of these is no error payload
+RESULT_KEY_HINTS = KEY_HINTS
 
 
 def tool_result_reports_error(f: StepFacts) -> bool:
-    """A tool result that says it failed: {"error": ...}, isError/is_error true, status error, "Error: ..."."""
+    """A tool result that says it failed: one of the shapes of ``result_errors.SHAPES``."""
     if f.step_type != "tool" or not f.output_text:
         return False
     if "result_error" not in f.memo:
@@ -75,20 +66,8 @@ def tool_result_reports_error(f: StepFacts) -> bool:
     return found
 
 
-RESULT_KEY_HINTS = ('"error', '"exception', '"isError"', '"is_error"', '"status"')
-
-
 def _result_error(text: str) -> bool:
-    if text.lstrip()[:1] == "{" and not any(h in text for h in RESULT_KEY_HINTS):
-        return False  # an object without any key the checks below read (skips parsing most results)
-    doc = _json(text)
-    if isinstance(doc, dict):
-        if any(doc.get(k) for k in _RESULT_ERROR_KEYS):
-            return True
-        if doc.get("isError") is True or doc.get("is_error") is True:
-            return True
-        return str(doc.get("status", "")).lower() in ("error", "failed", "failure")
-    return bool(_ERROR_WORDS.match(text))
+    return result_error(text) is not None
 
 
 def http_status(f: StepFacts) -> int | None:
