@@ -25,6 +25,7 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from tracedag.pipeline.commands._table import whole_console
     from tracedag.pipeline.demo.config import DemoConfig
     from tracedag.pipeline.demo.report import print_demo
     from tracedag.pipeline.demo.run import run_demo
@@ -34,7 +35,7 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
     columns = (TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         result = run_demo(DemoConfig(data=data, seed=seed, keep=keep), progress)
-    print_demo(console, result)
+    print_demo(whole_console(), result)  # whole tables in a pipe or CI log
     unavailable = [s for s, status in result.stages.items() if status != "ok"]
     if unavailable:
         raise click.ClickException(f"stages not completed: {', '.join(unavailable)}")
