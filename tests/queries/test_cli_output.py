@@ -241,3 +241,40 @@ def test_show_in_a_pipe_is_whole(query_store: Path) -> None:
     out = _piped("show", "t2-converge", "--data", str(query_store))
     assert "…" not in out and "root cause: fetch_a" in out
     assert max(len(line) for line in out.splitlines()) > 80
+
+
+def _on_a_terminal(*args: str, columns: int) -> str:
+    """stdout of the real CLI on a pseudo-terminal ``columns`` wide."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    try:
+        done = subprocess.run([sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", *args],
+                              stdout=follower, stderr=subprocess.PIPE, timeout=120,
+                              env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "xterm"})
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(leader)
+    assert done.returncode == 0, done.stderr
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r\n", "\n")
+
+
+def test_on_a_terminal_the_table_fits_its_width(query_store: Path) -> None:
+    out = _on_a_terminal("query", "root_causes", "--data", str(query_store), columns=120)
+    assert header(out) == ROOT_DEFAULT  # the main columns fit a 120-column terminal whole
+    assert max(len(line) for line in out.splitlines()) <= 120
+    wide = _on_a_terminal("query", "root_causes", "--wide", "--data", str(query_store), columns=100)
+    assert max(len(line) for line in wide.splitlines()) <= 100 and "…" in wide  # squeezed, not wrapped
