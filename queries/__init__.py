@@ -113,3 +113,10 @@ def default_columns(name: str) -> tuple[str, ...]:
         if m is not None:
             return tuple(c.strip() for c in m["names"].split(",") if c.strip())
     return ()
+
+
+def macro_names() -> list[str]:
+    """Every table macro a statement may call: the named queries and the shared macros of ``_*.sql``."""
+    from tracedag.queries.macros import macro_names as names_of_macros  # macros imports this module
+
+    return names_of_macros()

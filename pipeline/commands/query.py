@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -112,24 +110,73 @@ def queries_command() -> None:
 
 
 @click.command("sql")
-@click.option("--print-only", is_flag=True, help="Only write the init file and print how to attach.")
+@click.argument("statement", required=False)
+@click.option("--init", "init_file", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Write an init file (the views and query macros) for your own DuckDB, print how to use it, "
+                   "and exit. FILE defaults to <data>/state/duckdb_init.sql.")
+@click.option("--print-only", is_flag=True, hidden=True, help="The same as --init (kept for old scripts).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table",
+              show_default=True, help="Output format of STATEMENT's result.")
 @_with_data
-def sql_command(print_only: bool, data: Path) -> None:
-    """Open the duckdb shell with the tracedag views defined (or print how to attach)."""
+def sql_command(statement: str | None, init_file: str | None, print_only: bool, fmt: str, data: Path) -> None:
+    """Run STATEMENT over the store's views and print the result, or open a SQL shell.
+
+    Named queries are table macros: select root_step_name, count(*) from root_causes(per := 'conversation')
+    group by 1. Without STATEMENT a shell opens on one DuckDB connection (no duckdb binary needed;
+    .help lists its commands); with standard input not a terminal it runs the statements read from it.
+
+    \f
+    Args:
+        statement: SQL to run (one statement, or several separated by ;: the last one's result is printed).
+        init_file: write the init file there ("-": the default place) and exit.
+        print_only: the same as --init without FILE.
+        fmt: table, csv, json or parquet.
+        data: the store.
+    """
     from tracedag.pipeline.store import querying
 
-    init = querying.write_init_file(data)
-    duckdb_bin = shutil.which("duckdb")
-    if duckdb_bin and not print_only:
-        sys.exit(subprocess.call([duckdb_bin, "-init", str(init)]))
-    click.echo(f"Views written to {init}.")
-    if not duckdb_bin:
-        click.echo("No `duckdb` binary on PATH (install it from https://duckdb.org/docs/installation).")
-    click.echo(f"Shell:  duckdb -init {init}")
+    if init_file is not None or print_only:
+        _write_init(data, None if init_file in (None, "-") else Path(init_file or "-"))
+        return
+    if statement is not None:
+        table = querying.run_sql(data, statement)
+        _emit(table, fmt, None)
+        hint = querying.empty_hint(data, None, statement) if table.num_rows == 0 else None
+        if hint:
+            click.echo(f"0 rows: {hint}", err=True)
+        return
+    sys.exit(_shell(data, fmt))
+
+
+def _shell(data: Path, fmt: str) -> int:
+    from tracedag.pipeline.commands._shell import open_shell
+    from tracedag.pipeline.store.views import connect
+
+    con = connect(data)
+    try:
+        banner = (f"tracedag SQL on {data} (DuckDB). Statements end with ;  .help for commands, "
+                  ".queries for the named queries, .quit to leave.")
+        return open_shell(con, lambda table: _emit(table, fmt, None), banner)
+    finally:
+        con.close()
+
+
+def _write_init(data: Path, path: Path | None) -> None:
+    from tracedag.pipeline.store import querying
+
+    init = querying.write_init_file(data, path)
+    example = "select root_step_name, count(*) from root_causes(per := 'conversation') group by 1"
+    click.echo(f"Views and query macros of {data} written to {init}.")
+    click.echo(f"DuckDB shell:  duckdb -init {init}     (or, inside duckdb: .read {init})")
     click.echo("Python:")
+    click.echo("    import duckdb")
+    click.echo(f"    con = duckdb.connect(); con.execute(open({str(init)!r}).read())")
+    click.echo(f"    con.sql({example!r}).show()")
+    click.echo("  or, where tracedag is installed (reads the files present when it connects):")
     click.echo("    from tracedag.pipeline.store.views import connect")
-    click.echo(f"    con = connect({str(data)!r})")
-    click.echo("    con.sql('select * from traces limit 10').show()")
+    click.echo(f"    con = connect({str(data)!r}, query_macros=True)")
+    click.echo(f"No duckdb binary needed: tracedag sql --data {data}")
+    click.echo("The file lists the files of the store now: write it again when tables appear.")
 
 
 COMMANDS: list[click.Command] = [query_command, queries_command, sql_command]

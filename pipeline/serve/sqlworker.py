@@ -26,7 +26,7 @@ from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_an
 from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
 from tracedag.pipeline.store.sandbox import lock_down
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed
 
 FAILED = 3
@@ -97,7 +97,9 @@ def _next_checked(spare: _Spare) -> dict[str, Any] | None:
     for line in sys.stdin.buffer:
         request: dict[str, Any] = json.loads(line)
         try:
-            check(str(request["sql"]), catalog(spare.fresh()))  # the views and macros of this store
+            con = spare.fresh()
+            create_query_macros(con, str(request["sql"]))  # the named queries it calls, as table macros
+            check(str(request["sql"]), catalog(con))  # the views and macros of this store
         except QueryFailed as e:
             _fail(e.reason, type(e).__name__, again=True)  # nothing ran: this worker stays the spare
             continue

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import state_dir
 
@@ -144,11 +144,12 @@ def empty_hint(data: Path, name: str | None, sql: str | None = None) -> str | No
 
 @dataclass(frozen=True)
 class Limits:
-    """How a query runs: DuckDB threads, a deadline in seconds, and the read-only sandbox."""
+    """How a query runs: DuckDB threads, a deadline in seconds, the read-only sandbox, the query macros."""
 
     threads: int | None = None
     timeout: float | None = None
     read_only: bool = False
+    macros: bool = False  # make the named queries the SQL calls table macros first
 
 
 def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | None = None,
@@ -160,7 +161,7 @@ def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | N
     """
     if read_only:
         check_select(sql)
-    return _execute(data, "--sql", sql, {}, Limits(threads, timeout, read_only))
+    return _execute(data, "--sql", sql, {}, Limits(threads, timeout, read_only, macros=True))
 
 
 # Compaction swaps a partition's files atomically; a query that listed the old files just before
@@ -174,11 +175,16 @@ def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits
             return _execute_once(data, label, sql, values, limits)
         except duckdb.IOException as e:
             if attempt == _ATTEMPTS or not _file_vanished(e):
-                raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+                raise QueryFailed(label, duckdb_message(e)) from e
             logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
         except duckdb.Error as e:
-            raise QueryFailed(label, str(e).strip().splitlines()[0]) from e
+            raise QueryFailed(label, duckdb_message(e)) from e
     raise AssertionError("unreachable")
+
+
+def duckdb_message(error: duckdb.Error) -> str:
+    """DuckDB's whole message: its "Did you mean", candidate columns and ``LINE n:`` pointer are for the user."""
+    return str(error).strip() or type(error).__name__
 
 
 def _file_vanished(error: duckdb.Error) -> bool:
@@ -189,16 +195,18 @@ def _file_vanished(error: duckdb.Error) -> bool:
 def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
     con = connect(data, threads=limits.threads)
     try:
+        if limits.macros:
+            create_query_macros(con, sql)
         if limits.read_only:
             lock_down(con, data)
         with deadline(con, limits.timeout, label):
             relation = con.sql(sql, params=values or None)
-            return pa.table({}) if relation is None else _to_arrow(relation)
+            return pa.table({}) if relation is None else to_arrow(relation)
     finally:
         con.close()
 
 
-def _to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
+def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
     """The relation as an Arrow table (``to_arrow_table`` in DuckDB 2, ``arrow`` before)."""
     fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
     table: pa.Table = fetch()
@@ -243,26 +251,32 @@ def write_result(table: pa.Table, fmt: str, out: IO[bytes]) -> None:
 
 
 def init_sql(data: Path) -> str:
-    """Return SQL that defines every tracedag view over the Parquet files now in ``data``."""
+    """Return SQL that defines every tracedag view over the Parquet files now in ``data``, and the query macros."""
     con = connect(data)
     try:
         rows = con.execute(
             "select sql from duckdb_views() where not internal and schema_name = 'main' order by view_oid"
         ).fetchall()
+        named = create_query_macros(con)
     finally:
         con.close()
-    lines = [f"-- tracedag views over {data.resolve()} (regenerate with `tracedag sql` when tables appear)"]
+    lines = [f"-- tracedag views over {data.resolve()} (regenerate with `tracedag sql --init` when tables appear)"]
     lines += [str(sql).replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1) for (sql,) in rows]
-    # the table macros the named queries call (queries/_*.sql), so they run in the shell too
-    lines += [queries.load(name) for name in queries.macro_files()]
+    # the table macros the named queries call (queries/_*.sql), then every named query as a table macro
+    lines += [_statement(queries.load(name)) for name in queries.macro_files()]
+    lines += [_statement(sql) for sql in named]
     return "\n".join(lines) + "\n"
 
 
-def write_init_file(data: Path) -> Path:
-    """Write ``<data>/state/duckdb_init.sql`` (the views) and return its path."""
-    state = state_dir(data)
-    state.mkdir(parents=True, exist_ok=True)
-    path = state / "duckdb_init.sql"
+def _statement(sql: str) -> str:
+    return sql.rstrip().rstrip(";") + ";"
+
+
+def write_init_file(data: Path, path: Path | None = None) -> Path:
+    """Write the init SQL (``init_sql``) to ``path`` (default ``<data>/state/duckdb_init.sql``); return the path."""
+    if path is None:
+        path = state_dir(data) / "duckdb_init.sql"
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(init_sql(data), encoding="utf-8")
     tmp.replace(path)

@@ -7,11 +7,14 @@ such as ``determinism``, ``node_utility``, ``run_paths``) is a view named ``<nam
 A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
 Each view reads a ``<table>_all`` view of the raw files where it refines them.
-The table macros of ``queries/_*.sql`` (shared by the named queries) are created after the views.
+The table macros of ``queries/_*.sql`` (shared by the named queries) are created after the views,
+and ``create_query_macros`` makes named queries table macros of their own names (``queries.macros``):
+``select * from root_causes(per := 'conversation')``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
+from tracedag.queries import macros
 from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import (
@@ -44,6 +48,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "human_labels": HUMAN_LABELS_V1,
     "validations": VALIDATIONS_V1,
 }
+
+logger = logging.getLogger(__name__)
 
 # Views built on the raw file views: keep only the latest build of each trace.
 _LATEST = {
@@ -167,8 +173,58 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         con.execute(queries.load(name))
 
 
-def connect(data: Path | str, threads: int | None = None) -> duckdb.DuckDBPyConnection:
-    """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string)."""
+_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist")
+
+
+def mentioned_queries(sql: str) -> list[str]:
+    """The named queries whose names occur as words in ``sql`` outside strings and comments."""
+    code = macros.code_only(sql, keep_strings=False)
+    return [n for n in queries.names() if re.search(rf"\b{n}\b", code, re.IGNORECASE)]
+
+
+def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) -> list[str]:
+    """Create the table macro of each named query ``sql`` mentions (every one when None); return the statements.
+
+    Binding a body costs 10-120 ms, so connections make only the macros a statement calls; one
+    already on ``con`` is kept. A named query whose body does not bind here (it reads an analysis
+    table the store does not have yet) becomes a macro that raises saying so when called.
+    """
+    names = queries.names() if sql is None else mentioned_queries(sql)
+    made = {r[0] for r in con.execute(
+        "select function_name from duckdb_functions() where function_type = 'table_macro'").fetchall()}
+    done: list[str] = []
+    for name in names:
+        if name not in made:
+            done += _create_query_macro(con, name)
+    return done
+
+
+def _create_query_macro(con: duckdb.DuckDBPyConnection, name: str) -> list[str]:
+    macro = macros.build(name)
+    con.execute(macro.placeholder)
+    con.execute(macro.wrapper)
+    try:
+        con.execute(macro.body)
+        body = macro.body
+    except duckdb.Error as e:
+        body = macros.stub_sql(name, _unavailable(name, e))
+        con.execute(body)
+    return [macro.placeholder, macro.wrapper, body]
+
+
+def _unavailable(name: str, error: duckdb.Error) -> str:
+    missing = _MISSING_TABLE.search(str(error))
+    if missing and isinstance(error, duckdb.CatalogException):
+        return f"the store has no table {missing.group(1)} yet (`tracedag queries` says what writes it)"
+    logger.exception("named query %s does not bind as a macro", name)
+    return f"does not bind on this store: {str(error).strip().splitlines()[0]}"
+
+
+def connect(data: Path | str, threads: int | None = None, query_macros: bool = False) -> duckdb.DuckDBPyConnection:
+    """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string).
+
+    ``query_macros``: also make every named query a table macro (``create_query_macros``; ~0.5 s).
+    """
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"set threads = {int(threads)}")
@@ -176,4 +232,6 @@ def connect(data: Path | str, threads: int | None = None) -> duckdb.DuckDBPyConn
     if remote is not None:
         con.register_filesystem(remote.fs)  # DuckDB reads the store through fsspec (no httpfs offline)
     create_views(con, Path(data))
+    if query_macros:
+        create_query_macros(con)
     return con

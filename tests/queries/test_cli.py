@@ -123,7 +123,7 @@ def test_sql_prints_how_to_attach_and_the_init_file_defines_the_views(
     import duckdb
 
     monkeypatch.setenv("PATH", "")  # no duckdb binary: print how to attach
-    code, out = run(query_store, "sql")
+    code, out = run(query_store, "sql", "--init")
     assert code == 0, out
     init = query_store / "state" / "duckdb_init.sql"
     assert f"duckdb -init {init}" in out and "connect(" in out
