@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,7 +38,10 @@ def read_token(path: Path | None, host: str) -> str | None:
             raise click.UsageError(f"--host {host} listens beyond this machine: give --token-file (a file "
                                    "holding the bearer token clients must send)")
         return None
-    token = path.read_text().strip()
+    token = path.read_bytes().strip().decode("ascii", errors="replace")
+    if not all(" " < c < "\x7f" for c in token):
+        raise click.UsageError(f"{path}: the token must be printable ASCII without spaces (an HTTP header "
+                               "carries it; no client could send this one)")
     if len(token) < 16:
         raise click.UsageError(f"{path}: the token must be at least 16 characters")
     return token
@@ -63,25 +67,58 @@ def read_token(path: Path | None, host: str) -> str | None:
                    "?truncate=1 (truncated: true).")
 @click.option("--sql-check-timeout", default=2.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds the SQL guard may take to check one statement (then 400).")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a client has to send a request's head (then 408 and the connection is closed).")
+@click.option("--body-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a client has to send a request's body after its head (then 408, closed).")
+@click.option("--idle-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a keep-alive connection may stay silent between requests.")
+@click.option("--max-connections", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Connections open at once; more get 503 and are closed at once.")
 @_with_data
 def serve_command(host: str, port: int, token_file: Path | None, allowed_host: tuple[str, ...],
                   sql_timeout: float, sql_memory_mb: int,
-                  sql_max_rows: int, sql_max_bytes: int, sql_check_timeout: float, data: Path) -> None:
+                  sql_max_rows: int, sql_max_bytes: int, sql_check_timeout: float, header_timeout: float,
+                  body_timeout: float, idle_timeout: float, max_connections: int, data: Path) -> None:
     """Serve the store read-only: HTTP API, web UI at /, Prometheus /metrics, sandboxed SQL."""
-    import uvicorn
-
     from tracedag.pipeline.serve.app import create_app
+    from tracedag.pipeline.serve.conns import ConnLimits
     from tracedag.pipeline.serve.hostcheck import HostPolicy, allowed_hosts
     from tracedag.pipeline.serve.sqlproc import SqlLimits
 
     token = read_token(token_file, host)
+    sock = _listen(host, port)
+    port = int(sock.getsockname()[1])
     limits = SqlLimits(timeout=sql_timeout, memory_mb=sql_memory_mb, max_rows=sql_max_rows, max_bytes=sql_max_bytes,
                        check_timeout=sql_check_timeout)
     app = create_app(data, token=token, limits=limits, hosts=HostPolicy(port, allowed_hosts(allowed_host)))
     where = f"[{host}]" if ":" in host else host
     click.echo(f"tracedag serve: http://{where}:{port}/ (API /api, metrics /metrics, OpenAPI /openapi.json)"
                + (" - bearer token required" if token else ""), err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    _run(app, sock, ConnLimits(header_timeout, body_timeout, idle_timeout, max_connections))
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening address, bound before anything starts: a taken port is one line and exit status 1."""
+    from tracedag.pipeline.serve.conns import bind
+
+    try:
+        sock: socket.socket = bind(host, port)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise click.ClickException(f"--port {port}: cannot listen on {host}:{port} ({reason}); "
+                                   "choose another --port, or stop what listens there") from e
+    return sock
+
+
+def _run(app: Any, sock: socket.socket, conn: Any) -> None:
+    import uvicorn
+
+    from tracedag.pipeline.serve.conns import protocol
+
+    config = uvicorn.Config(app, http=protocol(conn), timeout_keep_alive=int(max(1, conn.idle_timeout)),
+                            log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 @click.command("report")

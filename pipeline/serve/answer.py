@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -26,6 +26,8 @@ from tracedag.schemas.errors import QueryFailed
 
 BATCH_ROWS = 512
 """Rows per batch read from DuckDB: small, so one batch of wide rows stays small too."""
+PIECE_BYTES = 1 << 20
+"""Arrow bytes encoded at a time (a slice of a batch)."""
 
 
 class TooLarge(QueryFailed):  # type: ignore[misc,unused-ignore]
@@ -151,10 +153,20 @@ def _too_large(bounds: Bounds) -> TooLarge:
                            "select fewer or shorter columns, or ask for the rows that fit with ?truncate=1")
 
 
+def _pieces(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The batches cut into slices of about ``PIECE_BYTES`` of Arrow data, so a row too many is found
+    after encoding at most one slice more than fits (a batch of wide rows is tens of MB)."""
+    for batch in batches:
+        per_row = max(1, batch.nbytes // max(1, batch.num_rows))
+        step = max(1, PIECE_BYTES // per_row)
+        for start in range(0, batch.num_rows, step):
+            yield batch.slice(start, step)
+
+
 def _stream_answer(batches: Iterable[pa.RecordBatch], enc: _Encoder, bounds: Bounds, sink: _Sink) -> Written:
     sink.write(enc.head())
     rows, truncated = 0, False
-    for batch in batches:
+    for batch in _pieces(batches):
         if batch.num_rows == 0:
             continue
         if rows == bounds.max_rows:

@@ -135,6 +135,9 @@ class SqlRunner:
         # reaches the store's views only: file and URL functions are refused before it runs)
         hidden = ("TRACEDAG_TOKEN",) if remote_of(self.data) is not None else ("AWS_", "TRACEDAG_TOKEN")
         env = {k: v for k, v in os.environ.items() if not k.startswith(hidden)}
+        # glibc reserves 64 MB of address space per thread's malloc arena: with DuckDB's and Arrow's threads
+        # a waiting worker held 1.5 GB of its RLIMIT_AS and a 30 MB batch failed to allocate (0.6 GB with 2)
+        env.setdefault("MALLOC_ARENA_MAX", "2")
         return subprocess.Popen(
             [sys.executable, "-m", "tracedag.pipeline.serve.sqlworker", str(self.data)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

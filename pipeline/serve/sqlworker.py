@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         written = run(spare.data, request, sys.stdout.buffer, spare.con)
     except QueryFailed as e:
         return _fail(e.reason, type(e).__name__)
-    except (duckdb.Error, pa.ArrowException, AttributeError) as e:
+    except (duckdb.Error, pa.ArrowException, AttributeError, OSError) as e:  # OSError: DuckDB's Arrow export
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return _fail(first, memory="out of memory" in first.lower())
     except MemoryError:

@@ -1,0 +1,87 @@
+"""Shared parts of the hostile-client tests (#29): a server's memory, its children, raw HTTP on a socket."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` (VmRSS of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid``."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(entry))
+    return out
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class PeakRss:
+    """The highest resident memory of ``pid`` seen every 20 ms while the block runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.peak = max(self.peak, rss_bytes(self.pid))
+            except (OSError, AssertionError):
+                return
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def raw_head(port: int, method: str, path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def read_reply(sock: socket.socket, timeout: float) -> bytes:
+    """What the server sends until it closes or ``timeout`` passes (b"" if nothing came)."""
+    sock.settimeout(timeout)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        got += chunk
+        if b"\r\n\r\n" in got and b"content-length" in got.lower():
+            head, _, body = got.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            if len(body) >= length:
+                break
+    return got
