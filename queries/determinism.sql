@@ -1,5 +1,6 @@
 -- determinism: trajectory consistency and coverage per agent and scenario, over the exact replays
 -- and over the variants measured against the base (modal) path of the replays.
+-- columns: agent, scenario, comparison, runs, node_consistency, node_coverage, action_consistency, action_coverage, reason
 -- Inputs: relation run_paths (tracedag.pipeline.analysis.trajectories.runs_table), one row per run:
 --   agent, agent_version, scenario, variant_id (null = exact replay), run_key,
 --   node_path, action_path, action_input_path (varchar[]).

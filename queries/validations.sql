@@ -4,6 +4,7 @@
 -- Output:  scenario, run_key, passed, coverage, matched_states, essential_states, missing, out_of_order,
 --          explanation, too_slow, failure_paths, run_failed, scenario_runs, scenario_pass_rate, agent,
 --          agent_version, model, start_time
+-- columns: scenario, run_key, passed, coverage, missing, out_of_order, explanation
 -- Params:
 --   $scenario     varchar = ''     only this scenario ('' = every scenario)
 --   $failed_only  boolean = false  only the runs that did not pass

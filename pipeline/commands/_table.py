@@ -76,13 +76,15 @@ def result_table(table: Any, *, terminal: bool, note: str = "") -> Any:
         terminal: cells are capped at TERMINAL_CELL characters (ellipsized); else whole.
         note: appended to the caption (e.g. how to see the hidden columns).
     """
+    import pyarrow as pa
     from rich.markup import escape
     from rich.table import Table
 
     view = Table(show_lines=False)
-    for col in table.column_names:
-        view.add_column(escape(col), no_wrap=True, overflow="ellipsis" if terminal else "fold",
-                        max_width=TERMINAL_CELL if terminal else None)
+    for field in table.schema:
+        numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
+        view.add_column(escape(field.name), no_wrap=True, overflow="ellipsis" if terminal else "fold",
+                        max_width=TERMINAL_CELL if terminal else None, justify="right" if numeric else "left")
     for row in table.slice(0, TABLE_ROWS).to_pylist():
         view.add_row(*(escape(cell(v)) for v in row.values()))
     more = table.num_rows - TABLE_ROWS

@@ -86,6 +86,7 @@ def test_an_unknown_column_is_a_clear_error_listing_the_columns(query_store: Pat
                      "trace_id"]),
     ("trace_summary", ["trace_id", "service_name", "start_time", "duration_ms", "failed_steps", "workflow_score",
                        "passed", "root_cause_step", "root_cause_category"]),
+    ("validations", ["scenario", "run_key", "passed", "coverage", "missing", "out_of_order", "explanation"]),
 ])
 def test_other_wide_queries_have_default_columns(query_store: Path, name: str, first: list[str]) -> None:
     code, out = run(query_store, "query", name)
