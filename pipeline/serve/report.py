@@ -84,7 +84,13 @@ def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tu
     extra: dict[str, Any] = {name: _rows_or_none(data, name) for name in ("determinism", "node_utility", "edge_utility")}
     extra["regressions"] = _regressions(data)
     extra["conversation_causes"] = _conversation_causes(data, traces)
-    payload = encode.dumps({"traces": traces, "total": total, "details": details, **extra})
+    html = page_html({"traces": traces, "total": total, "details": details, **extra})
+    return html, len(traces), len(details)
+
+
+def page_html(data: dict[str, Any]) -> str:
+    """The web UI's page with ``data`` as ``window.TRACEDAG_DATA`` and every script and style inlined."""
+    payload = encode.dumps(data)
     html = (STATIC / "index.html").read_text()
     inline = _script("window.TRACEDAG_DATA = " + payload + ";")
     html = html.replace("<!--INLINE-DATA-->", inline)
@@ -94,7 +100,7 @@ def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tu
         html = html.replace(f'<script src="static/vendor/{name}"></script>', _script(vendor_text(name)))
     for name in SCRIPTS_OWN:
         html = html.replace(f'<script src="static/{name}"></script>', _script((STATIC / name).read_text()))
-    return html, len(traces), len(details)
+    return html
 
 
 def write_report(data: Path, out: Path, max_traces: int = 50, since: str | None = None) -> ReportStats:

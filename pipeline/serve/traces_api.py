@@ -4,8 +4,9 @@
   &label=key=value[,..]&since=&limit=&offset=``: ``{"total", "offset", "limit", "traces", "choices"}``;
   each row is a ``trace_summary`` row with ``agent`` (name) and ``status``.
 - ``GET /api/traces/{trace_id}/view``: the document of ``GET /api/traces/{trace_id}`` with the
-  ``propagation_path`` (every step from the root cause to the final failure, ``paths.py``) and
-  ``agent``.
+  ``propagation_path`` (every step from the root cause to the final failure, ``paths.py``),
+  ``agent`` and ``cross_turn_cause`` (the ``root_causes`` row per conversation, when this turn ends
+  its conversation's failure; its ``root_trace_id`` names the turn the cause is in).
 - ``GET /api/conversations/{conversation_id}``: its turns in order, each turn's outcome and root
   cause, and the cross-turn root cause of every failed turn (``root_causes`` per conversation).
 """
@@ -31,9 +32,16 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def trace_view(store: Store, trace_id: str) -> dict[str, Any]:
-    """One trace's document with its propagation path and agent name."""
-    doc = store.trace(trace_id)
-    return with_path(doc, tracelist.agents(store).get(trace_id, ""))
+    """One trace's document with its propagation path, agent name and root cause across turns."""
+    doc = with_path(store.trace(trace_id), tracelist.agents(store).get(trace_id, ""))
+    doc["cross_turn_cause"] = cross_turn_causes(store).get(trace_id)
+    return doc
+
+
+def cross_turn_causes(store: Store) -> dict[str, dict[str, Any]]:
+    """trace id -> the root cause of its conversation's failure (``root_causes`` per conversation)."""
+    rows = store.named("root_causes", {"per": "conversation"}, None).to_pylist()
+    return {r["trace_id"]: r for r in rows}
 
 
 def with_path(doc: dict[str, Any], agent: str) -> dict[str, Any]:
@@ -49,8 +57,7 @@ def conversation(store: Store, conversation_id: str) -> dict[str, Any]:
                    key=lambda r: (r["start_time_unix_nano"] or 0, r["trace_id"]))
     if not turns:
         raise NotFound(f"conversation {conversation_id}: no built trace carries it")
-    causes = {r["trace_id"]: r for r in store.named("root_causes", {"per": "conversation"}, None).to_pylist()
-              if r["conversation_id"] == conversation_id}
+    causes = cross_turn_causes(store)
     out = []
     for i, t in enumerate(turns, start=1):
         cause = causes.get(t["trace_id"])

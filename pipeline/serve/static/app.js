@@ -133,13 +133,25 @@
       (rc ? ` · root cause <b>${esc(rc.root_step_name)}</b> (${esc(rc.root_taxonomy_l1 || "unclassified")}` +
             `${rc.root_taxonomy_l3 ? " / " + esc(rc.root_taxonomy_l3) : ""}) → final failure <b>${esc(rc.failed_step_name)}</b>, ` +
             `${Math.max(0, (doc.propagation_path || []).length - 1)} hops` : "");
-    const drawn = window.tracedagDag.draw($("#dag"), $("#timeline"), doc, showSpan);
+    const cross = doc.cross_turn_cause || (INLINE && (INLINE.conversation_causes || {})[t.trace_id]);
+    if (cross && cross.root_trace_id && cross.root_trace_id !== t.trace_id) {
+      $("#title").insertAdjacentHTML("beforeend", ` · cause across turns: <b>${esc(cross.root_step_name)}</b> in ` +
+        `<a href="#" id="cross-turn" data-open="${esc(cross.root_trace_id)}">turn ${esc(cross.root_turn_index)}</a>`);
+    }
+    // data-painted: the first view is drawn; data-trace: every step is in the graph
+    const dag = $("#dag");
+    ["painted", "trace", "nodes"].forEach((k) => delete dag.dataset[k]);
+    if (window.tracedagCy) window.tracedagCy.destroy();
+    const drawn = window.tracedagDag.draw(dag, $("#timeline"), doc, showSpan, (cy) => {
+      if (current !== doc) return;
+      dag.dataset.nodes = String(cy.nodes().length);
+      dag.dataset.trace = t.trace_id;
+    });
     window.tracedagCy = drawn.cy;
     window.tracedagSelect = drawn.select;
-    $("#dag").dataset.nodes = String(drawn.cy.nodes().length);
-    $("#dag").dataset.root = rc ? rc.root_span_id : "";
-    $("#dag").dataset.path = (doc.propagation_path || []).join(",");
-    $("#dag").dataset.trace = t.trace_id;
+    dag.dataset.root = rc ? rc.root_span_id : "";
+    dag.dataset.path = (doc.propagation_path || []).join(",");
+    dag.dataset.painted = t.trace_id;
   }
 
   function showSpan(id) {
@@ -355,6 +367,7 @@
   $("#back").addEventListener("click", () => show("list"));
   $("#conv-back").addEventListener("click", () => show(current ? "trace" : "list"));
   $("#title").addEventListener("click", (ev) => {
+    if (ev.target.id === "cross-turn") { ev.preventDefault(); openTrace(ev.target.dataset.open); }
     if (ev.target.id !== "open-conv") return;
     ev.preventDefault();
     openConversation(current.trace.conversation_id);

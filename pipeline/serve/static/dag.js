@@ -89,8 +89,9 @@
 
   function layout(tree) {
     const pos = {};
-    let x = 0;
-    for (const t of tree.top) { measure(t); place(t, x, 0, pos); x += t.w + HGAP; }
+    let x = 0, h = 0;
+    for (const t of tree.top) { measure(t); place(t, x, 0, pos); x += t.w + HGAP; h = Math.max(h, t.h); }
+    pos.__bounds = { x1: 0, y1: 0, x2: Math.max(1, x - HGAP), y2: Math.max(1, h), w: Math.max(1, x - HGAP), h: Math.max(1, h) };
     return pos;
   }
 
@@ -138,7 +139,8 @@
       const c = [];
       if (hops.has(key)) c.push("chain");
       // a child -> parent dependency is drawn by the box; only a propagation hop draws it as an edge
-      if (kinds.every((k) => k === "parent")) c.push(hops.has(key) ? "up" : "nested");
+      if (kinds.every((k) => k === "parent") && !hops.has(key)) continue;
+      if (kinds.every((k) => k === "parent")) c.push("up");
       if (hops.has(key) && kinds.every((k) => k === "parent")) {
         // straight up from the child to its box's top border
         const src = pos[el.data.source], dst = pos[el.data.target];
@@ -160,9 +162,8 @@
                                      "border-color": "data(colour)", "text-valign": "top", "text-margin-y": -3,
                                      "font-weight": "bold" } },
     { selector: "edge", style: { width: 1.2, "line-color": "#a9b0bb", "target-arrow-color": "#a9b0bb",
-                                 "target-arrow-shape": "triangle", "curve-style": "bezier", "arrow-scale": 0.8,
+                                 "target-arrow-shape": "triangle", "curve-style": "straight", "arrow-scale": 0.8,
                                  "z-index": 999, "z-index-compare": "manual" } },
-    { selector: "edge.nested", style: { display: "none" } },
     { selector: "node.failed", style: { "border-width": 3, "border-color": "#b3261e" } },
     { selector: "node.propagated", style: { "border-width": 3, "border-style": "dashed", "border-color": "#e8710a" } },
     { selector: "node.recovered", style: { "border-width": 2, "border-style": "dotted", "border-color": "#1a7f37" } },
@@ -175,70 +176,116 @@
     { selector: "node:selected", style: { "overlay-opacity": 0.2, "overlay-color": "#1d64d8", "overlay-padding": 3 } },
   ];
 
-  // the default view: fitted, but never below MIN_ZOOM (then centred on the root cause) nor above MAX_ZOOM
-  function initialView(cy, focus) {
-    fitPane(cy);
-    cy.fit(cy.elements(), 16);
-    if (cy.zoom() < MIN_ZOOM || cy.zoom() > MAX_ZOOM) {
-      cy.zoom(Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, cy.zoom())));
-      const f = focus && cy.getElementById(focus);
-      if (f && f.length && cy.zoom() === MIN_ZOOM) {
-        const bb = cy.elements().boundingBox();
-        const p = f.position();
-        // the focus at a third of the width, the top of the graph at the top
-        cy.pan({ x: cy.width() / 3 - p.x * cy.zoom(), y: 16 - bb.y1 * cy.zoom() });
-      } else {
-        cy.center();
-      }
-    }
+  // The default view, from the layout's own bounds: fitted, but never below MIN_ZOOM (then the root
+  // cause at a third of the width) nor above MAX_ZOOM. A drawing shorter than its pane at that zoom
+  // gets a pane of its height (the timeline gets the rest).
+  function initialView(dagEl, bb, focus) {
+    dagEl.style.flex = "";
+    const W = dagEl.clientWidth;
+    let zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, (W - 32) / bb.w));
+    if (bb.h * zoom + 32 < dagEl.clientHeight) dagEl.style.flex = `0 0 ${Math.max(Math.ceil(bb.h * zoom + 32), 180)}px`;
+    const H = dagEl.clientHeight;
+    const fit = Math.min((W - 32) / bb.w, (H - 32) / bb.h);
+    zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, fit));
+    const centre = { x: W / 2 - ((bb.x1 + bb.x2) / 2) * zoom, y: H / 2 - ((bb.y1 + bb.y2) / 2) * zoom };
+    if (zoom <= fit || !focus) return { zoom, pan: centre, W, H };
+    const pan = { x: bb.w * zoom + 32 <= W ? centre.x : W / 3 - focus.x * zoom,
+                  y: bb.h * zoom + 32 <= H ? centre.y : 16 - bb.y1 * zoom };
+    if (focus.y * zoom + pan.y > H - 40) pan.y = H / 2 - focus.y * zoom;
+    return { zoom, pan, W, H };
   }
 
-  // a graph shorter than its pane at the default zoom gets a pane of its height (the timeline gets the rest)
-  function fitPane(cy) {
-    const el = cy.container();
-    el.style.flex = "";
-    cy.resize();
-    const bb = cy.elements().boundingBox();
-    const zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, (cy.width() - 32) / Math.max(1, bb.w)));
-    const want = Math.ceil(bb.h * zoom + 32);
-    if (want < cy.height()) {
-      el.style.flex = `0 0 ${Math.max(want, 180)}px`;
-      cy.resize();
+  // the elements inside the first view (half a pane around it) and the rest
+  function firstBatch(els, view) {
+    const m = { x: view.W / 2 / view.zoom, y: view.H / 2 / view.zoom };
+    const x1 = -view.pan.x / view.zoom - m.x, x2 = (view.W - view.pan.x) / view.zoom + m.x;
+    const y1 = -view.pan.y / view.zoom - m.y, y2 = (view.H - view.pan.y) / view.zoom + m.y;
+    const near = new Set();
+    const first = [], rest = [];
+    for (const e of els) {
+      if (e.group !== "nodes") continue;
+      const p = e.position, hw = e.data.w / 2, hh = e.data.h / 2;
+      const inside = p.x + hw >= x1 && p.x - hw <= x2 && p.y + hh >= y1 && p.y - hh <= y2;
+      if (inside) near.add(e.data.id);
+      (inside ? first : rest).push(e);
     }
+    for (const e of els) if (e.group === "edges") (near.has(e.data.source) && near.has(e.data.target) ? first : rest).push(e);
+    return { first, rest };
   }
 
   // ---- timeline (waterfall): one row per step in call-tree order ---------------------------------
+  // Only the rows in view (and a few around them) are in the document: a 2,000-step trace keeps ~50.
+  const ROW_H = 20;
+
   function timeline(el, doc, tree, path) {
     const rows = [];
     const walk = (t) => { rows.push(t); t.kids.forEach(walk); };
     tree.top.forEach(walk);
+    const index = new Map(rows.map((t, i) => [t.n.span_id, i]));
     const t0 = Math.min(...doc.nodes.map(startOf));
     const span = Math.max(1, Math.max(...doc.nodes.map(endOf)) - t0);
     const fails = new Set((doc.failures || []).filter((f) => !f.recovered).map((f) => f.span_id));
     const onPath = new Set(path);
-    el.innerHTML = rows.map((t) => {
+    const state = { selected: null };
+    const rowHtml = (t, i) => {
       const n = t.n;
       const left = (100 * (startOf(n) - t0)) / span, width = (100 * (endOf(n) - startOf(n))) / span;
       const c = [fails.has(n.span_id) ? "failed" : "", onPath.has(n.span_id) ? "chain" : ""].join(" ");
       const ms = Number(n.duration_ms || 0);
-      return `<div class="row" data-span="${esc(n.span_id)}"><span class="name" style="padding-left:${4 + 12 * t.depth}px" ` +
-        `title="${esc(labelOf(n))}">${esc(labelOf(n))}</span><span class="lane"><span class="bar ${c}" ` +
-        `style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%;background:${colour(n.score)}"></span>` +
-        `<span class="ms${left + width > 85 ? " in" : ""}" style="left:calc(${(left + width > 85 ? left : left + width).toFixed(3)}% + 4px)">` +
+      const inside = left + width > 85;
+      return `<div class="row${n.span_id === state.selected ? " sel" : ""}" style="top:${i * ROW_H}px" data-span="${esc(n.span_id)}">` +
+        `<span class="name" style="padding-left:${4 + 12 * t.depth}px" title="${esc(labelOf(n))}">${esc(labelOf(n))}</span>` +
+        `<span class="lane"><span class="bar ${c}" style="left:${left.toFixed(3)}%;width:${width.toFixed(3)}%;background:${colour(n.score)}"></span>` +
+        `<span class="ms${inside ? " in" : ""}" style="left:calc(${(inside ? left : left + width).toFixed(3)}% + 4px)">` +
         `${ms < 10 ? ms.toFixed(1) : Math.round(ms)} ms</span></span></div>`;
-    }).join("");
+    };
+    el.innerHTML = `<div class="space" style="height:${rows.length * ROW_H}px"></div>`;
+    el.scrollTop = 0;
+    const space = el.firstChild;
+    const render = () => {
+      const from = Math.max(0, Math.floor(el.scrollTop / ROW_H) - 10);
+      const to = Math.min(rows.length, Math.ceil((el.scrollTop + el.clientHeight) / ROW_H) + 10);
+      space.innerHTML = rows.slice(from, to).map((t, i) => rowHtml(t, from + i)).join("");
+    };
+    el.onscroll = render;
+    render();
+    el.dataset.rows = String(rows.length);
+    return {
+      select(id, scroll) {
+        state.selected = id;
+        const i = index.get(id);
+        if (scroll && i != null && (i * ROW_H < el.scrollTop || (i + 1) * ROW_H > el.scrollTop + el.clientHeight)) {
+          el.scrollTop = Math.max(0, i * ROW_H - el.clientHeight / 2);
+        }
+        render();
+      },
+    };
   }
 
   // ---- draw: DAG + timeline, a selection in either selects in both ---------------------------------
-  function draw(dagEl, timelineEl, doc, onSelect) {
+  function draw(dagEl, timelineEl, doc, onSelect, onComplete) {
     const path = doc.propagation_path || [];
     const tree = callTree(doc.nodes);
     const pos = layout(tree);
-    const cy = cytoscape({ container: dagEl, elements: elements(doc, tree, pos, path), style: STYLE,
-                           layout: { name: "preset" }, wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 4,
+    const els = elements(doc, tree, pos, path);
+    const root = doc.root_cause ? pos[doc.root_cause.root_span_id] : null;
+    const view = initialView(dagEl, pos.__bounds, root);
+    // what the first view shows is drawn at once; the rest is added after the first paint, in slices
+    const batch = firstBatch(els, view);
+    const cy = cytoscape({ container: dagEl, elements: batch.first, style: STYLE, layout: { name: "preset", fit: false },
+                           zoom: view.zoom, pan: view.pan, minZoom: 0.05, maxZoom: 4,
                            boxSelectionEnabled: false, autoungrabify: true });
-    initialView(cy, doc.root_cause ? doc.root_cause.root_span_id : null);
-    timeline(timelineEl, doc, tree, path);
+    const addRest = (from) => {
+      if (cy.destroyed()) return;
+      if (from >= batch.rest.length) { onComplete(cy); return; }
+      const slice = batch.rest.slice(from, from + 400);
+      cy.add(slice.filter((e) => e.group === "nodes"));
+      cy.add(slice.filter((e) => e.group === "edges"));
+      setTimeout(() => addRest(from + 400), 0);
+    };
+    if (batch.rest.length) requestAnimationFrame(() => requestAnimationFrame(() => addRest(0)));
+    else onComplete(cy);
+    const waterfall = timeline(timelineEl, doc, tree, path);
     const select = (id, from) => {
       cy.nodes(":selected").unselect();
       const node = cy.getElementById(id);
@@ -247,12 +294,7 @@
         const p = node.renderedPosition();
         if (p.x < 0 || p.y < 0 || p.x > cy.width() || p.y > cy.height()) cy.center(node);
       }
-      timelineEl.querySelectorAll(".row.sel").forEach((r) => r.classList.remove("sel"));
-      const row = timelineEl.querySelector(`.row[data-span="${CSS.escape(id)}"]`);
-      if (row) {
-        row.classList.add("sel");
-        if (from !== "timeline") row.scrollIntoView({ block: "nearest" });
-      }
+      waterfall.select(id, from !== "timeline");
       timelineEl.dataset.selected = id;
       onSelect(id);
     };
