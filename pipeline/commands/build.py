@@ -106,10 +106,10 @@ def show_command(trace_id: str, data: Path) -> None:
         trace_id: the trace id, or a prefix of it that matches one built trace.
         data: the data directory.
     """
-    from tracedag.pipeline.dag.show import load_cause, load_trace, render_trace
+    from tracedag.pipeline.dag.show import load_shown, render_trace
 
-    trace, nodes = load_trace(data, trace_id)
-    print_whole(render_trace(trace, nodes, load_cause(data, trace["trace_id"])))
+    shown = load_shown(data, trace_id)
+    print_whole(render_trace(shown.trace, shown.nodes, shown.cause))
 
 
 COMMANDS: list[click.Command] = [build_command, show_command]

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tracedag.pipeline.store.querying import run_named
+from tracedag import queries
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
 
@@ -61,23 +61,6 @@ def _missing(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> Trace
     return TraceNotFound(trace_id, f"is not in the store {data}")
 
 
-def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Return the latest ``traces`` row and the ``dag_nodes`` rows (pre-order, with score) of a trace."""
-    con = connect(data)
-    con.execute("set enable_progress_bar = false")
-    try:
-        found = con.sql(_TRACE_SQL, params={"p": trace_id.lower()}).to_arrow_table().to_pylist()
-        if not found:
-            raise _missing(con, data, trace_id)
-        if len(found) > 1 and found[0]["trace_id"] != trace_id:
-            raise TraceNotFound(trace_id, "matches several traces: give more of the id")
-        trace = found[0]
-        nodes = con.sql(_NODES_SQL, params={"t": trace["trace_id"]}).to_arrow_table().to_pylist()
-    finally:
-        con.close()
-    return trace, nodes
-
-
 @dataclass(frozen=True)
 class Cause:
     """The trace's failure, its root cause (greedy, as ``root_causes``) and the failing steps between."""
@@ -89,32 +72,75 @@ class Cause:
     longest_chain: int
 
 
-def load_cause(data: Path, trace_id: str) -> Cause | None:
+@dataclass(frozen=True)
+class Shown:
+    """What ``tracedag show`` prints: the latest ``traces`` row, the nodes (pre-order, with score), the cause."""
+
+    trace: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    cause: Cause | None
+
+
+# The failure DAG of one trace through the macro root_causes reads (root_causes per=trace greedy =
+# the greedy root and hops of the row marked final; longest_chain as in propagation).
+_CAUSE_SQL = """
+select node, score, nearest, greedy_root_id, greedy_hops, final,
+       coalesce(list_max(list_transform(ancestors, lambda x: x.dist)), 0) as longest_chain
+from failure_dag_roots($fail_threshold, [$t]::varchar[], $max_hops, false)
+order by node
+"""
+
+
+def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
+    """The trace matching ``trace_id`` (id or unique prefix), its nodes and, when asked, its root cause
+    and propagation path, read on one connection."""
+    con = connect(data)
+    con.execute("set enable_progress_bar = false")
+    try:
+        found = con.sql(_TRACE_SQL, params={"p": trace_id.lower()}).to_arrow_table().to_pylist()
+        if not found:
+            raise _missing(con, data, trace_id)
+        if len(found) > 1 and found[0]["trace_id"] != trace_id:
+            raise TraceNotFound(trace_id, "matches several traces: give more of the id")
+        trace = found[0]
+        nodes = con.sql(_NODES_SQL, params={"t": trace["trace_id"]}).to_arrow_table().to_pylist()
+        return Shown(trace, nodes, _cause(con, trace["trace_id"]) if cause else None)
+    finally:
+        con.close()
+
+
+def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Return the latest ``traces`` row and the ``dag_nodes`` rows (pre-order, with score) of a trace."""
+    shown = load_shown(data, trace_id, cause=False)
+    return shown.trace, shown.nodes
+
+
+def _cause(con: duckdb.DuckDBPyConnection, trace_id: str) -> Cause | None:
     """The root cause of a built trace and its propagation path (None when the trace did not fail)."""
-    final = run_named(data, "root_causes", {"trace_id": trace_id}).to_pylist()
-    if not final:
+    defaults = {p.name: p.default for p in queries.describe("root_causes").params}
+    params = {"t": trace_id, "fail_threshold": float(defaults["fail_threshold"]),
+              "max_hops": int(defaults["max_hops"])}
+    rows = con.sql(_CAUSE_SQL, params=params).to_arrow_table().to_pylist()
+    final = next((r for r in rows if r["final"]), None)
+    if final is None:
         return None
-    row = final[0]
-    steps = {r["failed_span_id"]: r for r in
-             run_named(data, "root_causes", {"trace_id": trace_id, "per": "step"}).to_pylist()}
-    upstream = {r["span_id"]: r["nearest_failing_upstream"] or [] for r in
-                run_named(data, "propagation", {"trace_id": trace_id}).to_pylist()}
-    path = _walk(row["failed_span_id"], row["root_span_id"], steps, upstream)
-    return Cause(row["root_span_id"], row["failed_span_id"], tuple(path), int(row["hops_from_root"]),
-                 int(row["longest_chain"]))
+    steps = {r["node"]: r for r in rows}
+    path = _walk(final["node"], final["greedy_root_id"], steps)
+    return Cause(final["greedy_root_id"], final["node"], tuple(path), int(final["greedy_hops"]),
+                 int(final["longest_chain"]))
 
 
-def _walk(failed: str, root: str, steps: dict[str, dict[str, Any]], upstream: dict[str, list[str]]) -> list[str]:
-    """The greedy walk back from ``failed``: each move goes to a failing upstream step with the same
-    root one hop nearer to it (the lowest-scoring one when several qualify); root first."""
+def _walk(failed: str, root: str, steps: dict[str, dict[str, Any]]) -> list[str]:
+    """The greedy walk back from ``failed``, root first: each move goes to a failing upstream step
+    (``nearest``) with the same greedy root one hop nearer to it (the lowest score when several do)."""
     path = [failed]
     while path[-1] != root and len(path) <= len(steps):
-        here = steps.get(path[-1])
-        nearer = [u for u in upstream.get(path[-1], []) if here is not None and u in steps
-                  and steps[u]["root_span_id"] == root and steps[u]["hops_from_root"] == here["hops_from_root"] - 1]
+        here = steps[path[-1]]
+        nearer = [u for u in here["nearest"] or [] if u in steps and steps[u]["greedy_root_id"] == root
+                  and steps[u]["greedy_hops"] == here["greedy_hops"] - 1]
         if not nearer:
             break
-        path.append(min(nearer, key=lambda u: (steps[u]["failed_score"], u)))
+        path.append(min(nearer, key=lambda u: (steps[u]["score"], u)))
     if path[-1] != root:
         path.append(root)
     return path[::-1]
