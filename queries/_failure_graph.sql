@@ -16,10 +16,13 @@
 --       taxonomy_l2, taxonomy_l3, explanation, depth (in the call tree, the root 0), recovered,
 --       recovered_by, recovery ('retry' | 'route'), cancelled, cancelled_by (the failures a
 --       cancelled step is the effect of). Score: the human row if there is one, else the lowest
---       (ties: a row with a taxonomy first, then by metric, source); recovered: a retry (a later iteration of the same step key did not fail, and every
---       failed tool call the step emitted, along its tool_call edges, was itself retried or routed) or another
---       route fixed it (the rule is in propagation.sql), recovered_by = that step; cancelled: the
---       span's error type or status message names a cancellation.
+--       (ties: a row with a taxonomy first, then by metric, source); recovered: a retry (a later
+--       iteration of the same step key redoing the same operation, its span name without ids but
+--       with its numbers, did not fail, and every failed tool call the step emitted, along its
+--       tool_call edges, was itself retried or routed) or another route fixed it (the rule is in
+--       propagation.sql), or the failure is one carried up from a recovered child (its status
+--       message holds the child's); recovered_by = that step; cancelled: the span's error type or
+--       status message names a cancellation.
 --   conversation_turns(p_trace_ids)
 --       trace_id, conversation_id, conversation_key (conversation_id, else the trace id), turn_index
 --       (1, 2, ... by start within the conversation, over the traces in the list), root_span_id.
@@ -61,7 +64,7 @@ where coalesce(start_time_unix_nano, 0) >= cast((case when p_since_ns is null th
        or trace_id = cast(p_trace_id as varchar));
 
 create or replace macro failure_steps(p_fail_threshold, p_trace_ids) as table
-with
+with recursive
 step_score as (
     -- every step with a failing score row or a human row: the human row if there is one, else the
     -- lowest score (ties: a row with a taxonomy first, then by metric, source). A step without such
@@ -99,12 +102,35 @@ fail_node as materialized (
     from failed_step s
     join tnode n on n.trace_id = s.trace_id and n.span_id = s.span_id
 ),
-retry as (
-    -- recovered by a retry: a later iteration of the same step key did not fail (the first one)
-    select f.trace_id, f.span_id, arg_min(n.span_id, n.iteration) as by_id
+later as materialized (
+    -- a later iteration of a failed step's key that did not fail
+    select f.trace_id, f.span_id, n.span_id as by_id, n.iteration
     from fail_node f
     join tnode n on n.trace_id = f.trace_id and n.step_key = f.step_key and n.iteration > f.iteration
     anti join fail_node g on g.trace_id = n.trace_id and g.span_id = n.span_id
+),
+op as (
+    -- the operation a span performs: its name without ids (uuids, 0x and long hex runs) but with its
+    -- numbers, which step keys drop: smolagents' 'Step 1' and 'Step 2' are two iterations of a loop,
+    -- not one operation redone (the tool, model or node that failed is named the same each time)
+    select s.trace_id, s.span_id,
+           any_value(regexp_replace(coalesce(s.name, ''),
+               '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|\b0[xX][0-9a-fA-F]+\b|\b[0-9a-fA-F]{12,}\b',
+               '', 'g')) as op
+    from spans s
+    semi join (select trace_id, span_id from later union all select trace_id, by_id from later) k
+        on k.trace_id = s.trace_id and k.span_id = s.span_id
+    where s.trace_id in (select trace_id from later)
+    group by all
+),
+retry as (
+    -- recovered by a retry: a later iteration of the same step key that redoes the same operation
+    -- (op) did not fail (the first one)
+    select l.trace_id, l.span_id, arg_min(l.by_id, l.iteration) as by_id
+    from later l
+    join op a on a.trace_id = l.trace_id and a.span_id = l.span_id
+    join op b on b.trace_id = l.trace_id and b.span_id = l.by_id
+    where a.op = b.op
     group by all
 ),
 cand as materialized (
@@ -191,17 +217,33 @@ redone as (
     -- recovered by a retry: a later iteration fixed it, and every tool call it emitted that failed was redone
     select r.* from retry r anti join unredone u using (trace_id, span_id)
 ),
+carried(trace_id, span_id, by_id, recovery) using key (trace_id, span_id) as (
+    -- a failure carried up from a recovered step: the parent's error text holds the child's status
+    -- message (smolagents' 'Step 1' fails with the AgentToolExecutionError wrapping the tool's
+    -- error), so a retry or route that recovered the child recovers the parent (and its parent)
+    select trace_id, span_id, by_id, 'retry' from redone
+    union
+    select trace_id, span_id, by_id, 'route' from route
+    union
+    select p.trace_id, p.span_id, c.by_id, c.recovery
+    from carried c
+    join fail_node k on k.trace_id = c.trace_id and k.span_id = c.span_id
+    join fail_node p on p.trace_id = k.trace_id and p.span_id = k.parent_span_id
+    join err ke on ke.trace_id = k.trace_id and ke.span_id = k.span_id
+    join err pe on pe.trace_id = p.trace_id and pe.span_id = p.span_id
+    where trim(coalesce(ke.status_message, '')) <> ''
+      and contains(regexp_replace(lower(coalesce(pe.status_message, '')), '\s+', ' ', 'g'),
+                   regexp_replace(lower(trim(ke.status_message)), '\s+', ' ', 'g'))
+),
 flagged as materialized (
     -- recovered: a retry or another route fixed it; cancelled: the step was cancelled (its error type
     -- or status message names a cancellation: CancelledError, asyncio.CancelledError, Canceled, ...)
-    select f.*, r.span_id is not null or o.span_id is not null as recovered, coalesce(r.by_id, o.by_id) as recovered_by,
-           case when r.span_id is not null then 'retry' when o.span_id is not null then 'route' end as recovery,
+    select f.*, r.span_id is not null as recovered, r.by_id as recovered_by, r.recovery,
            coalesce(regexp_matches(t.error_type, '(^|[.:/ ])(cancel+ed|cancel+ation)(error|exception)?$', 'i')
                     or regexp_matches(t.status_message, '^\s*(cancel+ed|cancel+ation)(error|exception)?\b', 'i'),
                     false) as cancelled
     from fail_node f
-    left join redone r on r.trace_id = f.trace_id and r.span_id = f.span_id
-    left join route o on o.trace_id = f.trace_id and o.span_id = f.span_id
+    left join carried r on r.trace_id = f.trace_id and r.span_id = f.span_id
     left join err t on t.trace_id = f.trace_id and t.span_id = f.span_id
 ),
 trigger as (

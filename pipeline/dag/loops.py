@@ -41,11 +41,14 @@ def path_ranks(parent: IntArray, by_depth: list[IntArray], stage: IntArray) -> I
 
 
 def iterations(
-    trace: IntArray, key: IntArray, prank: IntArray, failed: BoolArray
+    trace: IntArray, key: IntArray, prank: IntArray, failed: BoolArray, op: IntArray | None = None
 ) -> tuple[IntArray, BoolArray]:
-    """Iteration 1..k of each row among rows of the same step key, and whether the previous one failed.
+    """Iteration 1..k of each row among rows of the same step key, and whether it retries the previous one.
 
-    Rows of one key with equal path rank (parallel instances in one stage) share an iteration.
+    Rows of one key with equal path rank (parallel instances in one stage) share an iteration. A row
+    is a retry when a row of the previous iteration failed and, given ``op`` (the operation of each
+    row: its span name with the numbers step keys drop), ran the same operation: smolagents'
+    ``Step 2`` after a failed ``Step 1`` is the loop going on, not a retry.
     """
     order = np.lexsort((prank, key, trace))
     t, k, r = trace[order], key[order], prank[order]
@@ -61,11 +64,20 @@ def iterations(
     prev_failed = np.zeros(order.size, dtype=np.bool_)
     has_prev = it_sorted > 1
     prev_failed[has_prev] = block_failed[block[has_prev] - 1]
+    if op is not None:
+        prev_failed &= _same_failed_op(block, failed[order], op[order], has_prev)
     iteration = np.empty(order.size, dtype=np.int64)
     retry = np.empty(order.size, dtype=np.bool_)
     iteration[order] = it_sorted
     retry[order] = prev_failed
     return iteration, retry
+
+
+def _same_failed_op(block: IntArray, failed: BoolArray, op: IntArray, has_prev: BoolArray) -> BoolArray:
+    """Whether each row (sorted by block) has the operation of a failed row of the previous block."""
+    width = int(op.max()) + 1 if op.size else 1
+    failed_keys = block[failed] * width + op[failed]
+    return has_prev & np.isin((block - 1) * width + op, failed_keys)
 
 
 def branches(

@@ -68,6 +68,15 @@ def _text(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
 
 
+# ids that vary between two runs of one operation (uuids, 0x.., long hex runs); numbers are kept
+_IDS = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|\b0[xX][0-9a-fA-F]+\b|\b[0-9a-fA-F]{12,}\b"
+
+
+def _op_names(name: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The operation of each span for retries: its name without ids, with the numbers step keys drop."""
+    return pc.fill_null(pc.replace_substring_regex(_text(name), _IDS, ""), "")
+
+
 def prepare_table(spans: pa.Table) -> pa.Table:
     """The ``prep`` table: kept spans in (trace_id, start, span_id) order with idx, trace_no, parent_idx."""
     spans = conform(spans)
@@ -87,6 +96,7 @@ def prepare_table(spans: pa.Table) -> pa.Table:
         "status_code": pc.fill_null(wide.column("status_code"), 0).cast(pa.int8()),
         "step_type": _text(wide.column("step_type")),
         "step_name": name,
+        "op_name": _op_names(wide.column("name")),
         "service_name": _text(wide.column("service_name")),
         "kind": pc.fill_null(wide.column("kind"), 0).cast(pa.int8()),
     }

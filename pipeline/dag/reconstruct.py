@@ -211,7 +211,9 @@ def _graph(
     local = np.asarray(names.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     key, key_texts = loops.step_keys(ct.parent, ct.levels.by_depth, local, names.dictionary.to_pylist())
     prank = loops.path_ranks(ct.parent, ct.levels.by_depth, order.n_pred)
-    iteration, retry = loops.iterations(f.trace, key, prank, f.failed)
+    ops = f.prep.column("op_name").combine_chunks().dictionary_encode()
+    op = np.asarray(ops.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    iteration, retry = loops.iterations(f.trace, key, prank, f.failed, op)
     branch = loops.branches(
         ct.parent, ct.levels.by_depth, f.trace, left, order.concurrent, order.src, order.dst
     )

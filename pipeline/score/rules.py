@@ -215,7 +215,8 @@ _HTTP = r"http(?:status)?error|apistatuserror|badrequesterror|internalservererro
 _BAD_ARGS = (r"validation ?error|invalid (?:tool )?(?:argument|parameter|input|param)s?\b|invalid_argument"
              r"|unexpected keyword argument|missing \d+ required (?:positional |keyword-only )?argument"
              r"|is a required property|(?:field|property|argument|parameter) required|required (?:field|property|argument|parameter)"
-             r"|jsondecodeerror|arguments? (?:is|are) not (?:valid )?json|additional properties are not allowed")
+             r"|jsondecodeerror|arguments? (?:is|are) not (?:valid )?json|additional properties are not allowed"
+             r"|input should be|\bmust be\b[^\n]{1,80}\bgot\b")  # pydantic; "time must be HH:MM, got 'six'"
 _ARGS_REJECTED = re.compile(_BAD_ARGS, re.I | re.M)
 _LOOP = r"graphrecursionerror|recursion ?limit|recursionerror|maxturnsexceeded|max(?:imum)?[_ ]?(?:iterations|turns|steps)|iteration limit"
 

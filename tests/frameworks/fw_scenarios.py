@@ -1,0 +1,110 @@
+"""The scripted conversations of each framework, with the root cause a person names (fw_capture.Scenario).
+
+The tools (in each ``<framework>_agent.py``) fail deterministically: ``get_weather`` times out for
+Atlantis and fails once for Lyon, then answers; ``lookup_order`` answers an unknown order id with an
+error payload ``{"status": "error", "error": "order ... not found"}`` instead of raising;
+``book_taxi`` rejects a time that is not HH:MM. Classes (issue #30):
+
+- ``tool fails, apology``: the tool fails, the model gives up with an apology (root: the tool);
+- ``retry recovered``: the tool fails once, the model calls it again and it answers (no failure);
+- ``error payload``: the tool returns an error payload, no exception (root: the tool);
+- ``bad arguments``: the model writes arguments the tool rejects, then apologises (root: the model
+  call that wrote them);
+- ``clean``: nothing fails;
+- ``multi-turn``: two turns, the second fails on its own (root: the tool in turn 2), or a recovered
+  retry then a clean turn (no failure).
+"""
+
+from __future__ import annotations
+
+from tests.frameworks.fw_capture import Reply, Scenario, call, reply
+
+
+def _smol_final(cid: str, text: str) -> Reply:
+    return reply(None, [call(cid, "final_answer", {"answer": text})])
+
+
+def _smol_tool(cid: str, name: str, args: dict[str, object]) -> Reply:
+    return reply(None, [call(cid, name, args)])
+
+
+SMOL_TOOL = "SimpleTool"  # the span name of a @tool function under openinference-instrumentation-smolagents
+SMOL_LLM = "OpenAIModel.generate"
+
+
+def smolagents_scenarios() -> list[Scenario]:
+    """The smolagents conversations (ToolCallingAgent: every answer is a ``final_answer`` tool call)."""
+    sorry = "Sorry, I could not get that for you."
+    return [
+        Scenario("smol-apology", "tool fails, apology", ["Weather in Atlantis?"],
+                 [_smol_tool("c1", "get_weather", {"city": "Atlantis"}), _smol_final("c2", sorry)],
+                 (1, SMOL_TOOL, 0)),
+        Scenario("smol-retry", "retry recovered", ["Weather in Lyon?"],
+                 [_smol_tool("c1", "get_weather", {"city": "Lyon"}), _smol_tool("c2", "get_weather", {"city": "Lyon"}),
+                  _smol_final("c3", "Lyon: 21C and sunny")], None),
+        Scenario("smol-payload", "error payload", ["Where is order B-9?"],
+                 [_smol_tool("c1", "lookup_order", {"order_id": "B-9"}), _smol_final("c2", sorry)],
+                 (1, SMOL_TOOL, 0)),
+        Scenario("smol-badargs", "bad arguments", ["Book a taxi in Paris around six"],
+                 [_smol_tool("c1", "book_taxi", {"city": "Paris", "time": "around six"}), _smol_final("c2", sorry)],
+                 (1, SMOL_LLM, 0)),
+        Scenario("smol-badargs-fixed", "retry recovered", ["Book a taxi in Paris at six"],
+                 [_smol_tool("c1", "book_taxi", {"city": "Paris", "time": "six"}),
+                  _smol_tool("c2", "book_taxi", {"city": "Paris", "time": "18:00"}),
+                  _smol_final("c3", "Taxi booked at 18:00.")], None),
+        Scenario("smol-clean", "clean", ["Weather in Paris?"],
+                 [_smol_tool("c1", "get_weather", {"city": "Paris"}), _smol_final("c2", "Paris: 21C and sunny")],
+                 None),
+        Scenario("smol-clean-order", "clean", ["Where is order A-1001?"],
+                 [_smol_tool("c1", "lookup_order", {"order_id": "A-1001"}), _smol_final("c2", "Shipped: TRK-77123")],
+                 None),
+        Scenario("smol-multi-fail", "multi-turn", ["Weather in Paris?", "And in Atlantis?"],
+                 [_smol_tool("c1", "get_weather", {"city": "Paris"}), _smol_final("c2", "Paris: 21C and sunny"),
+                  _smol_tool("c3", "get_weather", {"city": "Atlantis"}), _smol_final("c4", sorry)],
+                 (2, SMOL_TOOL, 0)),
+        Scenario("smol-multi-ok", "multi-turn", ["Weather in Lyon?", "Where is order A-1001?"],
+                 [_smol_tool("c1", "get_weather", {"city": "Lyon"}), _smol_tool("c2", "get_weather", {"city": "Lyon"}),
+                  _smol_final("c3", "Lyon: 21C and sunny"),
+                  _smol_tool("c4", "lookup_order", {"order_id": "A-1001"}), _smol_final("c5", "Shipped: TRK-77123")],
+                 None),
+    ]
+
+
+PYAI_LLM = "chat gpt-4o-mini"
+
+
+def _pyai_tool(cid: str, name: str, args: dict[str, object]) -> Reply:
+    return reply(None, [call(cid, name, args)])
+
+
+def pydantic_ai_scenarios() -> list[Scenario]:
+    """The pydantic-ai conversations (the run ends on a text answer; ``ModelRetry`` asks the model again)."""
+    sorry = "Sorry, I could not get that for you."
+    weather, order = "execute_tool get_weather", "execute_tool lookup_order"
+    return [
+        Scenario("pyai-raise", "tool fails, run ends", ["Weather in Atlantis?"],
+                 [_pyai_tool("c1", "get_weather", {"city": "Atlantis"})], (1, weather, 0)),
+        Scenario("pyai-retry", "retry recovered", ["Weather in Lyon?"],
+                 [_pyai_tool("c1", "get_weather", {"city": "Lyon"}), _pyai_tool("c2", "get_weather", {"city": "Lyon"}),
+                  reply("Lyon: 21C and sunny")], None),
+        Scenario("pyai-payload", "error payload", ["Where is order B-9?"],
+                 [_pyai_tool("c1", "lookup_order", {"order_id": "B-9"}), reply(sorry)], (1, order, 0)),
+        Scenario("pyai-badargs", "bad arguments", ["Book a taxi in Paris around six"],
+                 [_pyai_tool("c1", "book_taxi", {"city": "Paris", "time": "around six"}), reply(sorry)],
+                 (1, PYAI_LLM, 0)),
+        Scenario("pyai-badargs-fixed", "retry recovered", ["Book a taxi in Paris at six"],
+                 [_pyai_tool("c1", "book_taxi", {"city": "Paris", "time": "six"}),
+                  _pyai_tool("c2", "book_taxi", {"city": "Paris", "time": "18:00"}), reply("Taxi booked at 18:00.")],
+                 None),
+        Scenario("pyai-clean", "clean", ["Weather in Paris?"],
+                 [_pyai_tool("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny")], None),
+        Scenario("pyai-clean-order", "clean", ["Where is order A-1001?"],
+                 [_pyai_tool("c1", "lookup_order", {"order_id": "A-1001"}), reply("Shipped: TRK-77123")], None),
+        Scenario("pyai-multi-fail", "multi-turn", ["Weather in Paris?", "And in Atlantis?"],
+                 [_pyai_tool("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny"),
+                  _pyai_tool("c2", "get_weather", {"city": "Atlantis"})], (2, weather, 0)),
+        Scenario("pyai-multi-ok", "multi-turn", ["Weather in Lyon?", "Where is order A-1001?"],
+                 [_pyai_tool("c1", "get_weather", {"city": "Lyon"}), _pyai_tool("c2", "get_weather", {"city": "Lyon"}),
+                  reply("Lyon: 21C and sunny"), _pyai_tool("c3", "lookup_order", {"order_id": "A-1001"}),
+                  reply("Shipped: TRK-77123")], None),
+    ]

@@ -1,0 +1,94 @@
+"""Root causes on REAL smolagents runs (openinference-instrumentation-smolagents), issue #30.
+
+smolagents 1.26 and its OpenInference instrumentation run from a pinned venv
+(``smolagents_requirements.txt``), drive a ToolCallingAgent against the scripted OpenAI-compatible
+server on 127.0.0.1 and export with the OTel SDK's OTLP/HTTP exporter to a real ``tracedag
+collect``; the store is built and scored by the real pipeline (tests/frameworks/fw_capture.py).
+smolagents wraps each step of its loop in ``Step 1``, ``Step 2``, ...: the step that gives up after
+a failed tool call is not a retry of the one that failed (class 1); a tool that answers an error
+payload fails (class 2); a time the model wrote as words fails the model call that wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.frameworks.fw_capture import (
+    Capture,
+    answers,
+    build_and_score,
+    capture,
+    tally,
+    truth_span_ids,
+    wrong,
+)
+from tests.frameworks.fw_scenarios import smolagents_scenarios
+from tracedag.pipeline.store.views import connect
+
+SCENARIOS = smolagents_scenarios()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
+    cap = capture("smolagents", SCENARIOS, tmp_path_factory.mktemp("smolagents") / "data")
+    build_and_score(cap.data)
+    yield cap
+
+
+def nodes(data: Path, conversation: str) -> list[dict[str, Any]]:
+    """The built steps of a conversation's first turn with their span names, in start order."""
+    con = connect(data)
+    try:
+        rel = con.sql(f"""
+            select s.name, n.span_id, n.step_key, n.iteration, n.is_retry
+            from dag_nodes n join spans s using (trace_id, span_id)
+            where s.conversation_id = '{conversation}'
+            order by n.start_time_unix_nano""")
+        return [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]
+    finally:
+        con.close()
+
+
+def failures(data: Path, conversation: str) -> dict[str, tuple[bool, str | None]]:
+    """Span name -> (recovered, recovery) of the conversation's failed steps."""
+    from tracedag.pipeline.store.querying import run_named
+
+    con = connect(data)
+    try:
+        names = dict(con.execute("select span_id, name from spans where conversation_id = ?", [conversation]).fetchall())
+    finally:
+        con.close()
+    rows = run_named(data, "failures", {}).to_pylist()
+    return {names[r["span_id"]]: (r["recovered"], r["recovery"]) for r in rows if r["span_id"] in names}
+
+
+def test_the_framework_ran_every_scripted_turn(run: Capture) -> None:
+    lines = [x for x in run.stdout.splitlines() if x.startswith('{"conversation"')]
+    assert len(lines) == sum(len(s.turns) for s in SCENARIOS)
+    assert '"answer": "Lyon: 21C and sunny"' in lines[1]
+
+
+def test_the_next_step_of_the_loop_is_not_a_retry(run: Capture) -> None:
+    steps = [n for n in nodes(run.data, "smol-apology") if n["name"].startswith("Step")]
+    assert [(n["name"], n["step_key"], n["iteration"], n["is_retry"]) for n in steps] == [
+        ("Step 1", "ToolCallingAgent.run/Step", 1, False), ("Step 2", "ToolCallingAgent.run/Step", 2, False)]
+    assert failures(run.data, "smol-apology") == {"Step 1": (False, None), "SimpleTool": (False, None)}
+
+
+def test_a_tool_called_again_is_a_retry_and_recovers_its_step(run: Capture) -> None:
+    tools = [n for n in nodes(run.data, "smol-retry") if n["name"] == "SimpleTool"]
+    assert [(n["iteration"], n["is_retry"]) for n in tools] == [(1, False), (2, True)]
+    # the tool's failure is recovered by the call redone in Step 2, and Step 1's failure (the same
+    # error, wrapped in AgentToolExecutionError) with it
+    assert failures(run.data, "smol-retry") == {"SimpleTool": (True, "retry"), "Step 1": (True, "retry")}
+
+
+def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
+    truth = truth_span_ids(run.data, SCENARIOS)
+    got = answers(run.data, "greedy")
+    assert wrong(SCENARIOS, truth, got, run.data) == []
+    assert all(right == n for right, n in tally(SCENARIOS, truth, got).values())
