@@ -279,3 +279,24 @@ def test_on_a_terminal_the_table_fits_its_width(query_store: Path) -> None:
     assert max(len(line) for line in out.splitlines()) <= 120
     wide = _on_a_terminal("query", "root_causes", "--wide", "--data", str(query_store), columns=100)
     assert max(len(line) for line in wide.splitlines()) <= 100 and "…" in wide  # squeezed, not wrapped
+
+
+@pytest.mark.parametrize("store", ["query_store", "rca_store"])
+def test_show_finds_the_root_cause_root_causes_finds(store: str, request: pytest.FixtureRequest) -> None:
+    from tracedag.pipeline.dag.show import load_shown
+    from tracedag.pipeline.store.querying import run_named
+
+    data = request.getfixturevalue(store)
+    roots = {r["trace_id"]: r for r in run_named(data, "root_causes").to_pylist()}
+    traces = run_named(data, "trace_summary").column("trace_id").to_pylist()
+    for trace_id in traces:
+        cause = load_shown(data, trace_id).cause
+        row = roots.get(trace_id)
+        if row is None:
+            assert cause is None, trace_id
+            continue
+        assert cause is not None, trace_id
+        assert (cause.root_span_id, cause.failed_span_id, cause.hops_from_root, cause.longest_chain) == (
+            row["root_span_id"], row["failed_span_id"], row["hops_from_root"], row["longest_chain"]), trace_id
+        assert cause.path[0] == row["root_span_id"] and cause.path[-1] == row["failed_span_id"]
+        assert len(cause.path) == row["hops_from_root"] + 1, trace_id
