@@ -9,6 +9,12 @@ after the files it names are uploaded. Readers take the newest generation of eve
 A file a writer dropped (its local compaction or GC replaced it) leaves the next generation at once and
 is deleted ``GRACE_SECONDS`` later, so a reader holding an older listing still finds it; old generations
 are deleted the same way. This replaces the directory renames of a local store.
+
+A work directory remembers the generation it last published. When the store's newest generation of its
+writer is missing or older (the store was wiped and made again, or restored from a backup), every file
+it still holds is published again under a new generation; files it no longer holds (moved out by
+``KeepLocal``) that are gone from the store too make ``publish`` refuse with ``StoreLost`` instead, unless
+``TRACEDAG_ACCEPT_STORE_LOSS=1`` says to go on without them.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ LISTING_TTL = 1.0
 """Seconds a process reuses a store listing (one command lists several tables in a row)."""
 _STATE = "publish.json"
 _LOCK = "publish.lock"
+ACCEPT_LOSS = "TRACEDAG_ACCEPT_STORE_LOSS"
+"""Set to 1: after a store lost files only it held, publish what the work directory has and go on."""
 
 Tables = dict[str, dict[str, int]]  # table -> {path under tables/<table>/: size}
 
@@ -153,6 +161,7 @@ class PublishStats:
     deleted: int = 0
     evicted: int = 0
     generation: int | None = None
+    republished: bool = False  # the store had lost this writer's manifest: everything was uploaded again
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -195,6 +204,74 @@ def _check_owner(remote: Remote, writer: str, instance: str, known: bool) -> dic
             "one its own --writer-id/--collector-id, or set TRACEDAG_WRITER_TAKEOVER=1 once to adopt the id "
             "(its files are kept) after the old work directory was lost")
     return found
+
+
+class StoreLost(TracedagError):  # type: ignore[misc,unused-ignore]
+    """The store lost files this work directory published and no longer holds itself."""
+
+
+def _store_lost(state: dict[str, Any], found: dict[str, Any] | None) -> bool:
+    """Whether the store's newest manifest of this writer is missing or older than the one published last."""
+    published = int(state.get("generation", 0))
+    return published > 0 and (found is None or int(found.get("generation", 0)) < published)
+
+
+def _missing_in_store(remote: Remote, retained: Tables) -> tuple[Tables, int]:
+    """Split the files only the store held into those it still has, and count the ones it lost."""
+    kept: Tables = {}
+    lost = 0
+    for table, files in retained.items():
+        for name, size in files.items():
+            if remote.fs.exists(remote.key(f"tables/{table}/{name}")):
+                kept.setdefault(table, {})[name] = size
+            else:
+                lost += 1
+    return kept, lost
+
+
+def _refuse_if_lost(data: Path, remote: Remote, writer: str, state: dict[str, Any], found: dict[str, Any] | None
+                    ) -> tuple[Tables, int]:
+    """After the store lost this writer's manifest: raise ``StoreLost`` when files only the store held are
+    gone too (unless ``ACCEPT_LOSS``); else return the store-only files it still has and how many it lost."""
+    kept, lost = _missing_in_store(remote, state["retained"])
+    if lost and os.environ.get(ACCEPT_LOSS) != "1":
+        seen = "none" if found is None else f"generation {int(found.get('generation', 0))}"
+        local = sum(1 for _ in _local_tables(data))
+        raise StoreLost(
+            f"{remote.url} no longer holds what the work directory {os.fspath(data)} published (writer {writer!r} "
+            f"was at manifest generation {int(state['generation'])}, the store has {seen}); {lost} of those files "
+            "were kept only in the store (moved out by --keep-local), so they are lost, and nothing was published. "
+            f"To publish what the work directory holds ({local} files now) and go on without them, set "
+            f"{ACCEPT_LOSS}=1 once (ingesting their sources again restores them); to start empty, use a new --work-dir")
+    return kept, lost
+
+
+def _after_loss(data: Path, remote: Remote, writer: str, state: dict[str, Any], found: dict[str, Any] | None
+                ) -> dict[str, Any]:
+    """The state that publishes every local file again (generations go on), or ``StoreLost``."""
+    kept, lost = _refuse_if_lost(data, remote, writer, state, found)
+    seen = "none" if found is None else f"generation {int(found.get('generation', 0))}"
+    logger.warning("%s no longer holds writer %r's manifest generation %d (it has %s): publishing the %d files "
+                   "of the work directory %s again%s", remote.url, writer, int(state["generation"]), seen,
+                   sum(1 for _ in _local_tables(data)), os.fspath(data),
+                   f"; {lost} files only the store held are lost" if lost else "")
+    return {"generation": int(state["generation"]), "uploaded": {}, "retained": kept,
+            "dropped": state.get("dropped", {}), "last": None, "reports": []}
+
+
+def check_kept(data: Path) -> None:
+    """Raise ``StoreLost`` now if the next ``publish`` from ``data`` would (before a command does its work).
+
+    A store that lost only what the work directory still holds passes: ``publish`` uploads it again.
+    """
+    bound = binding(data)
+    saved = _load_state(data)
+    if bound is None or saved is None:
+        return
+    remote, writer = bound
+    found = newest_manifest(remote, writer)
+    if _store_lost(saved, found):
+        _refuse_if_lost(data, remote, writer, saved, found)
 
 
 def _new_state(found: dict[str, Any] | None) -> dict[str, Any]:
@@ -261,6 +338,9 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
             return stats  # has nothing else to publish and no manifest of its own
         found = _check_owner(remote, writer, instance, known=saved is not None and saved.get("generation", 0) > 0)
         state = saved or _new_state(found)
+        if _store_lost(state, found):
+            state = _after_loss(data, remote, writer, state, found)
+            stats.republished = True
         if keep_local is not None:
             _evict(data, state, keep_local, stats)
         tables = _upload_new(data, remote, writer, state, stats)
