@@ -14,6 +14,7 @@ The gRPC bombs are real compressed messages (flag 1, ``grpc-encoding: gzip``), s
 from __future__ import annotations
 
 import gzip
+import hashlib
 import re
 import socket
 import struct
@@ -191,11 +192,16 @@ def bomb() -> bytes:
     return gzip_bomb()
 
 
+def _pad(size: int) -> str:
+    """Deterministic text of ``size`` characters, to compare byte for byte once stored."""
+    return "".join(chr(97 + (j * 7919) % 26) for j in range(size))
+
+
 def _legit_body(i: int, pad: int = 0) -> bytes:
     span = make_span(i, name=f"legit-{i}")
     if pad:
         kv = span.attributes.add()
-        kv.key, kv.value.string_value = "pad", "".join(chr(97 + (j * 7919) % 26) for j in range(pad))
+        kv.key, kv.value.string_value = "pad", _pad(pad)
     return make_request([span]).SerializeToString()
 
 
@@ -254,3 +260,19 @@ def test_32_grpc_gzip_bombs_stay_within_the_inflight_budget(tmp_path, bomb):
     finally:
         assert stop_process(proc) == 0
     assert _stored_names(tmp_path) == ["legit-grpc-0", "legit-grpc-1", "legit-grpc-2"]
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+def test_compressed_grpc_messages_inflated_in_steps_are_stored_intact(collector, compression):
+    """grpc core no longer inflates: gzip and deflate messages of several inflate steps arrive whole."""
+    body = _legit_body(7, pad=3 * 2**20)
+    with grpc.insecure_channel(f"127.0.0.1:{collector.grpc_port}",
+                               options=[("grpc.max_send_message_length", 64 * 2**20)]) as channel:
+        channel.unary_unary(EXPORT)(body, timeout=30, compression=compression)
+        with pytest.raises(grpc.RpcError) as err:  # gzip inside the compressed message: inflated once only
+            channel.unary_unary(EXPORT)(gzip.compress(body), timeout=30, compression=compression)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    collector.flush()
+    pad = _pad(3 * 2**20)
+    rows = connect(collector.data).execute("select md5(attributes['pad']) from spans where name = 'legit-7'").fetchall()
+    assert rows == [(hashlib.md5(pad.encode()).hexdigest(),)]  # once, byte for byte
