@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import threading
 from collections.abc import Callable
@@ -97,8 +98,11 @@ def collect(
     build: bool, build_idle: float, build_grace: float, build_interval: float, use_judge: bool | None,
     judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float, keep_local: float,
 ) -> None:
-    """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet."""
-    from tracedag.pipeline.service import CollectorConfig, start_collector
+    """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet.
+
+    A port in use: one line naming it and its option, exit 1, and nothing created in --data.
+    """
+    from tracedag.pipeline.service import CollectorConfig
 
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
@@ -124,7 +128,7 @@ def collect(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    running = start_collector(config)
+    running = _start(config, data)
     scheme = "https" if tls_cert else "http"
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"tracedag collect: OTLP/HTTP {scheme}://{shown}:{running.http_port}/v1/traces", nl=True)
@@ -136,6 +140,44 @@ def collect(
     click.echo("tracedag collect: draining and flushing ...")
     running.stop(grace)
     click.echo("tracedag collect: stopped")
+
+
+def _start(config: Any, data: Path) -> Any:
+    """Start the collector; when a port is taken, remove what the attempt created (the data directory
+    when it did not exist, else its new spool and state files) and say which port and option."""
+    from tracedag.collector.server import PortUnavailable
+    from tracedag.pipeline.service import start_collector
+
+    before = _entries(data)
+    try:
+        return start_collector(config)
+    except PortUnavailable:
+        _remove_new(data, before)
+        raise
+
+
+def _entries(data: Path) -> set[Path] | None:
+    """Every path under ``data`` but its tables (None when ``data`` does not exist)."""
+    if not data.exists():
+        return None
+    found: set[Path] = set()
+    for root, dirs, files in os.walk(data):
+        if Path(root) == data:
+            dirs[:] = [d for d in dirs if d != "tables"]
+        found.update(Path(root) / n for n in (*dirs, *files))
+    return found
+
+
+def _remove_new(data: Path, before: set[Path] | None) -> None:
+    """Remove what appeared under ``data`` since ``before`` (all of ``data`` when it was not there)."""
+    if before is None:
+        shutil.rmtree(data, ignore_errors=True)
+        return
+    for path in sorted((_entries(data) or set()) - before, key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _live_judge(use_judge: bool | None, max_steps: int) -> Any:
