@@ -163,7 +163,8 @@ REGRESS_SIDES = tuple(f"agent_name={booking_graph.agent_name(v)}" for v in booki
 
 def regress_variants(data: Path) -> pa.Table:
     """The regression gate over the two agent variants, paired by scenario and replay: one row per
-    metric (``regress.MetricResult`` fields), alerts first."""
+    metric (``regress.MetricResult`` fields), alerts first. The two sides are different agents, so
+    the gate keys both agent steps alike (``regress.gate.AGENT_KEY``) and every metric can pair."""
     from dataclasses import asdict
 
     from tracedag.pipeline.regress import RegressConfig, run_regress
@@ -173,3 +174,31 @@ def regress_variants(data: Path) -> pa.Table:
     result = run_regress(data, REGRESS_SIDES[0], REGRESS_SIDES[1], RegressConfig())
     save_report(data, to_json(result))  # as tracedag regress does: the served demo's Regressions tab shows it
     return pa.Table.from_pylist([{**asdict(m), "exit_code": result.exit_code} for m in ordered(result)])
+
+
+EXPECTED = "the permissive agent is less deterministic"
+"""What the demo's gate is expected to find: the permissive agent may take transitions the constrained
+one may not, so its replays of one scenario agree less often (determinism drops)."""
+
+
+def gate_summary(rows: list[dict[str, Any]]) -> str:
+    """The demo gate's outcome, labelled against what is expected (``EXPECTED``), from the rows of
+    ``regress_variants``: FAIL as expected when determinism is what failed, PASS with the drop and
+    why the gate could not call it, or the unexpected alerts."""
+    compared = [r for r in rows if r["pairs"]]
+    fails = [r for r in compared if r["status"] == "fail"]
+    drops = sorted((r for r in compared if r["family"] == "determinism" and (r["delta"] or 0) < 0),
+                   key=lambda r: float(r["delta"]))
+    shown = ", ".join(f"{r['metric']} {float(r['delta']):+.2f}" for r in (fails or drops)[:3])
+    counted = f"{len(fails)} of {len(compared)} metrics compared on both sides regressed"
+    if fails and all(r["family"] == "determinism" for r in fails):
+        return f"FAIL, as expected: {EXPECTED} ({shown}); {counted}"
+    if fails:
+        return f"FAIL, {counted} ({shown}); expected: only a determinism drop"
+    if drops:
+        ps = [float(r["p_adjusted"]) for r in drops if r["p_adjusted"] is not None]
+        p = f" (adjusted p {min(ps):.2f})" if ps else ""
+        units = max(int(r["pairs"]) for r in drops)
+        return (f"PASS, {counted}; {EXPECTED}, as expected ({shown}), but {units} scenarios are too few for the "
+                f"gate to be sure{p}")
+    return f"PASS, {counted}; expected: a determinism drop, not seen with this seed"

@@ -4,6 +4,11 @@ Cases: the traces of a side grouped by the ``pair_by`` labels (scenario, and rep
 sides have one); a case of one side without its partner is listed as unpaired, never compared.
 Determinism is compared per scenario (its unit is a set of replays). Each metric gets the mean
 paired difference, a seeded paired-bootstrap interval and the dual-threshold decision (``stats``).
+
+Two sides that are different agents (their traces' agent names do not overlap, as the demo's
+constrained and permissive agents) name their own agent step differently, so a metric keyed by it
+(``step_visits[agent=court_booking.constrained]``) could never pair: each side's agent step is then
+keyed ``AGENT_KEY`` (``step_visits[agent=(agent)]``), on both sides, and a note says so.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import polars as pl
 
 from tracedag.pipeline.regress import determinism as det
 from tracedag.pipeline.regress.config import RegressConfig
-from tracedag.pipeline.regress.facts import case_values, load_facts, selection_connection
+from tracedag.pipeline.regress.facts import StoreFacts, case_values, load_facts, selection_connection
 from tracedag.pipeline.regress.model import (
     FAMILIES,
     MetricResult,
@@ -29,6 +34,8 @@ from tracedag.pipeline.regress.model import (
 from tracedag.pipeline.regress.selection import parse_selection, select_traces
 from tracedag.pipeline.regress.stats import adjust, decide, paired_bootstrap
 
+AGENT_KEY = "(agent)"
+"""The name both sides' agent steps are compared under when the sides are different agents."""
 COUNTING = {"step_visits", "failure_rate", "root_cause"}
 """Families that are 0 in a case without the step (or category): a missing value is a zero."""
 _FAMILY_ORDER = {name: i for i, name in enumerate(FAMILIES)}
@@ -76,9 +83,30 @@ def _pairing(base: pl.DataFrame, cand: pl.DataFrame, config: RegressConfig,
     if not common:
         raise RegressError(
             f"no common cases when pairing by {', '.join(pair_by)}: baseline has {_some(b_cases)}, "
-            f"candidate has {_some(c_cases)}")
+            f"candidate has {_some(c_cases)} (a trace without scenario_id is its conversation's scenario: label "
+            "both sides' runs with scenario_id, or replay the baseline's conversations with tracedag replay)")
     unpaired = {"baseline": sorted(b_cases - c_cases), "candidate": sorted(c_cases - b_cases)}
     return pair_by, notes, cb, cc, common, unpaired
+
+
+def split_agents(base: pl.DataFrame, cand: pl.DataFrame) -> set[str]:
+    """The agent names of both sides when they do not overlap (the sides are different agents), else empty."""
+    b = {a for a in base["agent_name"].to_list() if a}
+    c = {a for a in cand["agent_name"].to_list() if a}
+    return b | c if b and c and not b & c else set()
+
+
+def same_agent_key(facts: StoreFacts, agents: set[str]) -> StoreFacts:
+    """``facts`` with the agent steps (and root causes) named after one of ``agents`` (``NAME`` or
+    ``invoke_agent NAME``) renamed ``AGENT_KEY``."""
+    names = list(agents)
+
+    def rename(name: str, kind: str) -> pl.Expr:  # the agent's name, or a span name such as "invoke_agent NAME"
+        own = (pl.col(kind) == "agent") & pl.col(name).str.split(" ").list.last().is_in(names)
+        return pl.when(own).then(pl.lit(AGENT_KEY)).otherwise(pl.col(name)).alias(name)
+
+    return StoreFacts(facts.traces.with_columns(rename("root_cause_step", "root_cause_type")),
+                      facts.steps.with_columns(rename("step_name", "step_type")), facts.failures)
 
 
 def _some(cases: set[str]) -> str:
@@ -102,6 +130,11 @@ def run_regress(
         runs = det.load_all_runs(con)
     finally:
         con.close()
+    agents = split_agents(base, cand)
+    if agents:
+        facts = same_agent_key(facts, agents)
+        notes.append(f"the sides are different agents ({', '.join(sorted(agents))}): each side's agent step is "
+                     f"compared as agent={AGENT_KEY}")
     keep = pl.col("case").is_in(common)
     vb, vc = case_values(facts, cb.filter(keep)), case_values(facts, cc.filter(keep))
     progress("bootstrapping case metrics")

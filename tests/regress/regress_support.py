@@ -32,7 +32,7 @@ def half(scenario: str, replay: int) -> bool:
 
 def write_version(store: Store, version: str, fails: Fails = never, tool_ms: int = 5, replay_labels: bool = True,
                   scenarios: tuple[str, ...] = SCENARIOS, tokens: int | None = 100,
-                  model: str | None = None) -> None:
+                  model: str | None = None, agent: str = "bot") -> None:
     for scenario in scenarios:
         for replay in range(REPLAYS):
             labels = {"run_id": f"{version}/{scenario}/{replay}", "conversation_id": f"{version}-{scenario}-{replay}",
@@ -41,7 +41,7 @@ def write_version(store: Store, version: str, fails: Fails = never, tool_ms: int
             store.clock += 1_000_000
             start = store.clock
             trace_id = f"{abs(hash((version, scenario, replay))):032x}"[:32]
-            root = store.span(trace_id, None, "invoke_agent bot", "agent", agent_name="bot", start=start,
+            root = store.span(trace_id, None, f"invoke_agent {agent}", "agent", agent_name=agent, start=start,
                               end=start + 50_000_000, input_tokens=tokens, output_tokens=tokens and tokens // 2,
                               model=model, **labels)
             failed = fails(scenario, replay)
