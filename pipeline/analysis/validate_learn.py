@@ -230,6 +230,8 @@ class LearnOptions:
     """Leave out the scenarios with too few passing runs (listed in the model) instead of failing."""
     min_confidence: float = 0.9
     """``merge="semantic"``: merge two names only when the LLM calls them the same with this confidence."""
+    include_replays: bool = False
+    """Learn from ``tracedag replay`` runs too (by default only from the traffic they replay)."""
 
 
 def pick_agent(runs: Sequence[RunSteps], agent: str | None) -> tuple[str, list[RunSteps]]:

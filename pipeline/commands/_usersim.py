@@ -1,8 +1,11 @@
 """``tracedag simulate --agent TARGET --graph GRAPH``: simulated users against any agent, CCR and PCR.
 
 Options of the ``simulate`` command (pipeline/commands/demo.py); this module holds the work so that
-command stays a thin switch. No commands of its own. Exit codes as ``tracedag replay``: 1 when a run
-failed, 130 when interrupted (the finished conversations are kept); bad input: one line, 2.
+command stays a thin switch. No commands of its own. Exit codes as ``tracedag replay``: 0 when every
+run ran to its end (an agent that failed is a result, counted in CCR/PCR and listed); 1 when a run
+could not run (the agent raised or was unreachable), when the collector did not take the spans, or
+with ``--fail-on-failure`` when an agent failed; 130 when interrupted (the finished conversations
+are kept); bad input: one line, 2.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class UserSimArgs:
     settle: float = 15.0
     nodes: str = "auto"  # auto | process | store: where the agent's node spans are read
     endpoint_given: bool = False  # --endpoint given with --data: send there, read the store in --data
+    fail_on_failure: bool = False  # exit 1 when an agent failed, too
 
 
 def nodes_store(args: UserSimArgs) -> Path | None:
@@ -96,17 +100,34 @@ def run_user_simulation(args: UserSimArgs) -> None:
         user = ScriptedUser(args.seed, getattr(target, "scripted_turns", None))
     sim_id = args.simulation_id or f"usersim-seed{args.seed}"
     store = nodes_store(args)
-    sink = _sink(args.data, None) if args.data and not args.endpoint_given else nullcontext(args.endpoint)
-    where = str(args.data) if args.data and not args.endpoint_given else args.endpoint
+    local = args.data if args.data and not args.endpoint_given else None  # store through an in-process collector
+    where = str(local) if local else args.endpoint
+    if local is None:
+        _check_reachable(args.endpoint)
+    sink = _sink(local, None) if local else nullcontext(args.endpoint)
     with sink as url, _progress() as advance:
         config = SimulationConfig(url, args.conversations, args.max_backtracks, sim_id, parallel=args.parallel,
                                   nodes_from=store, settle=args.settle)
         result = simulate_users(target, user, found, personas, config, advance)
     _report(result, where, args)
+    raise SystemExit(exit_code(result, args.fail_on_failure))
+
+
+def exit_code(result: SimulationResult, fail_on_failure: bool) -> int:
+    """130 interrupted; 1 when spans were lost, a run could not run, or (asked for) an agent failed; else 0."""
     if result.interrupted:
-        raise SystemExit(130)
-    if result.failed:
-        raise SystemExit(1)
+        return 130
+    if result.spans_lost or result.stopped or (fail_on_failure and result.failed):
+        return 1
+    return 0
+
+
+def _check_reachable(endpoint: str) -> None:
+    """Refuse to start when the collector at ``endpoint`` does not take an (empty) export."""
+    from tracedag.pipeline.replay.export import probe, unreachable_message
+
+    if not probe(endpoint):
+        raise click.ClickException(unreachable_message(endpoint))
 
 
 def _bundled_graph() -> AgentGraph:
@@ -125,6 +146,7 @@ def _report(result: SimulationResult, where: str, args: UserSimArgs) -> None:
     from rich.table import Table
 
     from tracedag.pipeline.commands._table import whole_console
+    from tracedag.pipeline.commands.replay import lost_line, next_line
     from tracedag.pipeline.replay.simulation import rates
 
     console = whole_console()
@@ -142,18 +164,19 @@ def _report(result: SimulationResult, where: str, args: UserSimArgs) -> None:
     rate = len(result.conversations) / result.seconds if result.seconds else 0.0
     console.print(f"CCR {_pct(ccr)}, PCR {_pct(pcr)} over {len(result.conversations)} conversations "
                   f"({result.runs} runs, {rate:.1f} conversations/s); spans sent to {where} "
-                  f"(simulation_id={result.simulation_id})", highlight=False, soft_wrap=True)
+                  f"(simulation_id={result.simulation_id})", highlight=False, markup=False, soft_wrap=True)
     _report_failed(console, result)
     _report_waits(console, result, args)
     if result.conversations and not any(a.nodes for c in result.conversations for a in c.attempts):
         console.print(f"warning: no node span was seen in any run ({_NODE_KEYS}), so no transition could be "
-                      f"compared; {_where_nodes(result, args)}", highlight=False, soft_wrap=True)
+                      f"compared; {_where_nodes(result, args)}", highlight=False, markup=False, soft_wrap=True)
     if result.interrupted:
         console.print(f"interrupted: {len(result.conversations)} of {result.planned} conversations finished "
                       "(their runs are kept)", highlight=False, soft_wrap=True)
-    if "://" not in where:
-        console.print(f"next: tracedag build --data {where} && tracedag determinism --data {where}",
-                      highlight=False, soft_wrap=True)
+    if result.spans_lost:
+        console.print(lost_line(result.delivery, where), highlight=False, markup=False, soft_wrap=True)
+    elif "://" not in where:
+        console.print(next_line(where), highlight=False, markup=False, soft_wrap=True)
 
 
 def _row(table: Table, label: str, cs: Sequence[Conversation], end_section: bool = False) -> None:
@@ -182,12 +205,15 @@ def _where_nodes(result: SimulationResult, args: UserSimArgs) -> str:
 def _report_failed(console: Console, result: SimulationResult) -> None:
     failed = result.failed
     for conv, attempt in failed[:_MAX_ERRORS]:
-        console.print(f"failed {attempt.run_id} (intent {conv.intent.intent_id}, persona {conv.persona.name}): "
+        what = "could not run" if attempt.stopped else "failed"
+        console.print(f"{what} {attempt.run_id} (intent {conv.intent.intent_id}, persona {conv.persona.name}): "
                       f"{attempt.error}", highlight=False, markup=False, soft_wrap=True)
     if len(failed) > _MAX_ERRORS:
         console.print(f"... and {len(failed) - _MAX_ERRORS} more failed runs", highlight=False)
     if failed:
-        console.print(f"{len(failed)} of {result.runs} runs failed", highlight=False)
+        stopped = len(result.stopped)
+        console.print(f"{len(failed) - stopped} of {result.runs} runs failed, {stopped} could not run",
+                      highlight=False)
 
 
 def _report_waits(console: Console, result: SimulationResult, args: UserSimArgs) -> None:
@@ -198,4 +224,4 @@ def _report_waits(console: Console, result: SimulationResult, args: UserSimArgs)
             f"{waits.timed_out} not complete within --settle {args.settle:g} s")
     if waits.absent:
         line += "; none arrived, so the later traces were not waited for"
-    console.print(line, highlight=False, soft_wrap=True)
+    console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -89,19 +89,26 @@ def demo_command(data: Path, seed: int, keep: bool) -> None:
 @click.option("--nodes", "nodes", type=click.Choice(["auto", "process", "store"]), default="auto", show_default=True,
               help="With --agent: where the agent's node spans are read: this process's spans, or the --data store "
                    "by trace id (auto: the store for an agent behind a URL).")
+@click.option("--fail-on-failure", "fail_on_failure", is_flag=True,
+              help="Exit 1 when a conversation's agent failed too (default: a failing agent is a result, counted; "
+                   "exit 1 only when a run could not run or the collector did not take the spans).")
 def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int, variants: int,
                      fault_rate: float, max_visits: int, service_version: str = "1.0", simulation_id: str | None = None,
                      agent_opts: tuple[str, ...] = (), agent: str | None = None, graph_file: Path | None = None,
                      personas: Path | None = None, persona_names: tuple[str, ...] = (), conversations: int = 1,
                      max_backtracks: int = 2, user_model: str | None = None, user_base_url: str | None = None,
-                     data: Path | None = None, parallel: int = 1, settle: float = 15.0, nodes: str = "auto") -> None:
+                     data: Path | None = None, parallel: int = 1, settle: float = 15.0, nodes: str = "auto",
+                     fail_on_failure: bool = False) -> None:
     """Drive the bundled court-booking agent through its conversation paths and export the spans over OTLP.
 
     Both variants (constrained and permissive transitions) run every DFS path of the designed
     graph as exact replays and rephrased variants, with run labels; point it at `tracedag collect`.
     With --agent and --graph: simulated users (EDGE §3.1) play the graph's paths against any agent,
-    restarting after an unintended transition, and CCR/PCR are printed per intent; exit code 1 when
-    a run failed, 130 when interrupted. An agent behind a URL is read back from the --data store.
+    restarting after an unintended transition, and CCR/PCR are printed per intent. An agent behind a
+    URL is read back from the --data store. Exit code 0 when every conversation ran to its end (an
+    agent that failed is a result, counted); 1 when a run could not run, when the collector does not
+    take the spans (nothing was stored), or with --fail-on-failure when an agent failed; 130 when
+    interrupted.
     """
     if agent is not None or graph_file is not None:
         from tracedag.pipeline.commands._usersim import UserSimArgs, run_user_simulation
@@ -111,14 +118,28 @@ def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], 
         given = click.get_current_context().get_parameter_source("endpoint") is not ParameterSource.DEFAULT
         run_user_simulation(UserSimArgs(agent, graph_file, agent_opts, personas, persona_names, conversations,
                                         max_backtracks, max_visits, user_model, user_base_url, seed, data, endpoint,
-                                        simulation_id, parallel, settle, nodes, endpoint_given=given))
+                                        simulation_id, parallel, settle, nodes, endpoint_given=given,
+                                        fail_on_failure=fail_on_failure))
         return
+    _simulate_bundled(endpoint, protocol, seed, replays, variants, fault_rate, max_visits, service_version,
+                      simulation_id, agent_opts, fail_on_failure)
+
+
+def _simulate_bundled(endpoint: str, protocol: Literal["http/protobuf", "grpc"], seed: int, replays: int,
+                      variants: int, fault_rate: float, max_visits: int, service_version: str,
+                      simulation_id: str | None, agent_opts: tuple[str, ...], fail_on_failure: bool) -> None:
+    """The bundled agent's paths over OTLP; exit 1 when the collector did not take the spans (or, asked for,
+    when a conversation failed)."""
     from rich.progress import Progress
 
     from tracedag.pipeline.demo import simulate as sim
     from tracedag.pipeline.demo.agent.tweaks import Tweaks
     from tracedag.pipeline.demo.stages import conversation_paths
+    from tracedag.pipeline.replay.export import CountingExporter, otlp_exporter, probe, unreachable_message
 
+    if not probe(endpoint, protocol):
+        raise click.ClickException(unreachable_message(endpoint))
+    counting = CountingExporter(otlp_exporter(endpoint, protocol))
     config = sim.SimulationConfig(endpoint=endpoint, protocol=protocol,
                                   seed=seed, replays=replays, variants=variants, fault_rate=fault_rate,
                                   service_version=service_version, simulation_id=simulation_id,
@@ -126,9 +147,16 @@ def simulate_command(endpoint: str, protocol: Literal["http/protobuf", "grpc"], 
     with Progress() as progress:
         task = progress.add_task("simulate conversations")
         result = sim.simulate(config, conversation_paths(max_visits),
-                              lambda done, total: progress.update(task, completed=done, total=total))
+                              lambda done, total: progress.update(task, completed=done, total=total), counting)
     click.echo(f"{result.runs} conversations sent to {endpoint} ({result.failed} failed, "
                f"{result.calendar_faults} with a calendar fault), simulation id {result.simulation_id}")
+    delivery = counting.delivery()
+    if delivery.lost:
+        from tracedag.pipeline.commands.replay import lost_line
+
+        raise click.ClickException(lost_line(delivery, endpoint))
+    if fail_on_failure and result.failed:
+        raise click.ClickException(f"{result.failed} of {result.runs} conversations failed (--fail-on-failure)")
 
 
 COMMANDS: list[click.Command] = [demo_command, simulate_command]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +39,7 @@ def _with_data(f: _F) -> _F:
 @click.option("--where", "where", default=None, metavar="SQL",
               help="Condition over the stored conversations: conversation_id, first_trace_id, traces, spans, "
                    "start_time_unix_nano, end_time_unix_nano, failed, service_name, service_version, agent_name, "
-                   "is_replay.")
+                   "scenario_id, variant_id, replay_index, is_replay.")
 @click.option("--since", "since", default=None, metavar="DURATION", help="Only conversations active in the last 30m, 24h, 7d...")
 @click.option("--failed", "failed_only", is_flag=True, help="Only conversations with an ERROR span.")
 @click.option("--times", default=1, show_default=True, type=click.IntRange(min=1), help="Replays of each conversation.")
@@ -61,19 +62,25 @@ def _with_data(f: _F) -> _F:
 @click.option("--endpoint", default=None,
               help="Send the spans to this OTLP/HTTP endpoint instead of storing them into --data through an "
                    "in-process collector.")
+@click.option("--fail-on-failure", "fail_on_failure", is_flag=True,
+              help="Exit 1 when a run's agent failed too (default: a failing agent is a result, listed; exit 1 only "
+                   "when a run could not run).")
 @engine_options
 def replay_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversations: tuple[str, ...],
                    where: str | None, since: str | None, failed_only: bool, times: int, variants: int,
                    rewrite_model: str | None, rewrite_base_url: str | None, parallel: int,
                    tools: Literal["live", "recorded"], unmatched: Literal["live", "fail"], labels: tuple[str, ...],
-                   replay_id: str | None, endpoint: str | None, engine: str = "local",
+                   replay_id: str | None, endpoint: str | None, fail_on_failure: bool = False, engine: str = "local",
                    ray_address: str | None = None, workers: int | None = None) -> None:
     """Replay stored conversations against an agent, N times, each run labelled in its spans.
 
-    The user's turns are read from the stored spans; every run carries scenario_id (the source
-    conversation), replay_index, run_id, replay_id and source_trace_id, so `tracedag determinism`
-    and `tracedag regress` read replays like any traffic. Nothing stored is changed. Exit code 1
-    when a run failed, 130 when interrupted.
+    The user's turns are read from the stored spans; every run carries scenario_id (the source's,
+    else the source conversation), replay_index, variant_id, run_id, replay_id, source_trace_id and
+    source_conversation_id, so `tracedag determinism`, `tracedag regress` (the replays pair with the
+    traffic they replay) and `tracedag validate check` read replays like any traffic. Nothing stored is changed. Exit code 0
+    when every run ran to its end (an agent that failed again is a result, listed); 1 when a run
+    could not run (the agent raised or was unreachable), when the collector did not take the spans,
+    or, with --fail-on-failure, when an agent failed; 130 when interrupted.
     """
     from tracedag.pipeline.demo.replay_example import example_target
     from tracedag.pipeline.replay import ReplayConfig, Selection, load_target, parse_opts, parse_since
@@ -96,10 +103,16 @@ def replay_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversa
     _report(result, endpoint or f"{data}", tools)  # an object store's URL, not its work directory
     if running is not None:
         click.echo(f"engine: ray ({running.tasks} tasks, one per run)")
+    raise SystemExit(exit_code(result, fail_on_failure))
+
+
+def exit_code(result: ReplayResult, fail_on_failure: bool) -> int:
+    """130 interrupted; 1 when spans were lost, a run could not run, or (asked for) an agent failed; else 0."""
     if result.interrupted:
-        raise SystemExit(130)
-    if result.failed:
-        raise SystemExit(1)
+        return 130
+    if result.spans_lost or result.stopped or (fail_on_failure and result.failed):
+        return 1
+    return 0
 
 
 def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -114,8 +127,13 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @contextmanager
 def _sink(data: Path, endpoint: str | None) -> Iterator[str]:
-    """The OTLP endpoint to send to: the given one, or an in-process collector storing into ``data``."""
+    """The OTLP endpoint to send to: the given one (which must answer), or an in-process collector
+    storing into ``data``."""
     if endpoint:
+        from tracedag.pipeline.replay.export import probe, unreachable_message
+
+        if not probe(endpoint):
+            raise click.ClickException(unreachable_message(endpoint))
         yield endpoint
         return
     from tracedag.pipeline.service import CollectorConfig, start_collector
@@ -148,18 +166,43 @@ def _progress() -> Iterator[Any]:
 
 
 def _report(result: ReplayResult, where: str, tools: str = "live") -> None:
-    from collections import Counter
-
-    from rich.table import Table
-
     from tracedag.pipeline.commands._table import whole_console
 
     console = whole_console()
-    table = Table(title=f"replay {result.replay_id}")
-    for col in ("conversation", "turns", "runs", "failed", "first error"):
+    console.print(_table(result))
+    for r in (result.stopped + result.failed)[:_MAX_ERRORS]:
+        what = "could not run" if r.outcome.stopped else "failed"
+        console.print(f"{what} {r.run.run_id} (conversation {r.run.source.conversation_id}): {r.outcome.error}",
+                      highlight=False, markup=False, soft_wrap=True)
+    more = len(result.stopped) + len(result.failed) - _MAX_ERRORS
+    if more > 0:
+        console.print(f"... and {more} more runs that failed or could not run", highlight=False)
+    if tools == "recorded":
+        served, live, unmatched = result.tool_counts()
+        console.print(f"tool calls: {served} served from the recording, {live} ran live, {unmatched} unmatched "
+                      "(failed their run)", highlight=False, soft_wrap=True)
+    state = "interrupted: " if result.interrupted else ""
+    console.print(f"{state}{len(result.records)} of {result.planned} runs finished, {len(result.failed)} failed, "
+                  f"{len(result.stopped)} could not run; spans sent to {where} (replay_id={result.replay_id})",
+                  highlight=False, markup=False, soft_wrap=True)
+    if result.spans_lost:
+        console.print(lost_line(result.delivery, where), highlight=False, markup=False, soft_wrap=True)
+        return
+    console.print(next_line(where), highlight=False, markup=False, soft_wrap=True)
+
+
+def _table(result: ReplayResult) -> Any:
+    from collections import Counter
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"replay {escape(result.replay_id)}")
+    for col in ("conversation", "turns", "runs", "failed", "could not run", "first error"):
         table.add_column(col)
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
+    stopped: Counter[str] = Counter()
     first: dict[str, str] = {}
     turns: dict[str, int] = {}
     for r in result.records:
@@ -167,27 +210,28 @@ def _report(result: ReplayResult, where: str, tools: str = "live") -> None:
         runs[cid] += 1
         turns[cid] = len(r.run.source.turns)
         if r.outcome.error:
-            failed[cid] += 1
+            (stopped if r.outcome.stopped else failed)[cid] += 1
             first.setdefault(cid, r.outcome.error)
     for cid in runs:
-        table.add_row(cid, str(turns[cid]), str(runs[cid]), str(failed[cid]), first.get(cid, ""))
-    console.print(table)
-    for r in result.failed[:_MAX_ERRORS]:
-        console.print(f"failed {r.run.run_id} (conversation {r.run.source.conversation_id}): {r.outcome.error}",
-                      highlight=False, markup=False, soft_wrap=True)
-    if len(result.failed) > _MAX_ERRORS:
-        console.print(f"... and {len(result.failed) - _MAX_ERRORS} more failed runs", highlight=False)
-    if tools == "recorded":
-        served, live, unmatched = result.tool_counts()
-        console.print(f"tool calls: {served} served from the recording, {live} ran live, {unmatched} unmatched "
-                      "(failed their run)", highlight=False, soft_wrap=True)
-    state = "interrupted: " if result.interrupted else ""
-    console.print(f"{state}{len(result.records)} of {result.planned} runs finished, {len(result.failed)} failed; "
-                  f"spans sent to {where} (replay_id={result.replay_id})", highlight=False, soft_wrap=True)
-    console.print(f"next: tracedag build --data {where} && tracedag determinism --data {where}"
-                  if not where.startswith(("http://", "https://"))
-                  else "next: build and score the collector's store, then tracedag determinism", highlight=False,
-                  soft_wrap=True)
+        table.add_row(escape(cid), str(turns[cid]), str(runs[cid]), str(failed[cid]), str(stopped[cid]),
+                      escape(first.get(cid, "")))
+    return table
+
+
+def lost_line(delivery: Any, where: str) -> str:
+    """What the collector did not take: nothing stored, or how many spans are missing."""
+    if delivery is None or delivery.nothing_stored:
+        return f"nothing was stored: the collector behind {where} did not take the spans (is it running?)"
+    return (f"{delivery.lost} of {delivery.lost + delivery.sent} spans were not stored: the collector behind "
+            f"{where} did not take them")
+
+
+def next_line(where: str) -> str:
+    """The commands that read what was just stored (``--idle 0``: the runs are over, build them now)."""
+    if where.startswith(("http://", "https://")):
+        return "next: build and score the collector's store, then tracedag determinism"
+    quoted = shlex.quote(where)
+    return f"next: tracedag build --data {quoted} --idle 0 && tracedag determinism --data {quoted}"
 
 
 _MAX_ERRORS = 20

@@ -1,6 +1,10 @@
 """The two sides of a comparison: ``--baseline`` / ``--candidate`` selections
 (``tracedag.pipeline.store.selection``: run labels ``key=value[,key=value]`` or ``sql:<condition>``)
 read as traces with their labels.
+
+A trace without a ``scenario_id`` is a scenario of its own conversation (``conversation_id``), the
+scenario ``tracedag replay`` gives the replays of an unlabelled conversation: live traffic pairs
+with its replays conversation by conversation.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def parse_selection(text: str, side: str) -> Selection:
 
 def _sql(selection: Selection) -> str:
     return f"""
-select t.trace_id, t.scenario_id, t.replay_index, t.variant_id, t.service_name, r.agent_name, t.conversation_id
+select t.trace_id, coalesce(t.scenario_id, t.conversation_id) as scenario_id, t.replay_index, t.variant_id, t.service_name, r.agent_name, t.conversation_id
 from {FROM_SQL}
 where {selection.condition}
 order by t.start_time_unix_nano, t.trace_id

@@ -1,14 +1,21 @@
 """Drive an agent target through stored conversations N times, each run labelled in its spans.
 
 Every run is one conversation held with the target inside ``tracedag.instrument`` run labels:
-``run_id`` (``<replay_id>/<source conversation>/r<i>``), ``scenario_id`` (the source conversation),
-``replay_index``, ``variant_id`` (absent on exact replays), ``replay_id``, ``source_trace_id`` and
-``source_conversation_id``, plus every ``--label``; the conversation id of the spans is the run id.
-``service_version`` (a resource attribute, as the agent's own) comes from ``--label
-service_version=…`` or the target. A run that fails keeps going to the next one; an agent that
-raised leaves one ``replay_error`` span with its error (``targets.record_failure``) so the store
-shows the failed run even when the agent's own spans do not. Ctrl-C stops
-starting runs, lets the running ones finish, and flushes: every finished run is kept.
+``run_id`` (``<replay_id>/<source conversation>/r<i>``), ``scenario_id`` (the source's own
+``scenario_id``, else the source conversation), ``replay_index`` (after the source's:
+``PlannedRun.replay_label``), ``variant_id`` (the source's on exact replays, ``v1``… on rewrites, ``<source's>.v1`` when it had one), ``replay_id``,
+``source_trace_id`` and ``source_conversation_id``, plus every ``--label``; the conversation id of
+the spans is the run id. So ``tracedag regress`` pairs the replays with the traffic they replay and
+``tracedag validate check`` checks them against the model learned on it. ``service_version`` (a
+resource attribute, as the agent's own) comes from ``--label service_version=…`` or the target.
+
+A run whose agent failed (the example agent's failed steps) ran to its end: a result. A run that
+could not run to its end (the agent raised, was unreachable, its engine task died) is ``stopped``;
+an agent that raised leaves one ``replay_error`` span with its error (``targets.record_failure``)
+so the store shows the run even when the agent's own spans do not. Either way the next run goes on.
+Every span export is counted (``export.CountingExporter``): ``ReplayResult.export`` says how many
+spans the collector did not take. Ctrl-C stops starting runs, lets the running ones finish, and
+flushes: every finished run is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from tracedag import instrument as td
 from tracedag.instrument.recorded import ToolRecording
 from tracedag.pipeline.engine import Engine
+from tracedag.pipeline.replay.export import CountingExporter, Delivery, otlp_exporter
 from tracedag.pipeline.replay.source import SourceConversation
 from tracedag.pipeline.replay.targets import (
     Outcome,
@@ -68,11 +76,29 @@ class PlannedRun:
     replay_id: str
     variant_id: str | None = None  # None: the exact turns; v1..vK: rewritten turns
     variant_turns: tuple[str, ...] | None = None
+    times: int = 1  # replays of each conversation (numbers the replay_index label)
 
     @property
     def turns(self) -> tuple[str, ...]:
         """The user turns this run sends."""
         return self.variant_turns if self.variant_turns is not None else self.source.turns
+
+    @property
+    def replay_label(self) -> int:
+        """The run's ``replay_index`` label: the source's index x ``times`` + this replay's, so the replays
+        of a scenario are numbered apart and a single replay of each run keeps its source's index (the
+        regression gate pairs it with its source); this replay's index when the source has none."""
+        source: int | None = self.source.replay_index
+        return self.replay_index if source is None else source * self.times + self.replay_index
+
+    @property
+    def variant_label(self) -> str | None:
+        """The run's ``variant_id`` label: the source's on an exact replay (same turns), this rewrite's
+        otherwise (after the source's, when it had one)."""
+        source: str | None = self.source.variant_id
+        if self.variant_id is None:
+            return source
+        return f"{source}.{self.variant_id}" if source else self.variant_id
 
     @property
     def run_id(self) -> str:
@@ -101,12 +127,23 @@ class ReplayResult:
     planned: int
     records: list[RunRecord] = field(default_factory=list)
     interrupted: bool = False
-    exported: bool = True
+    exported: bool = True  # every span was handed to the exporter within the flush timeout
+    delivery: Delivery | None = None  # spans the collector took and lost (None: not counted, engine runs)
 
     @property
     def failed(self) -> list[RunRecord]:
-        """The runs that failed."""
-        return [r for r in self.records if r.outcome.failed]
+        """The runs that ran to their end and whose agent failed (a result, not an error of the replay)."""
+        return [r for r in self.records if r.outcome.failed and not r.outcome.stopped]
+
+    @property
+    def stopped(self) -> list[RunRecord]:
+        """The runs that could not run to their end (the agent raised or was unreachable)."""
+        return [r for r in self.records if r.outcome.stopped]
+
+    @property
+    def spans_lost(self) -> bool:
+        """True when the collector did not take every span (or the flush timed out)."""
+        return not self.exported or (self.delivery is not None and self.delivery.lost > 0)
 
     def tool_counts(self) -> tuple[int, int, int]:
         """Tool calls served from the recording, run live, and unmatched (failing), over every run."""
@@ -126,33 +163,36 @@ def plan(sources: Sequence[SourceConversation], times: int, replay_id: str, vari
     rewriter = rewriter or RuleRewriter()
     out: list[PlannedRun] = []
     for s in sources:
-        out.extend(PlannedRun(s, i, replay_id) for i in range(times))
+        out.extend(PlannedRun(s, i, replay_id, times=times) for i in range(times))
         for k in range(1, variants + 1):
             turns = _rewrite(s, k, rewriter)
-            out.extend(PlannedRun(s, i, replay_id, f"v{k}", turns) for i in range(times))
+            out.extend(PlannedRun(s, i, replay_id, f"v{k}", turns, times) for i in range(times))
     return out
 
 
 def _rewrite(source: SourceConversation, k: int, rewriter: Rewriter) -> tuple[str, ...]:
     try:
-        return variant_turns(source.turns, k, rewriter)
+        turns: tuple[str, ...] = variant_turns(source.turns, k, rewriter)
+        return turns
     except Exception as e:  # the rewriting model failed: nothing is replayed
         raise ReplayTargetError(f"conversation {source.conversation_id}: rewriting variant v{k} failed: "
                                 f"{describe_error(e)}") from e
 
 
 def run_one(target: Target, run: PlannedRun, config: ReplayConfig) -> RunRecord:
-    """Hold one run inside its labels (and its tool recording); an exception out of the target is a failed run."""
+    """Hold one run inside its labels (and its tool recording); an exception out of the target is a run that
+    could not run to its end."""
     labels = config.labels
     recording = ToolRecording(run.source.tool_calls, config.unmatched) if config.tools == "recorded" else None
     info = RunInfo(run.run_id, run.source.conversation_id, run.replay_index, run.variant_id)
-    extra = {k: v for k, v in labels.items() if k != "service_version"}
+    extra: dict[str, str] = {"replay_id": run.replay_id, "source_conversation_id": run.source.conversation_id}
+    if run.source.first_trace_id:  # a simulated user's run has no stored source trace
+        extra["source_trace_id"] = run.source.first_trace_id
+    extra.update((k, v) for k, v in labels.items() if k != "service_version")
     started = time.perf_counter()
     with td.conversation(run.run_id), td.run_labels(
-        run_id=run.run_id, scenario_id=run.source.conversation_id, replay_index=run.replay_index,
-        variant_id=run.variant_id,
-        replay_id=run.replay_id, source_trace_id=run.source.first_trace_id,
-        source_conversation_id=run.source.conversation_id, **extra,
+        run_id=run.run_id, scenario_id=run.source.scenario, replay_index=run.replay_label,
+        variant_id=run.variant_label, **extra,
     ):
         outcome = _converse(target, run, info, recording)
     seconds = time.perf_counter() - started
@@ -169,7 +209,7 @@ def _converse(target: Target, run: PlannedRun, info: RunInfo, recording: ToolRec
             return target.converse(run.turns, info)
     except Exception as exc:  # a target that does not catch its agent's errors
         record_failure(exc)
-        return Outcome((), describe_error(exc))
+        return Outcome((), describe_error(exc), stopped=True)
 
 
 def replay(
@@ -188,13 +228,15 @@ def replay(
     replay_id = config.replay_id or default_replay_id()
     runs = plan(sources, config.times, replay_id, config.variants, config.rewriter)
     version = config.labels.get("service_version") or target.service_version
+    counting = CountingExporter(exporter or otlp_exporter(config.endpoint, config.protocol))
     td.configure(config.endpoint, service_name=target.service_name, service_version=version,
-                 protocol=config.protocol, exporter=exporter, schedule_delay_millis=200,
+                 protocol=config.protocol, exporter=counting, schedule_delay_millis=200,
                  set_global=config.set_global)
     result = ReplayResult(replay_id, len(runs))
+    engine = config.engine if exporter is None else None  # a test's exporter: threads of this process
     try:
-        if config.engine is not None and exporter is None:
-            _run_engine(runs, target, config, result, progress, config.engine)
+        if engine is not None:
+            _run_engine(runs, target, config, result, progress, engine)
         else:
             _run_all(runs, target, config, result, progress)
     finally:
@@ -202,6 +244,7 @@ def replay(
         if not result.exported:
             logger.warning("some spans were not exported within 30 s")
         td.shutdown()
+        result.delivery = None if engine is not None else counting.delivery()
     return result
 
 
@@ -238,7 +281,7 @@ def _run_engine(runs: list[PlannedRun], target: Target, config: ReplayConfig, re
     try:
         for i, record in engine.map_buckets(replay_task, runs, target, config, retries=0, errors=True):
             if isinstance(record, BaseException):
-                record = RunRecord(runs[i], Outcome((), f"engine task failed: {describe_error(record)}"), 0.0)
+                record = RunRecord(runs[i], Outcome((), f"engine task failed: {describe_error(record)}", stopped=True), 0.0)
             result.records.append(record)
             if progress is not None:
                 progress(len(result.records), len(runs))

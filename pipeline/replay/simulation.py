@@ -43,6 +43,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from tracedag import instrument as td
+from tracedag.pipeline.replay.export import CountingExporter, Delivery, otlp_exporter
 from tracedag.pipeline.replay.remote import StoreSpans, remote_visits, settled
 from tracedag.pipeline.replay.runner import PlannedRun, ReplayConfig, run_one
 from tracedag.pipeline.replay.source import SourceConversation
@@ -173,7 +174,7 @@ class StoreNodes:
                 break
             time.sleep(self.poll)
         self.spans.release([trace_id])
-        visits = remote_visits(stored, local_ids, node_starts)
+        visits: list[tuple[int, str, str]] = remote_visits(stored, local_ids, node_starts)
         with self._lock:
             self.waits.traces += 1
             self._seen_remote = self._seen_remote or arrived
@@ -207,6 +208,7 @@ class Attempt:
     complete: bool
     error: str | None = None
     run_id: str = ""
+    stopped: bool = False  # the run could not run to its end (the agent raised or was unreachable)
 
 
 @dataclass
@@ -249,6 +251,17 @@ class SimulationResult:
     planned: int = 0  # conversations planned
     interrupted: bool = False  # Ctrl-C: the conversations that finished are kept
     waits: StoreWaits | None = None  # with nodes read from the store
+    delivery: Delivery | None = None  # spans the collector took and lost
+
+    @property
+    def stopped(self) -> list[tuple[Conversation, Attempt]]:
+        """The runs that could not run to their end, with their conversation."""
+        return [(c, a) for c, a in self.failed if a.stopped]
+
+    @property
+    def spans_lost(self) -> bool:
+        """True when the collector did not take every span (or the flush timed out)."""
+        return not self.exported or (self.delivery is not None and self.delivery.lost > 0)
 
     @property
     def runs(self) -> int:
@@ -257,7 +270,7 @@ class SimulationResult:
 
     @property
     def failed(self) -> list[tuple[Conversation, Attempt]]:
-        """The runs that failed (the agent raised or answered with an error), with their conversation."""
+        """The runs that failed (the agent failed, raised or could not be reached), with their conversation."""
         return [(c, a) for c in self.conversations for a in c.attempts if a.error is not None]
 
 
@@ -336,7 +349,8 @@ def hold(target: Target, user: User, conv: Conversation, config: SimulationConfi
         nodes = observer.nodes(planned.run_id)
         done, _ = progress_of(nodes, conv.intent.path)
         complete = len(nodes) >= len(conv.intent.path) and done >= conv.intent.transitions
-        conv.attempts.append(Attempt(tuple(nodes), done, complete, record.outcome.error, planned.run_id))
+        conv.attempts.append(Attempt(tuple(nodes), done, complete, record.outcome.error, planned.run_id,
+                                     record.outcome.stopped))
         if complete:
             break
     return conv
@@ -348,8 +362,9 @@ def simulate_users(target: Target, user: User, intents: Sequence[Intent], person
     time), export the spans, summarize. Ctrl-C ends it early with ``interrupted`` set: the running
     conversations finish, and the finished ones are in the result."""
     observer = NodeObserver()
+    counting = CountingExporter(config.exporter or otlp_exporter(config.endpoint))
     provider = td.configure(config.endpoint, service_name=target.service_name, service_version=target.service_version,
-                            exporter=config.exporter, schedule_delay_millis=200, set_global=config.set_global)
+                            exporter=counting, schedule_delay_millis=200, set_global=config.set_global)
     provider.add_span_processor(observer)
     store = StoreSpans(config.nodes_from) if config.nodes_from is not None else None
     source: NodeSource = StoreNodes(observer, store, config.settle) if store is not None else observer
@@ -363,6 +378,7 @@ def simulate_users(target: Target, user: User, intents: Sequence[Intent], person
         result.seconds = time.perf_counter() - started
         result.exported = td.force_flush(30_000)
         td.shutdown()
+        result.delivery = counting.delivery()
         if store is not None:
             store.close()
     order = {id(c): k for k, c in enumerate(plan)}

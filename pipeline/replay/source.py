@@ -17,7 +17,9 @@ dialects — OTel GenAI, OpenInference, OpenLLMetry — are read by one rule):
    agent holding several turns in one trace records them as events (1).
 
 Conversations that are themselves replays (``tracedag.replay_id`` on their spans) are left out
-unless named with ``--conversation``.
+unless named with ``--conversation``. A conversation's own ``scenario_id``, ``variant_id`` and
+``replay_index`` are read too: its replays keep them (``SourceConversation.scenario``), so a replay pairs with the
+traffic it replays in ``tracedag regress`` and is checked by ``tracedag validate`` as its source.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ select coalesce(conversation_id, trace_id) as conversation_id,
        arg_min(service_name, start_time_unix_nano)::varchar as service_name,
        max(service_version) as service_version,
        max(agent_name) as agent_name,
+       max(scenario_id) as scenario_id,
+       max(variant_id) as variant_id,
+       max(replay_index) as replay_index,
        bool_or(attributes['{REPLAY_ID}'] is not null or resource_attributes['{REPLAY_ID}'] is not null)
          as is_replay
 from spans
@@ -98,6 +103,14 @@ class SourceConversation:
     turns: tuple[str, ...]
     failed: bool = False
     tool_calls: tuple[RecordedCall, ...] = ()  # filled for --tools recorded (``recording.recorded_calls``)
+    scenario_id: str | None = None  # the source's own run labels, kept by its replays
+    variant_id: str | None = None
+    replay_index: int | None = None
+
+    @property
+    def scenario(self) -> str:
+        """The scenario its replays carry: the source's ``scenario_id``, else the conversation itself."""
+        return self.scenario_id or self.conversation_id
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -158,8 +171,14 @@ def select_conversations(data: Path, sel: Selection) -> list[SourceConversation]
         if not turns.get(cid):
             raise ReplaySourceError(f"conversation {cid}: no user turns found in its spans "
                                     "(no gen_ai.user.message events, model-call inputs or root input)")
-        out.append(SourceConversation(cid, str(r["first_trace_id"]), tuple(turns[cid]), bool(r["failed"])))
+        out.append(SourceConversation(cid, str(r["first_trace_id"]), tuple(turns[cid]), bool(r["failed"]),
+                                      scenario_id=_text(r["scenario_id"]), variant_id=_text(r["variant_id"]),
+                                      replay_index=None if r["replay_index"] is None else int(r["replay_index"])))
     return out
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _check_named(named: Sequence[str], found: list[dict[str, object]]) -> None:

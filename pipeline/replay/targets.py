@@ -11,8 +11,10 @@
   (default ``default``), ``api_key`` (default ``$OPENAI_API_KEY``), ``timeout`` seconds (default 30).
 - a builtin name (``example``: the bundled court-booking agent, registered by the command layer).
 
-A target turns a list of user turns into an :class:`Outcome`; a raising agent becomes an outcome
-with its error (the run failed), never an exception out of ``converse``.
+A target turns a list of user turns into an :class:`Outcome`: the agent's own failure (the example
+agent's failed steps) is a result of a run that ran to its end; an agent that raised or could not
+be reached makes a ``stopped`` outcome (the run could not run to its end), never an exception out
+of ``converse``.
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a replayed conversation came to: the replies, and the error when the run failed."""
+    """What a replayed conversation came to: the replies, and the error when the run failed;
+    ``stopped`` when it could not run to its end (the agent raised, was unreachable, its task died)."""
 
     replies: tuple[str, ...] = ()
     error: str | None = None
+    stopped: bool = False
 
     @property
     def failed(self) -> bool:
@@ -103,7 +107,7 @@ class TurnTarget:
             except Exception as exc:
                 if self.wrap is None:  # the agent's own spans may not show it: the store does
                     record_failure(exc, text)
-                return Outcome(tuple(replies), f"turn {i + 1}: {describe_error(exc)}")
+                return Outcome(tuple(replies), f"turn {i + 1}: {describe_error(exc)}", stopped=True)
             replies.append(reply)
             history.append({"role": "assistant", "content": reply})
         return Outcome(tuple(replies))

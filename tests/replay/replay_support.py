@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,8 +22,10 @@ BOOKING_TURNS = ("Hi, I'd like to book a tennis court.", "Saturday.", "At 18:00 
 INFO_TURNS = ("What are your opening hours?",)
 
 
-def example_store(data: Path, conversations: dict[str, Sequence[str]], fault_rate: float = 0.0) -> Path:
-    """Hold ``conversations`` (id -> user turns) with the example agent and store their spans in ``data``."""
+def example_store(data: Path, conversations: dict[str, Sequence[str]], fault_rate: float = 0.0,
+                  labels: dict[str, dict[str, str | int]] | None = None) -> Path:
+    """Hold ``conversations`` (id -> user turns) with the example agent and store their spans in ``data``;
+    ``labels`` (id -> run labels) labels some of them (``td.run_labels``)."""
     collector = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=None))
     try:
         td.configure(f"http://127.0.0.1:{collector.http_port}", service_name="court-booking-agent",
@@ -32,7 +34,7 @@ def example_store(data: Path, conversations: dict[str, Sequence[str]], fault_rat
             for i, (cid, turns) in enumerate(conversations.items()):
                 agent = BookingAgent.create("constrained", random.Random(i), random.Random(100 + i),
                                             fault_rate=fault_rate, latency_scale=0.0)
-                with td.conversation(cid):
+                with td.conversation(cid), td.run_labels(**(labels or {}).get(cid, {})):
                     agent.run(list(turns))
             assert td.force_flush(30_000)
         finally:
@@ -43,12 +45,15 @@ def example_store(data: Path, conversations: dict[str, Sequence[str]], fault_rat
     return data
 
 
-def run_tracedag(*args: object, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``tracedag ARGS`` as the installed console script, from the repository root, 200 columns wide."""
-    exe = shutil.which("tracedag")
-    assert exe, "tracedag is installed (pip install -e .)"
-    return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "COLUMNS": "200"})
+CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
+"""``tracedag`` as this interpreter runs it (never a ``tracedag`` found on PATH)."""
+
+
+def run_tracedag(*args: object, timeout: float = 240, env: dict[str, str] | None = None,
+                 ) -> subprocess.CompletedProcess[str]:
+    """``tracedag ARGS`` in a process of this interpreter, from the repository root, 200 columns wide."""
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 @pytest.fixture(name="files")
