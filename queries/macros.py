@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from tracedag import queries
 
 INNER_PREFIX = "__tracedag_q_"
+PLACEHOLDER = "__tracedag_placeholder"  # the column of a body macro not filled in yet
 PARAM_PREFIX = "__tracedag_p_"
 _CREATE = re.compile(r"create\s+(?:or\s+replace\s+)?(?:temp\s+|temporary\s+)?macro\s+([A-Za-z_]\w*)\s*\(", re.I)
 # the pieces of SQL text a $name is never replaced in: strings, quoted names, comments
@@ -145,7 +146,8 @@ def build(name: str) -> Macro:
         select = f"select __tracedag_rows.* from range({guard}) __tracedag_checked, {inner}({args}) __tracedag_rows"
     return Macro(
         name=name,
-        placeholder=f"create or replace macro {inner}({inner_params}) as table select 1 as placeholder",
+        placeholder=f"create or replace macro {inner}({inner_params}) as table "
+                    f"select error({_quote(f'{name}(): its body is not made on this connection yet')}) as {PLACEHOLDER}",
         wrapper=f"create or replace macro {name}({signature}) as table\n{select}",
         body=f"create or replace macro {inner}({inner_params}) as table\n{rename_params(_body(queries.load(name)))}",
         params=tuple(order),

@@ -146,3 +146,28 @@ def test_duckdb_suggestions_reach_the_user(rca_store: Path) -> None:
     assert result.exit_code == 1
     assert 'Did you mean "traces' in result.output
     assert result.output.count("Error: query") == 1  # one error, its lines kept together
+
+
+def test_the_sql_endpoint_runs_statements_that_call_the_macros(rca_store: Path) -> None:
+    from tests.serve.serve_support import running_server
+
+    with running_server(rca_store) as server:
+        client = server.client(timeout=120)
+        r = client.post("/api/sql", json={"sql": COMPOSED})
+        assert r.status_code == 200, r.text
+        assert [(row["root_step_name"], row["n"]) for row in r.json()["rows"]] == EXPECTED
+        r = client.post("/api/sql", json={"sql": "select count(*) as n from root_causes(per := 'turn')"})
+        assert r.status_code == 400 and "per must be one of trace|step|conversation" in r.json()["error"]
+
+
+def test_declared_macros_are_listed_at_once_and_filled_on_demand(rca_store: Path) -> None:
+    # the SQL endpoint's spare worker declares them (its guard lists the names), the run fills the bodies
+    con = connect(rca_store, declare_macros=True)
+    listed = {r[0] for r in con.execute("select function_name from duckdb_functions() "
+                                        "where function_type = 'table_macro'").fetchall()}
+    assert set(names()) <= listed
+    with pytest.raises(duckdb.Error, match=r"root_causes\(\): its body is not made on this connection yet"):
+        con.execute("from root_causes()").fetchall()
+    made = create_query_macros(con, COMPOSED)
+    assert len(made) == 1 and made[0].startswith(f"create or replace macro {INNER_PREFIX}root_causes")
+    assert con.execute(COMPOSED).fetchall() == EXPECTED

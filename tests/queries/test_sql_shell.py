@@ -27,7 +27,7 @@ def sql(store: Path, *args: str, stdin: str | None = None) -> tuple[int, str, st
 def test_a_statement_argument_prints_its_table_and_exits_0(rca_store: Path) -> None:
     code, out, err = sql(rca_store, "select count(*) as n from traces")
     assert code == 0, err
-    assert re.search(r"│ 10\s*│", out) and "1 rows" in out
+    assert re.search(r"│\s*10\s*│", out) and "1 rows" in out
 
 
 def test_statements_on_stdin_run_in_order_errors_print_and_the_rest_runs(rca_store: Path) -> None:
@@ -41,8 +41,8 @@ def test_statements_on_stdin_run_in_order_errors_print_and_the_rest_runs(rca_sto
               "select 'after the error' as s;\n")
     code, out, err = sql(rca_store, stdin=script)
     assert code == 1  # one statement failed
-    assert re.search(r"│ 42\s*│", out)
-    assert re.search(r"│ get_weather\s*│ 3\s*│", out)
+    assert re.search(r"│\s*42\s*│", out)
+    assert re.search(r"│ get_weather\s*│\s*3\s*│", out)
     assert "after the error" in out
     assert "Referenced column \"trce_id\" not found" in err and "Candidate bindings" in err
     assert "views:" in out and "root_causes()" in out
