@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracedag import queries
+from tracedag.pipeline.serve import traces_api
 
 _TYPES = {"double": "number", "bigint": "integer", "integer": "integer", "boolean": "boolean"}
 _FORMAT = {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["json", "csv", "arrow", "parquet"],
@@ -74,6 +75,7 @@ def openapi() -> dict[str, Any]:
         "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus text of the analysis aggregates",
                              "responses": {"200": {"description": "text/plain; version=0.0.4"}}}},
     }
+    paths.update(traces_api.openapi_paths())
     for name in queries.names():
         paths[f"/api/queries/{name}"] = _query_path(name)
     return {

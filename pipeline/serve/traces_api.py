@@ -98,3 +98,34 @@ def routes(store: Store) -> list[Route]:
     return [Route("/api/trace_list", _guard(trace_list)),
             Route("/api/traces/{trace_id}/view", _guard(view)),
             Route("/api/conversations/{conversation_id}", _guard(turns))]
+
+
+def _param(name: str, where: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path", "description": description,
+            "schema": {"type": "string"}}
+
+
+def openapi_paths() -> dict[str, Any]:
+    """The OpenAPI description of these endpoints (``openapi.openapi`` adds it)."""
+    err = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    filters = [_param(k, "query", d) for k, d in (
+        ("sort", "one of " + ", ".join(tracelist.SORTS)), ("order", "asc or desc (default desc)"),
+        ("status", "passed, failed or error"), ("agent", "agent name"), ("service_version", "service version"),
+        ("scenario", "scenario id"), ("conversation", "conversation id"),
+        ("label", "run labels key=value[,key=value]"), ("since", "15m, 1h, 2d or an ISO time"),
+        ("limit", f"page size (default 100, at most {tracelist.MAX_PAGE})"), ("offset", "rows to skip"))]
+    return {
+        "/api/trace_list": {"get": {
+            "operationId": "trace_list", "summary": "One page of the trace list with the agent name and status",
+            "parameters": filters, "responses": {"200": {"description": "{total, offset, limit, traces, choices}"},
+                                                 "400": err}}},
+        "/api/traces/{trace_id}/view": {"get": {
+            "operationId": "trace_view",
+            "summary": "One trace with its propagation path (root cause to final failure) and cross-turn cause",
+            "parameters": [_param("trace_id", "path", "trace id")],
+            "responses": {"200": {"description": "the trace"}, "404": err}}},
+        "/api/conversations/{conversation_id}": {"get": {
+            "operationId": "conversation", "summary": "A conversation's turns in order, outcome and cause of each",
+            "parameters": [_param("conversation_id", "path", "conversation id")],
+            "responses": {"200": {"description": "{conversation_id, turns}"}, "404": err}}},
+    }

@@ -99,3 +99,10 @@ def test_a_cycle_or_a_missing_route_still_ends_at_the_final_failure() -> None:
                 {"span_id": "z", "nearest_failing_upstream": ["y"]}]
     assert propagation_path({"root_span_id": "a", "failed_span_id": "z"}, failures, _edges("az")) == ["a", "z"]
     assert propagation_path({"root_span_id": "a", "failed_span_id": "z"}, failures, []) == ["a", "z"]
+
+
+def test_openapi_describes_the_ui_endpoints(server: Server) -> None:
+    paths = server.client().get("/openapi.json").json()["paths"]
+    assert {"/api/trace_list", "/api/traces/{trace_id}/view", "/api/conversations/{conversation_id}"} <= set(paths)
+    names = {p["name"] for p in paths["/api/trace_list"]["get"]["parameters"]}
+    assert {"sort", "order", "agent", "service_version", "scenario", "label", "limit", "offset"} <= names

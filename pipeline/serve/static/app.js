@@ -131,8 +131,10 @@
     $("#title").innerHTML = `${esc(doc.agent || t.agent || t.service_name)} · ${esc(t.trace_id)} · ${doc.nodes.length} steps · ` +
       `workflow score ${num(t.workflow_score, 2)}` + conv +
       (rc ? ` · root cause <b>${esc(rc.root_step_name)}</b> (${esc(rc.root_taxonomy_l1 || "unclassified")}` +
-            `${rc.root_taxonomy_l3 ? " / " + esc(rc.root_taxonomy_l3) : ""}) → final failure <b>${esc(rc.failed_step_name)}</b>, ` +
-            `${Math.max(0, (doc.propagation_path || []).length - 1)} hops` : "");
+            `${rc.root_taxonomy_l3 ? " / " + esc(rc.root_taxonomy_l3) : ""})` +
+            (rc.failed_span_id && rc.failed_span_id !== rc.root_span_id
+              ? ` → final failure <b>${esc(rc.failed_step_name)}</b>, ${Math.max(0, (doc.propagation_path || []).length - 1)} hops`
+              : ", itself the final failure") : "");
     const cross = doc.cross_turn_cause || (INLINE && (INLINE.conversation_causes || {})[t.trace_id]);
     if (cross && cross.root_trace_id && cross.root_trace_id !== t.trace_id) {
       $("#title").insertAdjacentHTML("beforeend", ` · cause across turns: <b>${esc(cross.root_step_name)}</b> in ` +
@@ -154,6 +156,8 @@
     dag.dataset.painted = t.trace_id;
   }
 
+  const STATUS_CODE = { 0: "unset", 1: "ok", 2: "error" };
+
   function showSpan(id) {
     const doc = current;
     const span = doc.spans.find((s) => s.span_id === id) || {};
@@ -168,7 +172,8 @@
     $("#panel").innerHTML =
       `<h3>${esc(span.name || node.step_name)}</h3>` + role +
       (fail ? `<p>${esc(fail.recovered ? "failed, recovered" : fail.kind)} failure${fail.nearest_failing_upstream && fail.nearest_failing_upstream.length ? " (from " + fail.nearest_failing_upstream.length + " failing upstream step(s))" : ""}</p>` : "") +
-      `<p>${esc(node.step_type)} · ${num(node.duration_ms, 1)} ms · status ${esc(span.status_code)} · score ${num(node.score, 2)}</p>` +
+      `<p>${esc(node.step_type)} · ${num(node.duration_ms, 1)} ms · status ${esc(STATUS_CODE[span.status_code] || span.status_code)}` +
+      `${span.status_message ? ": " + esc(span.status_message) : ""} · score ${num(node.score, 2)}</p>` +
       (scores.length ? "<table><tr><th>metric</th><th>score</th><th>source</th><th>category</th></tr>" + scores.map((s) =>
         `<tr><td>${esc(s.metric)}</td><td>${num(s.score, 2)}</td><td>${esc(s.source)}</td><td>${esc(s.taxonomy_l3 || s.taxonomy_l1 || "")}</td></tr>`).join("") + "</table>" : "") +
       `<h3>input</h3><pre>${esc(span.input_text)}</pre><h3>output</h3><pre>${esc(span.output_text)}</pre>` +

@@ -80,9 +80,9 @@
     const boxTop = y + LABEL_H;
     pos[t.n.span_id] = { x: x + t.w / 2, y: boxTop + (t.h - LABEL_H) / 2, w: t.innerW + 2 * PAD, h: t.h - LABEL_H };
     let cx = x + (t.w - t.innerW) / 2;
-    for (const c of t.cols) {
+    for (const [i, c] of t.cols.entries()) {
       let cy = boxTop + PAD;
-      for (const k of c.kids) { place(k, cx + (c.w - k.w) / 2, cy, pos); cy += k.h + VGAP; }
+      for (const k of c.kids) { k.col = i; k.parent = t; place(k, cx + (c.w - k.w) / 2, cy, pos); cy += k.h + VGAP; }
       cx += c.w + HGAP;
     }
   }
@@ -141,6 +141,12 @@
       // a child -> parent dependency is drawn by the box; only a propagation hop draws it as an edge
       if (kinds.every((k) => k === "parent") && !hops.has(key)) continue;
       if (kinds.every((k) => k === "parent")) c.push("up");
+      // an edge that skips a column of its box arcs over the steps in between instead of crossing them
+      const a = tree.byId.get(el.data.source), b = tree.byId.get(el.data.target);
+      if (a.parent && a.parent === b.parent && Math.abs(b.col - a.col) > 1) {
+        c.push("arc");
+        el.data.cpd = -2 * (Math.abs(pos[el.data.source].y - pos[el.data.target].y) / 2 + LEAF_H);
+      }
       if (hops.has(key) && kinds.every((k) => k === "parent")) {
         // straight up from the child to its box's top border
         const src = pos[el.data.source], dst = pos[el.data.target];
@@ -172,6 +178,8 @@
                                       "font-weight": "bold" } },
     { selector: "edge.chain", style: { width: 4, "line-color": "#6a00a8", "target-arrow-color": "#6a00a8",
                                        "arrow-scale": 1.1, "z-index": 1000 } },
+    { selector: "edge.arc", style: { "curve-style": "unbundled-bezier", "control-point-distances": "data(cpd)",
+                                     "control-point-weights": 0.5 } },
     { selector: "edge.up", style: { "curve-style": "straight", "target-endpoint": "data(tep)" } },
     { selector: "node:selected", style: { "overlay-opacity": 0.2, "overlay-color": "#1d64d8", "overlay-padding": 3 } },
   ];
