@@ -27,6 +27,8 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -276,3 +278,32 @@ def test_compressed_grpc_messages_inflated_in_steps_are_stored_intact(collector,
     pad = _pad(3 * 2**20)
     rows = connect(collector.data).execute("select md5(attributes['pad']) from spans where name = 'legit-7'").fetchall()
     assert rows == [(hashlib.md5(pad.encode()).hexdigest(),)]  # once, byte for byte
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=20000) | st.integers(0, 200000).map(bytes), chunk=st.sampled_from([1, 7, 4096]),
+       cuts=st.lists(st.integers(1, 3000), max_size=20), level=st.sampled_from([1, 9]))
+def test_inflating_in_steps_gives_back_the_body_exactly(data, chunk, cuts, level):
+    """Any body, any step size, any split of the gzip stream: the same bytes (also when a full step leaves
+    output pending in zlib with no input left), each step passed to ``reserve``."""
+    import tracedag.collector.http_wire as wire
+
+    compressed = gzip.compress(data, compresslevel=level)
+    reserved: list[int] = []
+    old, wire.INFLATE_CHUNK = wire.INFLATE_CHUNK, chunk
+    try:
+        sink = wire.BodySink(len(data), True, reserved.append)
+        pos = 0
+        for cut in [*cuts, len(compressed)]:
+            sink.feed(compressed[pos : pos + cut])
+            pos += cut
+        assert sink.finish() == data
+        assert sum(reserved) == len(data) and max(reserved, default=0) <= chunk
+        if data:  # one byte under the body: 413, whatever the step
+            over = wire.BodySink(len(data) - 1, True, reserved.append)
+            with pytest.raises(wire.HttpError) as err:
+                over.feed(compressed)
+                over.finish()
+            assert err.value.status == 413
+    finally:
+        wire.INFLATE_CHUNK = old
