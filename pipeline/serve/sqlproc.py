@@ -1,7 +1,7 @@
 """Run ``POST /api/sql`` statements in killable child processes (``sqlworker``).
 
-``SqlRunner(data, limits)`` keeps one spare worker started (imports done, waiting on stdin), hands
-it the request, and starts the next spare. Each worker runs under ``RLIMIT_AS`` (the OS memory
+``SqlRunner(data, limits)`` keeps ``limits.concurrent`` spare workers started (imports done, waiting
+on stdin), hands a ready one the request, and starts the next spare. Each worker runs under ``RLIMIT_AS`` (the OS memory
 cap DuckDB's ``memory_limit`` is not) and is SIGKILLed at the wall-clock deadline, or earlier when
 checking the SQL (sqlglot, in the worker: never on the server's event loop) outlasts
 ``limits.check_timeout``; a semaphore lets at most ``limits.concurrent`` run, the others wait up to
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,8 @@ class CheckTimeout(QueryFailed):  # type: ignore[misc,unused-ignore]
 
 SPILL_PREFIX = "tracedag-sql-"
 READY_WAIT = 60.0
-"""Seconds the server's start waits for its first spare worker (imports, views) to be ready."""
+"""Seconds a worker may take to import and make its views (at the server's start, and for a request
+that finds no ready spare); the query's own clock starts when it is ready."""
 _MEMORY_SIGNS = ("memoryerror", "bad_alloc", "out of memory", "cannot allocate memory")
 
 
@@ -145,20 +147,29 @@ class SqlRunner:
         )
 
     def _take(self) -> _Worker:
-        """The most recently readied spare (a new one is started when none is left), else a new worker."""
+        """A ready spare, else the oldest, else a new worker."""
         with self._lock:
-            worker = None
-            while self._spares and worker is None:
-                worker = self._spares.pop()
+            for worker in list(self._spares):
                 if worker.proc.poll() is not None:
+                    self._spares.remove(worker)
                     _reap(worker.proc)
-                    worker = None
-            if not self._spares:
+                elif not worker.ready:
+                    worker.wait_ready(0)
+            ready = [w for w in self._spares if w.ready]
+            taken = ready[-1] if ready else self._spares[0] if self._spares else _Worker(self._start())
+            if taken in self._spares:
+                self._spares.remove(taken)
+        return taken
+
+    def _fill(self) -> None:
+        """Top the spares up to ``concurrent`` (once a taken one is committed to its query, or died)."""
+        with self._lock:
+            while len(self._spares) < self.limits.concurrent:
                 self._spares.append(_Worker(self._start()))
-        return worker or _Worker(self._start())
 
     def _give_back(self, worker: _Worker) -> None:
-        """A worker whose SQL the guard refused ran nothing: it waits for the next request."""
+        """A worker whose SQL the guard refused ran nothing: it waits for the next request (so a refusal
+        starts no process)."""
         with self._lock:
             if len(self._spares) < self.limits.concurrent:
                 self._spares.append(worker)
@@ -166,15 +177,16 @@ class SqlRunner:
         _reap(worker.proc, kill=True)
 
     def warm(self) -> None:
-        """Start the spare worker and wait (up to ``READY_WAIT`` s) until it is ready, so the first query
-        skips the interpreter start; remove the spill directories servers no longer running left behind."""
+        """Start ``concurrent`` spare workers and wait (up to ``READY_WAIT`` s) until they are ready, so
+        queries skip the interpreter start; remove the spill directories dead servers left behind."""
         for path in sweep_spill_dirs():
             logger.warning("removed the spill directory %s of a server no longer running", path)
+        self._fill()
         with self._lock:
-            if not self._spares:
-                self._spares.append(_Worker(self._start()))
-            spare = self._spares[-1]
-        spare.wait_ready(READY_WAIT)
+            spares = list(self._spares)
+        until = time.monotonic() + READY_WAIT
+        for spare in spares:
+            spare.wait_ready(max(0.0, until - time.monotonic()))
 
     def close(self) -> None:
         with self._lock:
@@ -205,19 +217,21 @@ class SqlRunner:
                    "max_bytes": lim.max_bytes, "threads": lim.threads, "memory_mb": lim.memory_mb,
                    "temp_mb": lim.temp_mb, "spill": str(spill)}
         worker = self._take()
-        reading = _Reading(worker, lim)
+        reading = _Reading(worker, lim, on_checked=self._fill)
         try:
             _send(worker.proc, json.dumps(request).encode() + b"\n")
             out, err = reading.collect()
         except BaseException:
             _reap(worker.proc, kill=True)
+            self._fill()
             raise
         status = _last_json(err)
         if reading.again:
             self._give_back(worker)
             return self._failure(0, status, err)
-        _reap(worker.proc)
-        if worker.proc.returncode == 0:
+        _reap(worker.proc, grace=1.0)
+        self._fill()
+        if "rows" in status:
             return Answer(bytes(out), bool(status.get("truncated")))
         return self._failure(worker.proc.returncode, status, err)
 
@@ -264,8 +278,12 @@ def _send(proc: subprocess.Popen[bytes], request: bytes) -> None:
         pass
 
 
-def _reap(proc: subprocess.Popen[bytes], kill: bool = False) -> None:
-    if kill:
+def _reap(proc: subprocess.Popen[bytes], kill: bool = False, grace: float = 0.0) -> None:
+    """Wait for ``proc`` (``grace`` seconds, then it is killed; ``kill``: at once) and close its pipes."""
+    if not kill and grace:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+    if proc.poll() is None:
         proc.kill()
     proc.wait()
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
@@ -286,34 +304,34 @@ def _last_json(err: bytes) -> dict[str, object]:
 class _Reading:
     """Read one worker's stdout (at most ``max_bytes`` + slack) and stderr until both end, within deadlines.
 
-    Deadlines: the whole request gets ``timeout`` (as before the check moved here); the guard's check
-    gets ``check_timeout`` from the moment the worker is ready (a spare may still be importing when
-    the request comes), ended by the worker's ``CHECKED`` line. A refusal by the guard ends the
-    reading with the worker still running (``again``): it ran nothing.
+    Deadlines count from the moment the worker is ready (a spare may still be importing when the
+    request comes, on a loaded machine for seconds; it gets ``READY_WAIT``): the guard's check gets
+    ``check_timeout``, ended by the worker's ``CHECKED`` line, the check and the query together
+    ``timeout``. A refusal by the guard ends the reading with the worker still running (``again``).
     """
 
     SLACK = 64 * 1024
     KEEP_ERR = 64 * 1024
 
-    def __init__(self, worker: _Worker, limits: SqlLimits) -> None:
-        self.worker, self.proc, self.limits = worker, worker.proc, limits
+    def __init__(self, worker: _Worker, limits: SqlLimits, on_checked: Callable[[], None]) -> None:
+        self.worker, self.proc, self.limits, self.on_checked = worker, worker.proc, limits, on_checked
         self.t0 = time.monotonic()
         self.ready_at: float | None = self.t0 if worker.ready else None
         self.checked = self.again = False
         self.out, self.err = bytearray(), bytearray()
 
     def _deadline(self) -> float:
-        end = self.t0 + self.limits.timeout
-        if self.ready_at is None or self.checked:
-            return end
-        return min(end, self.ready_at + self.limits.check_timeout)
+        if self.ready_at is None:
+            return self.t0 + READY_WAIT
+        end = self.ready_at + self.limits.timeout
+        return end if self.checked else min(end, self.ready_at + self.limits.check_timeout)
 
     def collect(self) -> tuple[bytearray, bytes]:
         with selectors.DefaultSelector() as sel:
             assert self.proc.stdout is not None and self.proc.stderr is not None
             sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
             sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
-            while sel.get_map() and not self.again:
+            while sel.get_map() and not self._ended(sel):
                 left = self._deadline() - time.monotonic()
                 if left <= 0:
                     raise self._expired()
@@ -327,6 +345,13 @@ class _Reading:
                         self._take_err(chunk)
         return self.out, bytes(self.err)
 
+    def _ended(self, sel: selectors.BaseSelector) -> bool:
+        """Refused (``again``), or the answer is whole: stdout closed and the last stderr line written."""
+        if self.again:
+            return True
+        done = self.checked and self.err.endswith(b"\n") and bool(_last_json(bytes(self.err)))
+        return done and self.proc.stdout not in [k.fileobj for k in sel.get_map().values()]
+
     def _take_out(self, chunk: bytes) -> None:
         self.out += chunk
         if len(self.out) > self.limits.max_bytes + self.SLACK:  # the worker bounds itself; this is the backstop
@@ -338,12 +363,15 @@ class _Reading:
             self.ready_at, self.worker.ready = time.monotonic(), True
         if not self.checked and CHECKED in self.err:
             self.checked = True
+            self.on_checked()
         if not self.checked and self.err.endswith(b"\n") and _last_json(bytes(self.err)).get("again"):
             self.again = True
         if len(self.err) > self.KEEP_ERR:
             del self.err[:len(self.err) - self.KEEP_ERR]
 
     def _expired(self) -> QueryFailed:
+        if self.ready_at is None:
+            return Busy("sql", f"no query worker started within {READY_WAIT:g} s (the machine is overloaded)")
         if not self.checked and self.ready_at is not None and time.monotonic() >= self.ready_at + \
                 self.limits.check_timeout:
             return CheckTimeout("sql", f"checking the SQL took longer than {self.limits.check_timeout:g} s "

@@ -15,6 +15,7 @@ is made; the last stderr line is JSON: ``{"rows", "truncated"}`` with exit statu
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -72,9 +73,8 @@ def run(data: Path, request: dict[str, Any], out: BinaryIO, con: duckdb.DuckDBPy
         con.close()
 
 
-def _fail(reason: str, kind: str = "QueryFailed", **extra: Any) -> int:
-    _say(json.dumps({"error": reason, "kind": kind, **extra}).encode() + b"\n")
-    return FAILED
+def _refuse(reason: str, kind: str) -> None:
+    _say(json.dumps({"error": reason, "kind": kind, "again": True}).encode() + b"\n")
 
 
 class _Spare:
@@ -101,32 +101,41 @@ def _next_checked(spare: _Spare) -> dict[str, Any] | None:
             create_query_macros(con, str(request["sql"]))  # the named queries it calls, as table macros
             check(str(request["sql"]), catalog(con))  # the views and macros of this store
         except QueryFailed as e:
-            _fail(e.reason, type(e).__name__, again=True)  # nothing ran: this worker stays the spare
+            _refuse(e.reason, type(e).__name__)  # nothing ran: this worker stays the spare
             continue
         _say(CHECKED)
         return request
     return None
 
 
+def _answer(spare: _Spare, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Run the checked request, its answer on stdout; the exit status and the last line for stderr."""
+    try:
+        written = run(spare.data, request, sys.stdout.buffer, spare.con)
+    except QueryFailed as e:
+        return FAILED, {"error": e.reason, "kind": type(e).__name__}
+    except (duckdb.Error, pa.ArrowException, AttributeError, OSError) as e:  # OSError: DuckDB's Arrow export
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return FAILED, {"error": first, "kind": "QueryFailed", "memory": "out of memory" in first.lower()}
+    except MemoryError:
+        return FAILED, {"error": "out of memory", "kind": "QueryFailed", "memory": True}
+    return 0, {"rows": written.rows, "truncated": written.truncated}
+
+
 def main(argv: list[str]) -> int:
+    """Serve one request, then end at once: stdout closed first (the parent's end of the answer), the
+    last line on stderr, and no interpreter shutdown (DuckDB's and Arrow's threads took about a second)."""
     spare = _Spare(Path(argv[1]))
     check("select 1", catalog(spare.con))  # the parser's first use loads its dialect: done before the clock runs
     _say(READY)
     request = _next_checked(spare)
     if request is None:
         return 0
-    try:
-        written = run(spare.data, request, sys.stdout.buffer, spare.con)
-    except QueryFailed as e:
-        return _fail(e.reason, type(e).__name__)
-    except (duckdb.Error, pa.ArrowException, AttributeError, OSError) as e:  # OSError: DuckDB's Arrow export
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return _fail(first, memory="out of memory" in first.lower())
-    except MemoryError:
-        return _fail("out of memory", memory=True)
+    code, last = _answer(spare, request)
     sys.stdout.buffer.flush()
-    _say(json.dumps({"rows": written.rows, "truncated": written.truncated}).encode() + b"\n")
-    return 0
+    os.close(sys.stdout.fileno())
+    _say(json.dumps(last).encode() + b"\n")
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,33 @@ def children(pid: int) -> set[int]:
     return out
 
 
+def cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of ``pid`` in clock ticks (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def busiest_child(pid: int, among: set[int], seconds: float = 1.0) -> int:
+    """The child of ``pid`` in ``among`` that used the most CPU over ``seconds``."""
+    before = {c: cpu_ticks(c) for c in children(pid) & among}
+    time.sleep(seconds)
+    return max(before, key=lambda c: cpu_ticks(c) - before[c])
+
+
+def idle_children(pid: int, timeout: float = 60) -> set[int]:
+    """The children of ``pid`` once none of them used CPU for half a second (spares done starting)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = {c: cpu_ticks(c) for c in children(pid)}
+        time.sleep(0.5)
+        if before and all(cpu_ticks(c) == ticks for c, ticks in before.items()):
+            return set(before)
+    raise AssertionError(f"the children of {pid} never went idle")
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
