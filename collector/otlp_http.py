@@ -205,6 +205,8 @@ class OtlpHttpServer:
             await self._serve(reader, writer)
         except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
             return
+        except asyncio.CancelledError:  # shutdown closing an idle keep-alive connection (Ctrl-C)
+            return  # ends normally: Python 3.11's stream callback would log a cancelled handler's traceback
         finally:
             self._writers.discard(writer)
             writer.close()

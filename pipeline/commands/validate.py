@@ -85,20 +85,23 @@ def validate_group() -> None:
               help="Leave out scenarios with fewer than --min-runs passing runs (listed) instead of failing.")
 @click.option("--keep-outliers", is_flag=True,
               help="Learn from every passing run, also one lacking states all the others reach.")
+@click.option("--include-replays", is_flag=True,
+              help="Learn from tracedag replay runs too (default: they are left out, and checked against the model).")
 @click.option("--update", "update", is_flag=True,
               help="Re-learn into an existing --out model: keep a person's edits and print what changed.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Model file to write (.json, or .yaml/.yml for YAML).")
 def learn_command(data: Path, selection: str | None, by: str | None, state: str, merge: str,
                   merge_confidence: float, judge_model: str | None, judge_base_url: str | None, agent: str | None,
-                  min_runs: int, max_runs: int | None, skip_thin: bool, keep_outliers: bool, update: bool,
-                  out: Path) -> None:
+                  min_runs: int, max_runs: int | None, skip_thin: bool, keep_outliers: bool, include_replays: bool,
+                  update: bool, out: Path) -> None:
     """Learn each scenario's essential states from its passing runs (dominators of acceptance)."""
     from tracedag.pipeline.analysis.validate_learn import LearnOptions
     from tracedag.pipeline.analysis.validation import learn, read_model
 
     options = LearnOptions(state=state, merge=merge, min_runs=min_runs, max_runs=max_runs, agent=agent,
-                           keep_outliers=keep_outliers, skip_thin=skip_thin, min_confidence=merge_confidence)
+                           keep_outliers=keep_outliers, skip_thin=skip_thin, min_confidence=merge_confidence,
+                           include_replays=include_replays)
     with _clean_errors("learning skeletons"):
         asker = _semantic_asker(data, judge_model, judge_base_url) if merge == "semantic" else None
         try:
@@ -145,6 +148,9 @@ def _print_learned(learned: Learned, out: Path, data: Path) -> None:
                   " > ".join(s.essential))
     print_whole(t)
     _print_semantic(learned)
+    if model.learned_from.get("replays_left_out"):
+        click.echo(f"left out {model.learned_from['replays_left_out']} replayed run(s) (--include-replays learns "
+                   "from them too)")
     for thin in model.learned_from.get("skipped_scenarios", []):
         click.echo(f"left out scenario {thin['scenario']}: {thin['passing_runs']} passing of {thin['runs']} run(s)")
     for line in learned.changes:

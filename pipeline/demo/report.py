@@ -289,15 +289,11 @@ def engine_line(result: DemoResult) -> str:
 def regress_line(result: DemoResult) -> str:
     """One line: the regression gate's verdict on the permissive agent against the constrained one,
     its worst alerts, and the command that runs it."""
-    from tracedag.pipeline.demo.stages import REGRESS_SIDES
+    from tracedag.pipeline.demo.stages import REGRESS_SIDES, gate_summary
 
-    rows = _rows(result, "regress")
-    fails = [r for r in rows if r["status"] == "fail"]
-    worst = ", ".join(f"{r['metric']} {r['delta']:+.2f}" for r in fails[:3])
-    verdict = "FAIL" if rows and rows[0]["exit_code"] else "PASS"
-    return (f"regression gate, permissive vs constrained agent: {verdict}, {len(fails)} of {len(rows)} metrics "
-            f"regressed{' (' + worst + ')' if worst else ''}; try: tracedag regress --data "
-            f"{shlex.quote(str(result.data))} --baseline {REGRESS_SIDES[0]} --candidate {REGRESS_SIDES[1]}")
+    return (f"regression gate, permissive vs constrained agent: {gate_summary(_rows(result, 'regress'))}; try: "
+            f"tracedag regress --data {shlex.quote(str(result.data))} --baseline {REGRESS_SIDES[0]} "
+            f"--candidate {REGRESS_SIDES[1]}")
 
 
 def semantic_merge_line(result: DemoResult) -> str:

@@ -180,14 +180,16 @@ def test_regress_line_matches_the_gate(demo_run):
     import shlex
 
     data, result = demo_run
-    line = re.search(r"regression gate, permissive vs constrained agent: (PASS|FAIL), (\d+) of (\d+) metrics "
-                     r"regressed.*; try: (tracedag regress .*)$", result.output, re.MULTILINE)
+    line = re.search(r"regression gate, permissive vs constrained agent: (PASS|FAIL)\b.*?(\d+) of (\d+) metrics "
+                     r"compared on both sides regressed.*; try: (tracedag regress .*)$", result.output, re.MULTILINE)
     assert line, result.output
+    assert "as expected" in line.group(0)  # the two agents differ by design: the line says what that predicts
     again = CliRunner().invoke(cli, [*shlex.split(line.group(4))[1:], "--format", "json"])
     assert again.exit_code == (1 if line.group(1) == "FAIL" else 0), again.output
     doc = json.loads(again.output)
     assert sum(m["status"] == "fail" for m in doc["metrics"]) == int(line.group(2))
-    assert len(doc["metrics"]) == int(line.group(3)) and doc["paired_cases"] == 15
+    assert sum(m["pairs"] > 0 for m in doc["metrics"]) == int(line.group(3)) and doc["paired_cases"] == 15
+    assert not [m["metric"] for m in doc["metrics"] if "court_booking." in m["metric"]]  # every agent metric pairs
 
 
 def test_attribution_line_matches_the_queries(demo_run):
