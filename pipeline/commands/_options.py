@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tracedag.pipeline.store.manifests import publish
+from tracedag.pipeline.store.manifests import check_kept, publish
 from tracedag.pipeline.store.remote import bind_store, is_url
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.layout import is_store
@@ -54,6 +54,8 @@ def _resolve(create: bool) -> Callable[[click.Context, click.Parameter, Path | s
             return value if create else _existing_store(ctx, param, value)
         try:
             work = bind_store(value, ctx.meta.get("tracedag.work_dir"), ctx.meta.get("tracedag.writer_id"), create)
+            if create:  # a writer whose store lost files it cannot publish again refuses before any work
+                check_kept(work)
         except TracedagError as e:
             raise click.BadParameter(str(e), ctx=ctx, param=param) from e
         ctx.call_on_close(lambda: _publish_at_exit(work))
