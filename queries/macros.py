@@ -23,6 +23,7 @@ replaces the placeholder afterwards (``statements``); at call time the names nev
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -130,8 +131,9 @@ def _checks(name: str, param: queries.Param) -> list[str]:
     return branches
 
 
+@functools.cache
 def build(name: str) -> Macro:
-    """The macro SQL of the named query ``name`` (``queries/<name>.sql``)."""
+    """The macro SQL of the named query ``name`` (``queries/<name>.sql``; read once per process)."""
     doc = queries.describe(name)
     declared = {p.name: p for p in doc.params}
     order = [p.name for p in doc.params] + [u for u in doc.used if u not in declared]

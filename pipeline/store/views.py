@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from pathlib import Path
 
 import duckdb
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.gc import file_vanished
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.queries import macros
@@ -182,14 +184,9 @@ def mentioned_queries(sql: str) -> list[str]:
     return [n for n in queries.names() if re.search(rf"\b{n}\b", code, re.IGNORECASE)]
 
 
-def _macro_state(con: duckdb.DuckDBPyConnection) -> tuple[set[str], set[str]]:
-    """The named queries whose wrapper exists on ``con``, and those whose body is in place too."""
-    rows = con.execute("select function_name, coalesce(macro_definition, '') from duckdb_functions() "
-                       "where function_type = 'table_macro'").fetchall()
-    defined = {str(name): str(body) for name, body in rows}
-    wrapped = {n for n in queries.names() if n in defined}
-    bodied = {n for n in wrapped if macros.PLACEHOLDER not in defined.get(macros.inner_name(n), macros.PLACEHOLDER)}
-    return wrapped, bodied
+# The named-query macros made on each connection: name -> True once its body is in place, False
+# while only its wrapper is declared. Asking DuckDB instead (duckdb_functions()) costs 60-150 ms.
+_MADE: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 def declare_query_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -199,12 +196,11 @@ def declare_query_macros(con: duckdb.DuckDBPyConnection) -> None:
     SQL endpoint's guard reads them from the connection). Calling a wrapper whose body is still the
     placeholder raises.
     """
-    wrapped, _ = _macro_state(con)
-    for name in queries.names():
-        if name not in wrapped:
-            macro = macros.build(name)
-            con.execute(macro.placeholder)
-            con.execute(macro.wrapper)
+    made = _MADE.setdefault(con, {})
+    todo = [macros.build(n) for n in queries.names() if n not in made]
+    if todo:  # one call: 34 small statements cost more in round trips than in binding
+        con.execute(";\n".join(sql for m in todo for sql in (m.placeholder, m.wrapper)))
+    made.update({m.name: made.get(m.name, False) for m in todo})
 
 
 def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) -> list[str]:
@@ -215,17 +211,18 @@ def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) 
     table the store does not have yet) becomes a macro that raises saying so when called.
     """
     names = queries.names() if sql is None else mentioned_queries(sql)
-    wrapped, bodied = _macro_state(con)
+    made = _MADE.setdefault(con, {})
     done: list[str] = []
     for name in names:
-        if name not in bodied:
-            done += _create_query_macro(con, name, name in wrapped)
+        if not made.get(name, False):
+            done += _create_query_macro(con, name, name in made)
+            made[name] = True
     return done
 
 
-def _create_query_macro(con: duckdb.DuckDBPyConnection, name: str, wrapped: bool) -> list[str]:
+def _create_query_macro(con: duckdb.DuckDBPyConnection, name: str, declared: bool) -> list[str]:
     macro = macros.build(name)
-    done = [] if wrapped else [macro.placeholder, macro.wrapper]
+    done = [] if declared else [macro.placeholder, macro.wrapper]
     for sql in done:
         con.execute(sql)
     try:
@@ -245,6 +242,9 @@ def _unavailable(name: str, error: duckdb.Error) -> str:
     return f"does not bind on this store: {str(error).strip().splitlines()[0]}"
 
 
+VANISHED_ATTEMPTS = 3
+
+
 def connect(data: Path | str, threads: int | None = None, query_macros: bool = False,
             declare_macros: bool = False) -> duckdb.DuckDBPyConnection:
     """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string).
@@ -258,7 +258,13 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
     remote = remote_of(Path(data))
     if remote is not None:
         con.register_filesystem(remote.fs)  # DuckDB reads the store through fsspec (no httpfs offline)
-    create_views(con, Path(data))
+    for attempt in range(1, VANISHED_ATTEMPTS + 1):
+        try:
+            create_views(con, Path(data))  # the shared macros bind over the views: they open files
+            break
+        except duckdb.IOException as e:  # a GC or compaction swap removed one meanwhile: list again
+            if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
+                raise
     if query_macros:
         create_query_macros(con)
     elif declare_macros:
