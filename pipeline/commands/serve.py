@@ -57,7 +57,8 @@ def read_token(path: Path | None, host: str) -> str | None:
               help="Without a token, a further Host name to answer as (besides 127.0.0.1, localhost and [::1] "
                    "at --port); other names get 421, cross-site POSTs 403. Repeatable.")
 @click.option("--sql-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Seconds before a POST /api/sql query's worker is killed.")
+              help="Seconds a POST /api/sql query may take (the guard's check included, counted from when its "
+                   "worker is ready) before the worker is killed (408).")
 @click.option("--sql-memory-mb", default=1024, show_default=True, type=click.IntRange(min=64),
               help="DuckDB memory limit of a SQL worker (its address space is capped 1.5 GB above).")
 @click.option("--sql-max-rows", default=10_000, show_default=True, type=click.IntRange(min=1),
