@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
+from tracedag.pipeline.store.gc import file_vanished
 from tracedag.pipeline.store.manifests import cached_listing
-from tracedag.pipeline.store.querying import _file_vanished as file_vanished
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
@@ -53,7 +53,10 @@ def state_key(data: Path) -> str:
         dirnames.sort()
         for name in sorted(filenames):
             if name.endswith(".parquet"):
-                st = os.stat(os.path.join(dirpath, name))
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except FileNotFoundError:  # removed by a GC or compaction swap since the listing
+                    continue
                 h.update(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns};".encode())
     remote = remote_of(data)
     if remote is not None:  # an object store: what every writer's newest manifest lists

@@ -26,6 +26,7 @@ import pyarrow as pa
 from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
 from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
+from tracedag.pipeline.store.gc import file_vanished
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed
@@ -60,17 +61,59 @@ def run(data: Path, request: dict[str, Any], out: BinaryIO, con: duckdb.DuckDBPy
     ``request``: ``sql``, ``format``, ``max_rows``, ``max_bytes``, ``truncate``, ``spill`` (the spill
     directory, made and removed by the parent) and DuckDB's limits.
     """
-    sql = str(request["sql"])
-    con = con or connect(data, threads=int(request.get("threads", 1)))
     bounds = Bounds(int(request.get("max_rows", 10_000)), int(request.get("max_bytes", 8 << 20)),
                     bool(request.get("truncate", False)))
-    try:
-        _limits(con, request, str(request["spill"]))
-        lock_down(con, data)
-        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
-        return write_answer(reader, str(request.get("format", "json")), bounds, out)
-    finally:
-        con.close()
+    sink = _Held(out)
+    for attempt in range(1, VANISHED_ATTEMPTS + 1):
+        if con is None:  # a fresh plan: the views list the files there are now
+            con = connect(data, threads=int(request.get("threads", 1)))
+            create_query_macros(con, str(request["sql"]))
+        try:
+            _limits(con, request, str(request["spill"]))
+            lock_down(con, data)
+            reader = con.sql(str(request["sql"])).to_arrow_reader(BATCH_ROWS)
+            written = write_answer(reader, str(request.get("format", "json")), bounds, sink)
+            sink.release()
+            return written
+        except duckdb.IOException as e:
+            # a GC or compaction swap removed a file this plan listed: plan again, unless bytes went out
+            if attempt == VANISHED_ATTEMPTS or not file_vanished(e) or not sink.restart():
+                raise
+        finally:
+            con.close()
+            con = None
+    raise AssertionError("unreachable")
+
+
+VANISHED_ATTEMPTS = 3
+HOLD_BYTES = 64 * 1024
+
+
+class _Held:
+    """``out``, holding back the first ``HOLD_BYTES`` of an answer: until they go out, a failed plan can be re-run."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.held = bytearray()
+        self.sent = False
+
+    def write(self, data: bytes) -> int:
+        if self.sent:
+            return self.out.write(data)
+        self.held += data
+        if len(self.held) > HOLD_BYTES:
+            self.release()
+        return len(data)
+
+    def release(self) -> None:
+        """Send what is held; from now on every write goes straight out."""
+        self.out.write(bytes(self.held))
+        self.held, self.sent = bytearray(), True
+
+    def restart(self) -> bool:
+        """Drop what is held for a new attempt; False when part of the answer already went out."""
+        self.held = bytearray()
+        return not self.sent
 
 
 def _refuse(reason: str, kind: str) -> None:
