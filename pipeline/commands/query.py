@@ -106,6 +106,8 @@ def queries_command() -> None:
         params = ", ".join(f"{p.name}={p.default!r}" if p.type == "varchar" else f"{p.name}={p.default}"
                            for p in doc.params)
         view.add_row(name, doc.description, params)
+    view.caption = ("each is also a table macro in any SQL (tracedag sql, query --sql, /api/sql), "
+                    "e.g. select * from root_causes(per := 'conversation')")
     print_whole(view)
 
 
