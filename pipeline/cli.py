@@ -8,6 +8,7 @@ from importlib.metadata import version
 import click
 
 from tracedag.pipeline.commands import (
+    _docs,
     analysis,
     build,
     capture,
@@ -46,3 +47,4 @@ def cli(verbose: int) -> None:
 for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
+_docs.link_pages(cli)  # each help ends with its page: Docs: docs/pages/<page>.md

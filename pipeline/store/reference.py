@@ -1,8 +1,8 @@
 """The SQL user's reference, generated: every view's columns (DuckDB types, one line of meaning from
 ``schemas/columns.py``) and the shared table macros' signatures and output columns.
 
-``python -m tracedag.pipeline.store.reference`` prints the Markdown that README.md holds between
-its ``column-reference`` markers; ``tests/store/test_reference.py`` fails when they drift, and
+``python -m tracedag.pipeline.store.reference`` prints the Markdown that docs/pages/sql.md holds
+between its ``column-reference`` markers; ``tests/store/test_reference.py`` fails when they drift, and
 checks the types against the files a real collect -> build -> score writes.
 """
 

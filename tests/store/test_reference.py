@@ -1,4 +1,4 @@
-"""The README's column reference is the generated one, documents every column, and matches real files."""
+"""The SQL reference page's column reference is the generated one, documents every column, and matches real files."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from tracedag.pipeline.store.files import TABLES, parquet_files
 from tracedag.pipeline.store.views import SCHEMAS, connect
 from tracedag.schemas.columns import COLUMNS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SQL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "pages" / "sql.md"
 
 
-def test_readme_holds_the_generated_reference() -> None:
-    text = README.read_text(encoding="utf-8")
+def test_the_sql_page_holds_the_generated_reference() -> None:
+    text = SQL_PAGE.read_text(encoding="utf-8")
     start, end = text.index(reference.BEGIN), text.index(reference.END) + len(reference.END)
-    assert text[start:end] == reference.render(), "README drifted: python -m tracedag.pipeline.store.reference"
+    assert text[start:end] == reference.render(), "docs/pages/sql.md drifted: python -m tracedag.pipeline.store.reference"
 
 
 def test_every_column_of_every_table_has_one_line_of_meaning() -> None:
@@ -66,4 +66,4 @@ def test_the_documented_columns_are_those_of_the_real_files(real_store: Path, ta
         documented = [line for line in reference._view_section(con, table) if line.startswith("| `")]
     finally:
         con.close()
-    assert "\n".join(documented) in README.read_text(encoding="utf-8")
+    assert "\n".join(documented) in SQL_PAGE.read_text(encoding="utf-8")
