@@ -14,6 +14,7 @@ and ``create_query_macros`` makes named queries table macros of their own names 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import weakref
@@ -23,6 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
+from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.gc import file_vanished
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
@@ -173,15 +175,35 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         )
     for name in queries.macro_files():
         con.execute(queries.load(name))
+    con.execute(f"set variable {DATA_VARIABLE} = ?", [str(data)])
+
+
+DATA_VARIABLE = "__tracedag_data"
+"""A DuckDB variable on every ``connect`` connection: its store (``create_query_macros`` checks it is fresh)."""
+
+
+def data_of(con: duckdb.DuckDBPyConnection) -> Path | None:
+    """The store ``con`` was made over by ``connect`` (None: another connection)."""
+    value = con.execute(f"select getvariable('{DATA_VARIABLE}')").fetchall()[0][0]
+    return None if value is None else Path(str(value))
 
 
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist")
 
 
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+
+
 def mentioned_queries(sql: str) -> list[str]:
-    """The named queries whose names occur as words in ``sql`` outside strings and comments."""
+    """The named queries whose names occur as words in ``sql`` outside strings and comments.
+
+    A call of a name close to one (``root_cause(...)``) counts too, so that DuckDB's "Did you mean"
+    can name the named query instead of some other function.
+    """
     code = macros.code_only(sql, keep_strings=False)
-    return [n for n in queries.names() if re.search(rf"\b{n}\b", code, re.IGNORECASE)]
+    called = {m.group(1).lower() for m in _CALLED.finditer(code)}
+    near = {hit for word in called for hit in difflib.get_close_matches(word, queries.names(), n=1, cutoff=0.8)}
+    return [n for n in queries.names() if n in near or re.search(rf"\b{n}\b", code, re.IGNORECASE)]
 
 
 # The named-query macros made on each connection: name -> True once its body is in place, False
@@ -213,10 +235,24 @@ def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) 
     names = queries.names() if sql is None else mentioned_queries(sql)
     made = _MADE.setdefault(con, {})
     done: list[str] = []
+    fresh: list[str] = []
     for name in names:
         if not made.get(name, False):
             done += _create_query_macro(con, name, name in made)
             made[name] = True
+            fresh.append(name)
+    return done + _read_materialized(con, fresh)
+
+
+def _read_materialized(con: duckdb.DuckDBPyConnection, made: list[str]) -> list[str]:
+    """Switch the macros just made of materialized queries to their stored rows when the store is fresh."""
+    todo = [n for n in made if n in materialized.SPECS]
+    data = data_of(con) if todo else None
+    if data is None or not materialized.fresh(con, data):
+        return []
+    done = [sql for n in todo for sql in materialized.switch_statements(n)]
+    for sql in done:
+        con.execute(sql)
     return done
 
 

@@ -146,6 +146,9 @@ def test_duckdb_suggestions_reach_the_user(rca_store: Path) -> None:
     assert result.exit_code == 1
     assert 'Did you mean "traces' in result.output
     assert result.output.count("Error: query") == 1  # one error, its lines kept together
+    # a misspelt named query: DuckDB's suggestion names it (its macro is made for a near name too)
+    result = CliRunner().invoke(cli, ["sql", "from root_cause(per := 'step')", "--data", str(rca_store)])
+    assert result.exit_code == 1 and 'Did you mean "root_causes"' in result.output
 
 
 def test_the_sql_endpoint_runs_statements_that_call_the_macros(rca_store: Path) -> None:
