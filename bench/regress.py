@@ -1,4 +1,4 @@
-"""Evidence for the regression gate (README "Regression gate"): precision/recall over six simulated
+"""Evidence for the regression gate (docs/pages/regress.md): precision/recall over six simulated
 updates of the bundled agent, and the cases step-level vs end-to-end comparison needs for 80% power.
 
 Store: one collector, the bundled court-booking agent simulated over OTLP (both agent variants,

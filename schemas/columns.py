@@ -1,7 +1,8 @@
-"""One line of meaning for every column of every table: the source of the README column reference.
+"""One line of meaning for every column of every table: the source of the column reference
+of docs/pages/sql.md.
 
 ``tracedag.pipeline.store.reference`` renders these with the Arrow types of ``spans`` and
-``tables``; a test fails when a column has no line here or the README drifts from the render.
+``tables``; a test fails when a column has no line here or docs/pages/sql.md drifts from the render.
 """
 
 from __future__ import annotations

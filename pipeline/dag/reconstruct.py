@@ -2,7 +2,7 @@
 
 ``reconstruct(spans, build_id, built_unix_nano)`` works on any number of traces at once; nothing in
 the result depends on the order of the input rows or on how a trace's spans were batched.
-Steps (DESIGN.md section 5, README "DAG semantics"):
+Steps (docs/pages/dags.md, "Execution DAGs"):
 
 1. dedupe (trace_id, span_id), sort rows by (trace_id, start, span_id), resolve parents;
 2. repair the call tree: break parent cycles, attach orphans to the span enclosing them in time,

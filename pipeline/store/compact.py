@@ -11,7 +11,7 @@ leftover staging directories are removed on the next run.
 
 The merge runs beside the converters; files they add meanwhile are linked into the new state
 inside the ingest writer lock, just before the swap. A query that listed the old files just before the swap and opens them
-after it gets "file not found" and should be re-run (see README, "Data layout").
+after it gets "file not found" and should be re-run (see docs/pages/collector.md, "Data layout").
 """
 
 from __future__ import annotations

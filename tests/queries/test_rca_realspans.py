@@ -12,8 +12,8 @@ import pytest
 from tests.queries.rca_measure import answers, build_and_score, tally
 from tests.queries.rca_scenarios import FIRST_TOOL, SCENARIOS, capture
 
-# the two conversations no strategy but AgentEval's gets right, and why (README "Root causes: what
-# tracedag gets right"): nothing in the spans tells an independent later failure from a caused one
+# the two conversations no strategy but AgentEval's gets right, and why (docs/pages/root-causes.md,
+# "How accurate"): nothing in the spans tells an independent later failure from a caused one
 KNOWN_MISSES = {
     "conv-x6-independent-tool-error": FIRST_TOOL,
     "conv-p1-independent-later-failure": (1, "execute_tool get_weather"),
