@@ -162,3 +162,19 @@ def test_every_help_ends_with_an_existing_docs_page(path):
     assert (ROOT / match.group(1)).is_file(), match.group(1)
     if path:
         assert match.group(1) == _docs.page_path(_docs.PAGES[path[0]])
+
+
+# --- the architecture page follows the code -----------------------------------------------------
+
+
+def test_the_architecture_page_names_every_package_and_layer():
+    import tomllib
+
+    page = _page("architecture.md")
+    packages = sorted(p.parent.name for p in (ROOT / "pipeline").glob("*/__init__.py"))
+    assert [p for p in packages if f"`pipeline/{p}/`" not in page] == []
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    modules = [m.strip().removeprefix("tracedag.") for layer in layers for m in layer.split("|")]
+    assert [m for m in modules if f"`{m}`" not in page] == []
+    assert [c["name"] for c in contracts if c["name"] not in page] == []
