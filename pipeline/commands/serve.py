@@ -115,10 +115,10 @@ def _listen(host: str, port: int) -> socket.socket:
 def _run(app: Any, sock: socket.socket, conn: Any) -> None:
     import uvicorn
 
-    from tracedag.pipeline.serve.conns import protocol
+    from tracedag.pipeline.serve.conns import BACKLOG, protocol
 
-    config = uvicorn.Config(app, http=protocol(conn), timeout_keep_alive=int(max(1, conn.idle_timeout)),
-                            log_level="warning", access_log=False)
+    config = uvicorn.Config(app, http=protocol(conn, sock), loop="asyncio", backlog=BACKLOG,
+                            timeout_keep_alive=int(max(1, conn.idle_timeout)), log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -64,17 +65,18 @@ def open_fds(pid: int) -> int:
 
 
 class PeakRss:
-    """The highest resident memory of ``pid`` seen every 20 ms while the block runs."""
+    """The highest value of ``measure(pid)`` (resident memory by default) seen every 20 ms in the block."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, rss_bytes(pid)
+    def __init__(self, pid: int, measure: Callable[[int], int] = rss_bytes) -> None:
+        self.pid, self.measure = pid, measure
+        self.peak = measure(pid)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.wait(0.02):
             try:
-                self.peak = max(self.peak, rss_bytes(self.pid))
+                self.peak = max(self.peak, self.measure(self.pid))
             except (OSError, AssertionError):
                 return
 
