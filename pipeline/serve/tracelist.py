@@ -138,9 +138,18 @@ def _mask(store: Store, table: pa.Table, q: TraceQuery) -> Any:
     return mask
 
 
+def listed(store: Store, since: str | None) -> pa.Table:
+    """``trace_summary`` with agent and status (cached per build state unless ``since`` is given)."""
+    if since is not None:
+        return with_columns(store, store.named("trace_summary", {}, since))
+    table: pa.Table = store.cache.get(store.state(), "trace_list",
+                                      lambda: with_columns(store, store.named("trace_summary", {}, None)))
+    return table
+
+
 def page(store: Store, q: TraceQuery) -> tuple[int, pa.Table]:
     """(matching traces, the requested page) of the trace list."""
-    table = with_columns(store, store.named("trace_summary", {}, q.since))
+    table = listed(store, q.since)
     mask = _mask(store, table, q)
     if mask is not None:
         table = table.filter(pc.fill_null(mask, False))
@@ -152,8 +161,12 @@ def page(store: Store, q: TraceQuery) -> tuple[int, pa.Table]:
 
 def choices(store: Store) -> dict[str, list[str]]:
     """The values the list's filters offer: agents, service versions, scenarios (sorted, nulls left out)."""
-    table = with_columns(store, store.named("trace_summary", {}, None))
-    out = {}
-    for key, column in (("agent", "agent"), ("service_version", "service_version"), ("scenario", "scenario_id")):
-        out[key] = sorted({str(v) for v in table[column].to_pylist() if v is not None and v != ""})
-    return out
+    def compute() -> dict[str, list[str]]:
+        table = listed(store, None)
+        out = {}
+        for key, column in (("agent", "agent"), ("service_version", "service_version"), ("scenario", "scenario_id")):
+            values = pc.unique(table[column]).to_pylist()
+            out[key] = sorted({str(v) for v in values if v is not None and v != ""})
+        return out
+    found: dict[str, list[str]] = store.cache.get(store.state(), "trace_list_choices", compute)
+    return found

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pyarrow.compute as pc
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -52,8 +53,9 @@ def with_path(doc: dict[str, Any], agent: str) -> dict[str, Any]:
 
 def conversation(store: Store, conversation_id: str) -> dict[str, Any]:
     """The turns of a conversation in start order, each with its outcome and (cross-turn) root cause."""
-    table = tracelist.with_columns(store, store.named("trace_summary", {}, None))
-    turns = sorted((r for r in table.to_pylist() if r["conversation_id"] == conversation_id),
+    table = tracelist.listed(store, None)
+    table = table.filter(pc.fill_null(pc.equal(table["conversation_id"], conversation_id), False))
+    turns = sorted(table.to_pylist(),
                    key=lambda r: (r["start_time_unix_nano"] or 0, r["trace_id"]))
     if not turns:
         raise NotFound(f"conversation {conversation_id}: no built trace carries it")
