@@ -46,16 +46,16 @@ from pathlib import Path
 from typing import Any
 
 from tracedag import instrument as td
-from tracedag.pipeline.analysis.validate_check import check_runs
-from tracedag.pipeline.analysis.validate_learn import LearnOptions, learn_model
-from tracedag.pipeline.analysis.validate_runs import RunSteps
-from tracedag.pipeline.analysis.validation import read_runs
 from tracedag.pipeline.demo import simulate as sim
 from tracedag.pipeline.demo import stages
 from tracedag.pipeline.demo.agent.booking_agent import BookingAgent, ConversationResult, State
 from tracedag.pipeline.demo.config import DemoConfig
 from tracedag.pipeline.demo.run import run_demo
 from tracedag.pipeline.store.querying import run_sql
+from tracedag.pipeline.validate import read_runs
+from tracedag.pipeline.validate.checking import check_runs
+from tracedag.pipeline.validate.learning import LearnOptions, learn_model
+from tracedag.pipeline.validate.runs import RunSteps
 
 AGENTS = ("court_booking.constrained", "court_booking.permissive")
 

@@ -15,12 +15,12 @@ from tracedag.schemas.errors import TracedagError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tracedag.pipeline.analysis.validation import Learned
     from tracedag.pipeline.score.same_step import SameStepJudge
+    from tracedag.pipeline.validate import Learned
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-_STATES = ("step_key", "step_name", "step_type:step_name", "node", "tool")  # validate_runs.STATES
-_MERGES = ("normalized", "exact", "semantic")  # validate_learn.MERGES
+_STATES = ("step_key", "step_name", "step_type:step_name", "node", "tool")  # validate.runs.STATES
+_MERGES = ("normalized", "exact", "semantic")  # validate.learning.MERGES
 
 
 class BadInput(click.ClickException):
@@ -96,8 +96,8 @@ def learn_command(data: Path, selection: str | None, by: str | None, state: str,
                   min_runs: int, max_runs: int | None, skip_thin: bool, keep_outliers: bool, include_replays: bool,
                   update: bool, out: Path) -> None:
     """Learn each scenario's essential states from its passing runs (dominators of acceptance)."""
-    from tracedag.pipeline.analysis.validate_learn import LearnOptions
-    from tracedag.pipeline.analysis.validation import learn, read_model
+    from tracedag.pipeline.validate import learn, read_model
+    from tracedag.pipeline.validate.learning import LearnOptions
 
     options = LearnOptions(state=state, merge=merge, min_runs=min_runs, max_runs=max_runs, agent=agent,
                            keep_outliers=keep_outliers, skip_thin=skip_thin, min_confidence=merge_confidence,
@@ -110,7 +110,7 @@ def learn_command(data: Path, selection: str | None, by: str | None, state: str,
         finally:
             if asker is not None:
                 asker.close()
-    from tracedag.pipeline.analysis.validate_model import save_model
+    from tracedag.pipeline.validate.model import save_model
 
     save_model(learned.model, out)
     _print_learned(learned, out, data)
@@ -170,7 +170,7 @@ def _print_learned(learned: Learned, out: Path, data: Path) -> None:
               help="Exit 1 when the pass rate is below this (a CI gate).")
 def check_command(data: Path, selection: str | None, model_path: Path, fail_under: float | None) -> None:
     """Check each run reaches its scenario's essential states in order; write the validations table."""
-    from tracedag.pipeline.analysis.validation import check
+    from tracedag.pipeline.validate import check
 
     with _clean_errors("checking runs"):
         table = check(data, model_path, selection)

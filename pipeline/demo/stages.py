@@ -12,7 +12,6 @@ import pyarrow as pa
 
 from tracedag.pipeline.analysis.determinism import analyze, write_outputs
 from tracedag.pipeline.analysis.paths import enumerate_paths
-from tracedag.pipeline.analysis.validate_learn import LearnOptions
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.demo import simulate as sim
 from tracedag.pipeline.demo.agent import booking_graph
@@ -20,6 +19,7 @@ from tracedag.pipeline.demo.config import QUERIES, DemoConfig
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.service import CollectorConfig, RunningCollector, start_collector
 from tracedag.pipeline.store.querying import run_named, run_sql
+from tracedag.pipeline.validate.learning import LearnOptions
 from tracedag.schemas.agent_graph import parse_graph
 from tracedag.schemas.layout import graphs_dir
 
@@ -148,8 +148,8 @@ def determinism(data: Path) -> tuple[dict[str, pa.Table], dict[str, Path]]:
 def validation(data: Path) -> tuple[pa.Table, Path]:
     """Learn the designed agent's essential states from its passing runs, check every run of it
     (``tracedag validate learn`` then ``check``): the validations table and the model file."""
-    from tracedag.pipeline.analysis.validate_model import save_model
-    from tracedag.pipeline.analysis.validation import check, learn
+    from tracedag.pipeline.validate import check, learn
+    from tracedag.pipeline.validate.model import save_model
 
     agent = booking_graph.agent_name(DESIGN_VARIANT)
     model = graphs_dir(data) / f"{agent}.validation.json"

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tracedag.pipeline.analysis.validate_runs import RunSteps, states_of
+from tracedag.pipeline.validate.runs import RunSteps, states_of
 
 logger = logging.getLogger(__name__)
 

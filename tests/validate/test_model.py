@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from tests.analysis.validate_support import run
-from tracedag.pipeline.analysis.validate_learn import LearnOptions, learn_model
-from tracedag.pipeline.analysis.validate_model import ModelInvalid, diff, save_model, to_dict
-from tracedag.pipeline.analysis.validation import read_model
+from tests.validate.validate_support import run
+from tracedag.pipeline.validate import read_model
+from tracedag.pipeline.validate.learning import LearnOptions, learn_model
+from tracedag.pipeline.validate.model import ModelInvalid, diff, save_model, to_dict
 
 
 @pytest.fixture

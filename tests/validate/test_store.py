@@ -8,13 +8,13 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from tracedag.pipeline.analysis.validate_runs import BadSelection, NotReady
-from tracedag.pipeline.analysis.validation import read_runs
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.validate import read_runs
+from tracedag.pipeline.validate.runs import BadSelection, NotReady
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.tables import VALIDATIONS_V1
 

@@ -1,8 +1,8 @@
 """Structural validation over a store: the library behind ``tracedag validate learn`` and ``check``.
 
-``learn`` reads the runs (``validate_runs``), learns one skeleton per scenario from the passing
-runs of one agent (``validate_learn``) and returns the model (``validate_model``); ``check`` reads
-a model, checks the runs against it (``validate_check``) and writes the ``validations`` table.
+``learn`` reads the runs (``runs``), learns one skeleton per scenario from the passing
+runs of one agent (``learning``) and returns the model (``model``); ``check`` reads
+a model, checks the runs against it (``checking``) and writes the ``validations`` table.
 
 Replays (``tracedag replay`` runs: their spans carry ``tracedag.source_trace_id``) are left out of
 learning unless ``LearnOptions.include_replays``: a model describes the traffic, and the replays are
@@ -22,12 +22,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracedag.pipeline.analysis.validate_check import check_runs, write_validations
-from tracedag.pipeline.analysis.validate_learn import MERGES, LearnOptions, learn_model
-from tracedag.pipeline.analysis.validate_model import Model, diff, load_model
-from tracedag.pipeline.analysis.validate_runs import STATES, RunSteps, load_run_steps
-from tracedag.pipeline.analysis.validate_semantic import SameStepAsker
 from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.validate.checking import check_runs, write_validations
+from tracedag.pipeline.validate.learning import MERGES, LearnOptions, learn_model
+from tracedag.pipeline.validate.model import Model, diff, load_model
+from tracedag.pipeline.validate.runs import STATES, RunSteps, load_run_steps
+from tracedag.pipeline.validate.semantic import SameStepAsker
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)

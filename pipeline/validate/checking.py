@@ -22,10 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracedag.pipeline.analysis.validate_learn import ACCEPT, START, Visit, visits
-from tracedag.pipeline.analysis.validate_model import Model, ScenarioModel
-from tracedag.pipeline.analysis.validate_runs import RunSteps, agents_of
 from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.pipeline.validate.learning import ACCEPT, START, Visit, visits
+from tracedag.pipeline.validate.model import Model, ScenarioModel
+from tracedag.pipeline.validate.runs import RunSteps, agents_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.tables import VALIDATIONS_V1

@@ -12,18 +12,18 @@ import logging
 import pytest
 from click.testing import CliRunner
 
-from tests.analysis.validate_support import run
 from tests.score.test_judge import FakeJudge, serve
-from tracedag.pipeline.analysis.validate_check import check_runs
-from tracedag.pipeline.analysis.validate_learn import LearnOptions, learn_model
-from tracedag.pipeline.analysis.validate_model import save_model
-from tracedag.pipeline.analysis.validation import read_model
+from tests.validate.validate_support import run
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.score.judge import JudgeConfig
 from tracedag.pipeline.score.judge_cache import JudgeCache
 from tracedag.pipeline.score.same_step import SameStepJudge, parse_same_step
+from tracedag.pipeline.validate import read_model
+from tracedag.pipeline.validate.checking import check_runs
+from tracedag.pipeline.validate.learning import LearnOptions, learn_model
+from tracedag.pipeline.validate.model import save_model
 
 SYNONYMS = {frozenset({"check_availability", "availability_check"})}
 
@@ -217,7 +217,7 @@ def test_cli_learns_with_a_local_llm_and_refuses_without_one(store, tmp_path, mo
 
 
 def test_a_bad_merge_entry_is_named(llm, tmp_path):
-    from tracedag.pipeline.analysis.validate_model import ModelInvalid
+    from tracedag.pipeline.validate.model import ModelInvalid
 
     _, asker = llm
     path = tmp_path / "model.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from tracedag.pipeline.analysis.validate_runs import RunSteps, Step
+from tracedag.pipeline.validate.runs import RunSteps, Step
 
 _n = itertools.count()
 

@@ -20,7 +20,7 @@ Format (version 1)::
 A person edits ``essential`` (true/false) to make a state required or optional; ``learned`` keeps
 what the learner said. Essential states are checked in the order ``states`` lists them. With
 ``"merge": "semantic"`` each ``semantic_merges`` entry records names an LLM called the same step
-(``validate_semantic``): ``check`` reads every name of an entry as its ``into``; delete an entry to
+(``semantic``): ``check`` reads every name of an entry as its ``into``; delete an entry to
 undo it. Loading
 checks every field and names the first bad one (``ModelInvalid``).
 """
@@ -75,9 +75,9 @@ class ScenarioModel:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     failure_transitions: list[dict[str, Any]] = field(default_factory=list)
     excluded_runs: list[dict[str, str]] = field(default_factory=list)
-    """Passing runs left out as outliers, with the reason (``validate_learn.drop_outliers``)."""
+    """Passing runs left out as outliers, with the reason (``learning.drop_outliers``)."""
     semantic_merges: list[dict[str, Any]] = field(default_factory=list)
-    """Names merged because an LLM called them the same step (``validate_semantic``), for review."""
+    """Names merged because an LLM called them the same step (``semantic``), for review."""
 
     @property
     def renames(self) -> dict[str, str]:

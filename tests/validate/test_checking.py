@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.analysis.validate_support import run
-from tracedag.pipeline.analysis.validate_check import WrongAgent, check_runs
-from tracedag.pipeline.analysis.validate_learn import LearnOptions, learn_model
+from tests.validate.validate_support import run
+from tracedag.pipeline.validate.checking import WrongAgent, check_runs
+from tracedag.pipeline.validate.learning import LearnOptions, learn_model
 
 BOOKING = ("router", "ask_details", "check_availability", "propose_slot", "book_court", "finalize")
 

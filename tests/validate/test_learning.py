@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.analysis.validate_support import run
-from tracedag.pipeline.analysis.validate_learn import (
+from tests.validate.validate_support import run
+from tracedag.pipeline.validate.learning import (
     ACCEPT,
     START,
     AgentUnclear,

@@ -1,6 +1,6 @@
 """Learn a scenario's skeleton from its passing runs: prefix tree, conservative merging, dominators.
 
-For one scenario, each passing run is a sequence of states (``validate_runs.states_of``). The
+For one scenario, each passing run is a sequence of states (``runs.states_of``). The
 steps (DESIGN.md §10):
 
 1. **Prefix-tree acceptor** (PTA): one tree node per distinct prefix of the sequences; the node of
@@ -10,7 +10,7 @@ steps (DESIGN.md §10):
    ids, numbers and dates in it) and the same visit number (the k-th time the run reaches that
    key; a loop's second pass is not its first, as the DAG's loop unrolling counts iterations).
    All accepting nodes merge into one accepting state. With ``merge="semantic"``, names an LLM
-   confidently calls the same step are renamed to one first (``validate_semantic``).
+   confidently calls the same step are renamed to one first (``semantic``).
 3. **Dominators** (``networkx.immediate_dominators``) of the merged graph from its start: the
    states that dominate acceptance lie on every path of every run to the end, so they are the
    *essential* states; everything else is optional. The dominators of one node form a chain, so
@@ -32,16 +32,16 @@ from typing import Any
 
 import networkx as nx
 
-from tracedag.pipeline.analysis.validate_model import Model, ScenarioModel, StateSpec
-from tracedag.pipeline.analysis.validate_runs import DEFAULT_STATE, RunSteps, Step, agents_of, states_of
-from tracedag.pipeline.analysis.validate_semantic import SameStepAsker, SemanticResult, semantic_merges
+from tracedag.pipeline.validate.model import Model, ScenarioModel, StateSpec
+from tracedag.pipeline.validate.runs import DEFAULT_STATE, RunSteps, Step, agents_of, states_of
+from tracedag.pipeline.validate.semantic import SameStepAsker, SemanticResult, semantic_merges
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
 MERGES = ("normalized", "exact", "semantic")
 """Merge keys: ``normalized`` (ids, numbers and dates in names replaced), ``exact`` names, or ``semantic``
-(normalized, then names an LLM confidently calls the same step merged: ``validate_semantic``)."""
+(normalized, then names an LLM confidently calls the same step merged: ``semantic``)."""
 START = "(start)"
 ACCEPT = "(accept)"
 
