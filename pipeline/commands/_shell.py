@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import click
 import duckdb
+import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store.querying import duckdb_message, to_arrow
@@ -26,6 +27,7 @@ from tracedag.pipeline.store.views import create_query_macros
 from tracedag.queries.macros import code_only
 
 HISTORY_ENV = "TRACEDAG_HISTORY"
+SHELL_ROWS = 10_000  # rows a statement's result is read up to
 PROMPT, MORE = "tracedag> ", "     ...> "
 HELP = """\
 SQL over the store's views; end a statement with ;  (it may span lines)
@@ -81,6 +83,8 @@ class Shell:
             self.execute(text)
         except duckdb.Error as e:
             self.error(duckdb_message(e))
+        except pa.ArrowException as e:
+            self.error(f"the result cannot be shown: {e}")
         except KeyboardInterrupt:
             self.con.interrupt()
             self.error("interrupted")
@@ -93,8 +97,19 @@ class Shell:
     def execute(self, sql: str) -> None:
         create_query_macros(self.con, sql)
         relation = self.con.sql(sql)
-        if relation is not None:
-            self.show(to_arrow(relation))
+        if relation is None:
+            return
+        reader = (getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader)(1024)
+        batches: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in reader:  # a shell shows a screenful: never read a whole big table into memory
+            batches.append(batch)
+            rows += batch.num_rows
+            if rows > SHELL_ROWS:
+                click.echo(f"(stopped reading after {rows} rows: add a LIMIT, or write them all with "
+                           "tracedag query --sql \"...\" --format csv -o FILE)", err=True)
+                break
+        self.show(pa.Table.from_batches(batches, schema=reader.schema))
 
     def dot(self, line: str) -> bool:
         command, _, arg = line.partition(" ")

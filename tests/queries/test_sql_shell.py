@@ -61,6 +61,17 @@ def test_dot_commands(rca_store: Path) -> None:
     assert code == 1
 
 
+def test_a_big_result_is_read_up_to_a_screenful_of_rows(rca_store: Path) -> None:
+    code, out, err = sql(rca_store, stdin="select i from range(50000) t(i);\nselect 1 as one;\n")
+    assert code == 0, err
+    assert "stopped reading after" in err and "LIMIT" in err
+    caption = re.search(r"(\d+) rows \(\d+ not shown", " ".join(out.split()))  # a narrow table wraps its caption
+    assert caption, out[-300:]
+    shown = int(caption.group(1))
+    assert 10_000 < shown < 50_000
+    assert re.search(r"│\s*1\s*│", out)  # the next statement ran
+
+
 def test_statement_grouping() -> None:
     assert complete("select 1;") and complete("select 1; -- done\n")
     assert not complete("select ';'") and not complete("select 'a;") and not complete("select 1 /* ; */")
