@@ -99,6 +99,17 @@ STEP_TYPE_RULES: list[tuple[str, dict[str, str]]] = [
     ),
 ]
 
+# Span names whose step_type the rules above get wrong, for a known library quirk:
+# (RE2 pattern on the span name, the step_type the rules gave, the right step_type, why).
+NAME_TYPE_FIXES: list[tuple[str, str, str, str]] = [
+    # LlamaIndex agent workflows (OpenInference types every workflow run CHAIN): the agent's run
+    (r"^(?:\w+Agent|AgentWorkflow)\.run$", "chain", "agent", "FunctionAgent.run, ReActAgent.run, AgentWorkflow.run"),
+    # LlamaIndex's OpenInference instrumentation types the LLM class's request building LLM: no model is called
+    (r"\._prepare_chat_with_tools$", "llm", "chain", "OpenAI._prepare_chat_with_tools builds the request"),
+    # Strands' loop iteration carries gen_ai.system (the llm hint); its model call is a span of its own
+    (r"^execute_event_loop_cycle$", "llm", "chain", "Strands' event loop cycle wraps one model call and its tools"),
+]
+
 # Weaker hints: (step_type, attributes whose presence implies it), in priority order.
 PRESENCE_HINTS: list[tuple[str, list[str]]] = [
     ("tool", ["gen_ai.tool.name", "tool.name", "gen_ai.tool.call.id"]),

@@ -38,6 +38,7 @@ from tracedag.pipeline.normalize.extract import (
 )
 from tracedag.pipeline.normalize.rules import (
     COLUMN_SOURCES,
+    NAME_TYPE_FIXES,
     NO_MODEL,
     PRESENCE_HINTS,
     RESOURCE_KEYS,
@@ -143,6 +144,7 @@ def _kinds(a: Cols, name: pa.Array, got: Cols) -> Cols:
                         pc.match_substring(a["metadata"], '"ls_integration": "langgraph"'))
     graph_run = pc.fill_null(graph_run, False)
     step_type = pc.if_else(graph_run, "agent", step_type)
+    step_type = _fix_by_name(step_type, name)
     agent_name = coalesce(got["agent_name"], pc.if_else(graph_run, name, _NULL))
     node_name = pc.if_else(got["_is_node"], got["langgraph_node"], _NULL)
     # agent_name names the step only on the agent's own span: traceloop writes gen_ai.agent.name on
@@ -151,6 +153,14 @@ def _kinds(a: Cols, name: pa.Array, got: Cols) -> Cols:
     step_name = coalesce(node_name, got["tool_name"], own_agent, got["graph_node_name"], got["entity_name"],
                          got["_clean_name"])
     return {"step_type": step_type, "step_name": step_name, "agent_name": agent_name}
+
+
+def _fix_by_name(step_type: pa.Array, name: pa.Array) -> pa.Array:
+    """Apply ``NAME_TYPE_FIXES``: a span of a listed name typed ``wrong`` becomes ``right``."""
+    for pattern, wrong, right, _ in NAME_TYPE_FIXES:
+        hit = pc.and_(pc.equal(step_type, wrong), pc.match_substring_regex(name, pattern))
+        step_type = pc.if_else(pc.fill_null(hit, False), right, step_type)
+    return step_type
 
 
 def _step_type(a: Cols) -> pa.Array:

@@ -17,8 +17,9 @@ shape of ``SHAPES`` that a tool's result text matches (None: no error payload). 
   ``ValueError: ...``, ``Exception: ...``, ``Failed: ...``, a Python traceback).
 
 A JSON object is also read one level down, under the keys frameworks wrap a tool's return value
-in (``result``, ``response``, ``output``, ``structuredContent``, ``content``), so ADK's
-``{"response": {...}}`` and a result wrapped by a framework count the same. A JSON array is never
+in (``result``, ``response``, ``output``, ``raw_output``, ``structuredContent``, ``content``), so
+ADK's ``{"response": {...}}``, LlamaIndex's ``ToolOutput`` (the tool's own value in ``raw_output``)
+and a result wrapped by a framework count the same. A JSON array is never
 an error payload (a list of records may hold a record with an ``error`` field). Nothing else is
 read: a result that merely mentions an error (``"no errors found"``) passes.
 """
@@ -33,7 +34,7 @@ from typing import Any
 ADK_REFLECT_RETRY = "ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN"
 ERROR_KEYS = ("error", "errors", "exception")
 FAILED_STATUSES = ("error", "failed", "failure")
-WRAPPER_KEYS = ("result", "response", "output", "structuredContent", "content")
+WRAPPER_KEYS = ("result", "response", "output", "raw_output", "structuredContent", "content")
 # cheap pre-check: an object without any of these never matches a JSON shape (most results)
 KEY_HINTS = ('"error', '"exception', '"isError"', '"is_error"', '"status"', ADK_REFLECT_RETRY)
 

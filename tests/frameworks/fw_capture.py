@@ -3,7 +3,7 @@
 Plain module used by tests/frameworks/test_fw_*.py and bench/frameworks_rca.py. Each framework runs
 from a pinned virtualenv of its own (``tests.pinned_venv``; the lock files sit beside this module)
 as a script (``<framework>_agent.py``) that drives the framework's agent with its own OpenTelemetry
-instrumentation, against the scripted OpenAI-compatible server of ``tests.realspans`` on
+instrumentation, against the scripted OpenAI-compatible server of ``fw_model`` (streams too) on
 127.0.0.1, and exports with the real OTel SDK's OTLP/HTTP exporter to a collector on loopback
 port 0 started here. The store is then built and scored by the real pipeline, and ``root_causes``
 is read per conversation.
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.frameworks.fw_model import scripted_model
 from tests.pinned_venv import PinnedVenv, client_env
-from tests.realspans import chat_completion, fake_openai_server
+from tests.realspans import chat_completion
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,8 +34,12 @@ VENVS = {
                              "import smolagents, openinference.instrumentation.smolagents"),
     "pydantic-ai": PinnedVenv("pydantic-ai-venv", HERE / "pydantic_ai_requirements.txt", "pydantic-ai-slim",
                               "import pydantic_ai, opentelemetry.exporter.otlp.proto.http"),
+    "llama-index": PinnedVenv("llama-index-venv", HERE / "llama_index_requirements.txt", "llama-index-core",
+                              "import llama_index.core.agent.workflow, llama_index.llms.openai, "
+                              "openinference.instrumentation.llama_index"),
 }
-SCRIPTS = {"smolagents": HERE / "smolagents_agent.py", "pydantic-ai": HERE / "pydantic_ai_agent.py"}
+SCRIPTS = {"smolagents": HERE / "smolagents_agent.py", "pydantic-ai": HERE / "pydantic_ai_agent.py",
+           "llama-index": HERE / "llama_index_agent.py"}
 
 Truth = tuple[int, str, int] | None
 Reply = tuple[int, dict[str, Any]]
@@ -81,7 +86,7 @@ def capture(framework: str, scenarios: Sequence[Scenario], data: Path) -> Captur
     spec = [{"conversation": s.conversation, "turns": s.turns, **s.options} for s in scenarios]
     collector = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=None))
     try:
-        with tempfile.TemporaryDirectory() as tmp, fake_openai_server(replies) as model:
+        with tempfile.TemporaryDirectory() as tmp, scripted_model(replies) as model:
             spec_file = Path(tmp) / "scenarios.json"
             spec_file.write_text(json.dumps(spec))
             cmd = [str(python), str(SCRIPTS[framework]), f"http://127.0.0.1:{collector.http_port}",

@@ -48,6 +48,8 @@ def smolagents_scenarios() -> list[Scenario]:
         Scenario("smol-badargs", "bad arguments", ["Book a taxi in Paris around six"],
                  [_smol_tool("c1", "book_taxi", {"city": "Paris", "time": "around six"}), _smol_final("c2", sorry)],
                  (1, SMOL_LLM, 0)),
+        Scenario("smol-badargs-missing", "bad arguments", ["Book a taxi in Paris"],
+                 [_smol_tool("c1", "book_taxi", {"city": "Paris"}), _smol_final("c2", sorry)], (1, SMOL_LLM, 0)),
         Scenario("smol-badargs-fixed", "retry recovered", ["Book a taxi in Paris at six"],
                  [_smol_tool("c1", "book_taxi", {"city": "Paris", "time": "six"}),
                   _smol_tool("c2", "book_taxi", {"city": "Paris", "time": "18:00"}),
@@ -92,6 +94,8 @@ def pydantic_ai_scenarios() -> list[Scenario]:
         Scenario("pyai-badargs", "bad arguments", ["Book a taxi in Paris around six"],
                  [_pyai_tool("c1", "book_taxi", {"city": "Paris", "time": "around six"}), reply(sorry)],
                  (1, PYAI_LLM, 0)),
+        Scenario("pyai-badargs-missing", "bad arguments", ["Book a taxi in Paris"],
+                 [_pyai_tool("c1", "book_taxi", {"city": "Paris"}), reply(sorry)], (1, PYAI_LLM, 0)),
         Scenario("pyai-badargs-fixed", "retry recovered", ["Book a taxi in Paris at six"],
                  [_pyai_tool("c1", "book_taxi", {"city": "Paris", "time": "six"}),
                   _pyai_tool("c2", "book_taxi", {"city": "Paris", "time": "18:00"}), reply("Taxi booked at 18:00.")],
@@ -108,3 +112,43 @@ def pydantic_ai_scenarios() -> list[Scenario]:
                   reply("Lyon: 21C and sunny"), _pyai_tool("c3", "lookup_order", {"order_id": "A-1001"}),
                   reply("Shipped: TRK-77123")], None),
     ]
+
+
+LLX_TOOL, LLX_LLM = "FunctionTool.acall", "OpenAI.achat"
+
+
+def llama_index_scenarios() -> list[Scenario]:
+    """The LlamaIndex conversations (FunctionAgent: a tool's exception goes back to the model as its output)."""
+    sorry = "Sorry, I could not get that for you."
+    t = _pyai_tool
+    return [
+        Scenario("llx-apology", "tool fails, apology", ["Weather in Atlantis?"],
+                 [t("c1", "get_weather", {"city": "Atlantis"}), reply(sorry)], (1, LLX_TOOL, 0)),
+        Scenario("llx-retry", "retry recovered", ["Weather in Lyon?"],
+                 [t("c1", "get_weather", {"city": "Lyon"}), t("c2", "get_weather", {"city": "Lyon"}),
+                  reply("Lyon: 21C and sunny")], None),
+        Scenario("llx-payload", "error payload", ["Where is order B-9?"],
+                 [t("c1", "lookup_order", {"order_id": "B-9"}), reply(sorry)], (1, LLX_TOOL, 0)),
+        Scenario("llx-badargs", "bad arguments", ["Book a taxi in Paris around six"],
+                 [t("c1", "book_taxi", {"city": "Paris", "time": "around six"}), reply(sorry)], (1, LLX_LLM, 0)),
+        Scenario("llx-badargs-missing", "bad arguments", ["Book a taxi in Paris"],
+                 [t("c1", "book_taxi", {"city": "Paris"}), reply(sorry)], (1, LLX_LLM, 0)),
+        Scenario("llx-badargs-fixed", "retry recovered", ["Book a taxi in Paris at six"],
+                 [t("c1", "book_taxi", {"city": "Paris", "time": "six"}),
+                  t("c2", "book_taxi", {"city": "Paris", "time": "18:00"}), reply("Taxi booked at 18:00.")], None),
+        Scenario("llx-clean", "clean", ["Weather in Paris?"],
+                 [t("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny")], None),
+        Scenario("llx-clean-order", "clean", ["Where is order A-1001?"],
+                 [t("c1", "lookup_order", {"order_id": "A-1001"}), reply("Shipped: TRK-77123")], None),
+        Scenario("llx-multi-fail", "multi-turn", ["Weather in Paris?", "And in Atlantis?"],
+                 [t("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny"),
+                  t("c2", "get_weather", {"city": "Atlantis"}), reply(sorry)], (2, LLX_TOOL, 0)),
+        Scenario("llx-multi-ok", "multi-turn", ["Weather in Lyon?", "Where is order A-1001?"],
+                 [t("c1", "get_weather", {"city": "Lyon"}), t("c2", "get_weather", {"city": "Lyon"}),
+                  reply("Lyon: 21C and sunny"), t("c3", "lookup_order", {"order_id": "A-1001"}),
+                  reply("Shipped: TRK-77123")], None),
+    ]
+
+
+BY_FRAMEWORK = {"smolagents": smolagents_scenarios, "pydantic-ai": pydantic_ai_scenarios,
+                "llama-index": llama_index_scenarios}

@@ -24,6 +24,8 @@ SHAPE_CASES = [
     ("error_key", '{"errors": [{"field": "city", "message": "required"}]}'),
     ("error_key", '{"exception": "KeyError: B-9"}'),
     ("error_key", '{"result": {"error": "warehouse offline"}}'),
+    # LlamaIndex's ToolOutput: the tool's own return value in raw_output
+    ("status_error", '{"blocks": [{"text": "..."}], "tool_name": "lookup_order", "raw_output": {"status": "error"}}'),
     ("error_key", '{"status": "error", "error": "order B-9 not found"}'),  # first listed shape that matches
     ("status_error", '{"status": "error", "message": "order B-9 not found"}'),
     ("status_error", '{"status": "FAILED", "detail": "backend down"}'),
