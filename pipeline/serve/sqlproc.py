@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tracedag.pipeline.serve.answer import TooLarge
 from tracedag.pipeline.serve.sqlguard import SqlTooLarge
-from tracedag.pipeline.serve.sqlworker import CHECKED, READY
+from tracedag.pipeline.serve.sqlworker import CHECKED, CHECKING, READY
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
@@ -306,8 +306,8 @@ class _Reading:
 
     Deadlines count from the moment the worker is ready (a spare may still be importing when the
     request comes, on a loaded machine for seconds; it gets ``READY_WAIT``): the guard's check gets
-    ``check_timeout``, ended by the worker's ``CHECKED`` line, the check and the query together
-    ``timeout``. A refusal by the guard ends the reading with the worker still running (``again``).
+    ``check_timeout`` from the worker's ``CHECKING`` line (after a reconnect the store's change asked
+    for) to its ``CHECKED`` line, the check and the query together ``timeout``. A refusal by the guard ends the reading with the worker still running (``again``).
     """
 
     SLACK = 64 * 1024
@@ -317,6 +317,7 @@ class _Reading:
         self.worker, self.proc, self.limits, self.on_checked = worker, worker.proc, limits, on_checked
         self.t0 = time.monotonic()
         self.ready_at: float | None = self.t0 if worker.ready else None
+        self.checking_at: float | None = None
         self.checked = self.again = False
         self.out, self.err = bytearray(), bytearray()
 
@@ -324,7 +325,9 @@ class _Reading:
         if self.ready_at is None:
             return self.t0 + READY_WAIT
         end = self.ready_at + self.limits.timeout
-        return end if self.checked else min(end, self.ready_at + self.limits.check_timeout)
+        if self.checked or self.checking_at is None:
+            return end
+        return min(end, self.checking_at + self.limits.check_timeout)
 
     def collect(self) -> tuple[bytearray, bytes]:
         with selectors.DefaultSelector() as sel:
@@ -361,6 +364,8 @@ class _Reading:
         self.err += chunk
         if self.ready_at is None and READY in self.err:
             self.ready_at, self.worker.ready = time.monotonic(), True
+        if self.checking_at is None and CHECKING in self.err:
+            self.checking_at = time.monotonic()
         if not self.checked and CHECKED in self.err:
             self.checked = True
             self.on_checked()
@@ -372,7 +377,7 @@ class _Reading:
     def _expired(self) -> QueryFailed:
         if self.ready_at is None:
             return Busy("sql", f"no query worker started within {READY_WAIT:g} s (the machine is overloaded)")
-        if not self.checked and self.ready_at is not None and time.monotonic() >= self.ready_at + \
+        if not self.checked and self.checking_at is not None and time.monotonic() >= self.checking_at + \
                 self.limits.check_timeout:
             return CheckTimeout("sql", f"checking the SQL took longer than {self.limits.check_timeout:g} s "
                                        "(--sql-check-timeout); send a shorter or simpler statement")

@@ -44,6 +44,9 @@ def _limits(con: duckdb.DuckDBPyConnection, request: dict[str, Any], temp: str) 
 
 READY = b"tracedag-sql: ready\n"
 """Written to stderr once the imports and views are done, before the request is read."""
+CHECKING = b"tracedag-sql: checking\n"
+"""Written to stderr when the guard starts on the SQL (the connection made again if the store changed,
+its catalogue read): the parent's check deadline starts here."""
 CHECKED = b"tracedag-sql: checked\n"
 """Written to stderr once the SQL passed the guard: the parent's check deadline ends here."""
 
@@ -142,7 +145,9 @@ def _next_checked(spare: _Spare) -> dict[str, Any] | None:
         try:
             con = spare.fresh()
             create_query_macros(con, str(request["sql"]))  # the named queries it calls, as table macros
-            check(str(request["sql"]), catalog(con))  # the views and macros of this store
+            names = catalog(con)  # the views and macros of this store
+            _say(CHECKING)
+            check(str(request["sql"]), names)
         except QueryFailed as e:
             _refuse(e.reason, type(e).__name__)  # nothing ran: this worker stays the spare
             continue
