@@ -240,7 +240,7 @@ def test_the_trace_list_shows_whole_cells_sorts_filters_and_pages(browser: Any, 
     page.wait_for_selector(f'#traces tbody tr:first-child[data-trace-id="{worst["trace_id"]}"]', timeout=10_000)
     cells = page.locator("#traces tbody tr:first-child td").all_inner_texts()
     assert cells[:6] == [worst["trace_id"][:8], agents[worst["trace_id"]], worst["conversation_id"], "failed",
-                         worst["root_cause_step"] or "", f"{worst['workflow_score']:.2f}"]
+                         worst["root_cause_step"] or "no failed step", f"{worst['workflow_score']:.2f}"]
     assert agents[worst["trace_id"]] != worst["service_name"]
     assert _cut_cells(page) == []
     page.screenshot(path=str(shots / "list-by-score.png"))

@@ -70,7 +70,9 @@
     const attrs = linked ? `data-trace-id="${esc(t.trace_id)}"` : `class="nodag" data-nodag="${esc(t.trace_id)}"`;
     return `<tr ${attrs}><td class="id" title="${esc(t.trace_id)}">${esc(t.trace_id.slice(0, 8))}</td>` +
       `<td>${esc(t.agent)}</td><td>${t.conversation_id ? `<a href="#" data-conv="${esc(t.conversation_id)}">${esc(t.conversation_id)}</a>` : ""}</td><td class="status-${esc(t.status)}">${esc(t.status)}</td>` +
-      `<td>${esc(t.root_cause_step)}</td><td class="num">${num(t.workflow_score, 2)}</td>` +
+      (t.root_cause_step ? `<td>${esc(t.root_cause_step)}</td>`
+        : t.passed === false ? '<td class="muted" title="the workflow score is under the pass mark, but no step failed">no failed step</td>' : "<td></td>") +
+      `<td class="num">${num(t.workflow_score, 2)}</td>` +
       `<td class="num">${took(t.duration_ms)}</td><td>${esc(when(t.start_time))}</td>` +
       `<td>${linked ? '<a href="#" class="open">DAG</a>' : esc(NO_DAG)}</td></tr>`;
   }

@@ -65,7 +65,7 @@
     t.cols = columns(t.kids);
     let w = 0, h = 0;
     for (const c of t.cols) {
-      c.w = Math.max(...c.kids.map((k) => k.w));
+      c.w = c.kids.reduce((m, k) => Math.max(m, k.w), 0);
       c.h = c.kids.reduce((s, k) => s + k.h, 0) + VGAP * (c.kids.length - 1);
       w += c.w; h = Math.max(h, c.h);
     }
@@ -230,8 +230,9 @@
     const walk = (t) => { rows.push(t); t.kids.forEach(walk); };
     tree.top.forEach(walk);
     const index = new Map(rows.map((t, i) => [t.n.span_id, i]));
-    const t0 = Math.min(...doc.nodes.map(startOf));
-    const span = Math.max(1, Math.max(...doc.nodes.map(endOf)) - t0);
+    // reduce, not Math.min(...list): a spread of 100,000+ values overflows the call stack
+    const t0 = doc.nodes.reduce((m, n) => Math.min(m, startOf(n)), Infinity);
+    const span = Math.max(1, doc.nodes.reduce((m, n) => Math.max(m, endOf(n)), -Infinity) - t0);
     const fails = new Set((doc.failures || []).filter((f) => !f.recovered).map((f) => f.span_id));
     const onPath = new Set(path);
     const state = { selected: null };
