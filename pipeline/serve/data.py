@@ -96,9 +96,9 @@ class Store:
         names: Catalog = self.cache.get(state, "catalog", lambda: _catalog_of(self._cursor(state)))
         return names
 
-    def trace_ids(self) -> frozenset[str]:
+    def trace_ids(self, state: str | None = None) -> frozenset[str]:
         """The ids of every built trace (one column read per build state): an unknown id costs a set lookup."""
-        state = self.state()
+        state = state or self.state()
         ids: frozenset[str] = self.cache.get(state, "trace_ids", lambda: self._read_ids(state))
         return ids
 
@@ -161,7 +161,7 @@ class Store:
     def trace_json(self, trace_id: str) -> bytes:
         """``trace`` as the JSON body the API sends, cached per build state apart from whole-store results."""
         state = self.state()
-        if trace_id not in self.trace_ids():
+        if trace_id not in self.trace_ids(state):
             raise NotFound(f"trace {trace_id}: not built (run `tracedag build`, or wait for the idle time)")
         body: bytes = self.trace_cache.get(state, trace_id, lambda: encode.dumps(self._trace(trace_id)))
         return body
