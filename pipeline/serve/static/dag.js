@@ -135,27 +135,31 @@
     const hops = new Set();
     for (let i = 0; i + 1 < path.length; i++) hops.add(path[i] + ">" + path[i + 1]);
     for (const [key, el] of seen) {
-      const kinds = el.data.kind.split(",");
-      const c = [];
-      if (hops.has(key)) c.push("chain");
-      // a child -> parent dependency is drawn by the box; only a propagation hop draws it as an edge
-      if (kinds.every((k) => k === "parent") && !hops.has(key)) continue;
-      if (kinds.every((k) => k === "parent")) c.push("up");
-      // an edge that skips a column of its box arcs over the steps in between instead of crossing them
-      const a = tree.byId.get(el.data.source), b = tree.byId.get(el.data.target);
-      if (a.parent && a.parent === b.parent && Math.abs(b.col - a.col) > 1) {
-        c.push("arc");
-        el.data.cpd = -2 * (Math.abs(pos[el.data.source].y - pos[el.data.target].y) / 2 + LEAF_H);
-      }
-      if (hops.has(key) && kinds.every((k) => k === "parent")) {
-        // straight up from the child to its box's top border
-        const src = pos[el.data.source], dst = pos[el.data.target];
-        el.data.tep = `${(src.x - dst.x).toFixed(1)}px ${(-(dst.h || LEAF_H) / 2).toFixed(1)}px`;
-      }
-      el.classes = c.join(" ");
+      const parentOnly = el.data.kind.split(",").every((k) => k === "parent");
+      if (parentOnly && !hops.has(key)) continue; // a child -> parent dependency is drawn by the box
+      el.classes = edgeClasses(el, hops.has(key), parentOnly, tree, pos).join(" ");
       els.push(el);
     }
     return els;
+  }
+
+  // chain: on the propagation path; up: a path hop from a step to the box holding it (straight up
+  // from the step's top right corner, clear of both labels); arc: an edge skipping a column of its box
+  // bends over the steps in between instead of crossing them
+  function edgeClasses(el, onPath, parentOnly, tree, pos) {
+    const c = onPath ? ["chain"] : [];
+    const a = tree.byId.get(el.data.source), b = tree.byId.get(el.data.target);
+    const src = pos[el.data.source], dst = pos[el.data.target];
+    if (parentOnly) {
+      c.push("up");
+      const sw = (src.w || a.w) / 2 - 8, sh = (src.h || LEAF_H) / 2;
+      el.data.sep = `${sw.toFixed(1)}px ${(-sh).toFixed(1)}px`;
+      el.data.tep = `${(src.x + sw - dst.x).toFixed(1)}px ${(-(dst.h || LEAF_H) / 2).toFixed(1)}px`;
+    } else if (a.parent && a.parent === b.parent && Math.abs(b.col - a.col) > 1) {
+      c.push("arc");
+      el.data.cpd = -2 * (Math.abs(src.y - dst.y) / 2 + LEAF_H);
+    }
+    return c;
   }
 
   const STYLE = [
@@ -180,7 +184,7 @@
                                        "arrow-scale": 1.1, "z-index": 1000 } },
     { selector: "edge.arc", style: { "curve-style": "unbundled-bezier", "control-point-distances": "data(cpd)",
                                      "control-point-weights": 0.5 } },
-    { selector: "edge.up", style: { "curve-style": "straight", "target-endpoint": "data(tep)" } },
+    { selector: "edge.up", style: { "curve-style": "straight", "source-endpoint": "data(sep)", "target-endpoint": "data(tep)" } },
     { selector: "node:selected", style: { "overlay-opacity": 0.2, "overlay-color": "#1d64d8", "overlay-padding": 3 } },
   ];
 
@@ -191,7 +195,7 @@
     dagEl.style.flex = "";
     const W = dagEl.clientWidth;
     let zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, (W - 32) / bb.w));
-    if (bb.h * zoom + 32 < dagEl.clientHeight) dagEl.style.flex = `0 0 ${Math.max(Math.ceil(bb.h * zoom + 32), 180)}px`;
+    if (bb.h * zoom + 32 < dagEl.clientHeight) dagEl.style.flex = `0 0 ${Math.max(Math.ceil(bb.h * zoom + 32), 160)}px`;
     const H = dagEl.clientHeight;
     const fit = Math.min((W - 32) / bb.w, (H - 32) / bb.h);
     zoom = Math.min(MAX_ZOOM, Math.max(MIN_ZOOM, fit));
