@@ -45,7 +45,7 @@ DENIED_FUNCTIONS = frozenset({
     # configuration, environment, session state
     "current_setting", "getenv", "current_query", "current_query_id", "current_connection_id",
     "current_transaction_id", "txid_current", "version", "pg_conf_load_time", "in_search_path",
-    "has_database_privilege", "has_schema_privilege",
+    "has_database_privilege", "has_schema_privilege", "getvariable",
     # side effects: sequences, the log, waiting while holding a worker slot
     "nextval", "currval", "setval", "write_log", "sleep_ms", "pg_sleep",
     # SQL text that DuckDB would parse or run

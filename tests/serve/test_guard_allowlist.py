@@ -100,7 +100,8 @@ def test_every_named_query_passes_with_the_catalog_of_a_store_with_analysis_outp
 
 def test_denied_scalars_exist_in_duckdb_and_table_functions_are_never_scalars() -> None:
     for name, call in {"current_setting": "current_setting('threads')", "version": "version()",
-                       "nextval": "nextval('s')", "write_log": "write_log('x')"}.items():
+                       "nextval": "nextval('s')", "write_log": "write_log('x')",
+                       "getvariable": "getvariable('__tracedag_data')"}.items():
         assert name in DENIED_FUNCTIONS
         assert name in (refuse(f"select {call}") or ""), call
     assert "read_text" in (refuse("select read_text('/etc/passwd')") or "")
