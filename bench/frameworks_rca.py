@@ -9,7 +9,7 @@ process: ``before`` is ``--before`` (default: the commit before issue #30's work
 ``git archive``, ``after`` is this checkout. Prints, per framework and class, the conversations and
 how many each version names right, per strategy.
 
-    python bench/frameworks_rca.py [--before REV] [--frameworks smolagents,pydantic-ai,llama-index]
+    python bench/frameworks_rca.py [--before REV] [--frameworks smolagents,pydantic-ai,llama-index,strands]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> None:
     """Capture, measure both versions, print the tables."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default="bed8f32", help="git revision measured as 'before'")
-    ap.add_argument("--frameworks", default="smolagents,pydantic-ai,llama-index")
+    ap.add_argument("--frameworks", default="smolagents,pydantic-ai,llama-index,strands")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = export(args.before, Path(tmp))

@@ -10,6 +10,7 @@ Unknown dialects get ``step_type = 'other'`` and the span name without its volat
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -94,6 +95,7 @@ def agent_columns(base: pa.Table, reference: bool = False) -> Cols:
     sparse = pick_sparse(entries, TEXT_KEYS)
     msgs = with_prefixes(entries, MESSAGE_PREFIXES)  # the indexed message families
     out.update(_texts(sparse, entries, text.fill_reference if reference else text.fill, msgs))
+    out.update(_event_texts(base["events"], out))
     out["tool_call_id"] = _llm_call_ids(out, sparse, entries, msgs)
     out.update(_labels(a, res))
     out["conversation_id"] = inherit_by_trace(base, out["conversation_id"])
@@ -205,17 +207,47 @@ def _error_type(a: Cols, base: pa.Table) -> pa.Array:
 
 def exception_types(events: pa.ChunkedArray) -> pa.Array:
     """Per span, ``exception.type`` of its last ``exception`` event (null when none)."""
+    return event_attribute(events, "exception", "exception.type")
+
+
+def event_attribute(events: pa.ChunkedArray, event: str, key: str) -> pa.Array:
+    """Per span, attribute ``key`` of its last event named ``event`` (null when none)."""
     ev = single_chunk(events)
     offsets = np.asarray(ev.offsets, dtype=np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
     flat = ev.values.slice(start, stop - start)
     rows = np.repeat(np.arange(len(ev), dtype=np.int64), np.diff(offsets))
-    is_exc = true_mask(pc.equal(flat.field("name"), "exception"))
-    if not is_exc.any():
+    hit = true_mask(pc.equal(flat.field("name"), event))
+    if not hit.any():
         return pa.nulls(len(ev), pa.string())
-    attrs = flat.field("attributes").filter(pa.array(is_exc))
-    kinds = pc.map_lookup(attrs, "exception.type", "last")
-    return scatter(kinds, rows[is_exc], len(ev))
+    attrs = flat.field("attributes").filter(pa.array(hit))
+    values = pc.map_lookup(attrs, key, "last")
+    return scatter(values, rows[hit], len(ev))
+
+
+def _event_texts(events: pa.ChunkedArray, out: Cols) -> Cols:
+    """Texts only the deprecated per-message GenAI events carry (Strands' tool spans): a tool step's
+    arguments (``gen_ai.tool.message`` ``content``) and result (``gen_ai.choice`` ``message``, a list of
+    content blocks whose texts are joined), where no attribute gave them."""
+    tool = pc.fill_null(pc.equal(out["step_type"], "tool"), False)
+    args = pc.if_else(tool, event_attribute(events, "gen_ai.tool.message", "content"), _NULL)
+    result = pc.if_else(tool, event_attribute(events, "gen_ai.choice", "message"), _NULL)
+    result = text.reduce_column(result, _block_texts)
+    input_text, cut_in = text.cap(coalesce(out["input_text"], args))
+    output_text, cut_out = text.cap(coalesce(out["output_text"], result))
+    return {"input_text": input_text, "output_text": output_text,
+            "text_truncated": pc.or_(out["text_truncated"], pc.or_(cut_in, cut_out))}
+
+
+def _block_texts(value: str, loads: text.Loads = json.loads) -> str | None:
+    """The joined texts of a list of content blocks ``[{"text": ...}, ...]``; other values as they are."""
+    try:
+        doc = loads(value)
+    except ValueError:
+        return value
+    if isinstance(doc, list) and doc and all(isinstance(b, dict) and isinstance(b.get("text"), str) for b in doc):
+        return "\n".join(b["text"] for b in doc)
+    return value
 
 
 def _llm_call_ids(out: Cols, sp: dict[str, Sparse], entries: Entries, msgs: Entries) -> pa.Array:

@@ -37,9 +37,11 @@ VENVS = {
     "llama-index": PinnedVenv("llama-index-venv", HERE / "llama_index_requirements.txt", "llama-index-core",
                               "import llama_index.core.agent.workflow, llama_index.llms.openai, "
                               "openinference.instrumentation.llama_index"),
+    "strands": PinnedVenv("strands-venv", HERE / "strands_requirements.txt", "strands-agents",
+                          "import strands, strands.models.openai, opentelemetry.exporter.otlp.proto.http"),
 }
 SCRIPTS = {"smolagents": HERE / "smolagents_agent.py", "pydantic-ai": HERE / "pydantic_ai_agent.py",
-           "llama-index": HERE / "llama_index_agent.py"}
+           "llama-index": HERE / "llama_index_agent.py", "strands": HERE / "strands_agent.py"}
 
 Truth = tuple[int, str, int] | None
 Reply = tuple[int, dict[str, Any]]

@@ -150,5 +150,29 @@ def llama_index_scenarios() -> list[Scenario]:
     ]
 
 
+def strands_scenarios() -> list[Scenario]:
+    """The Strands conversations (a tool's exception goes back to the model as an error tool result)."""
+    return [_renamed(s, "strands", {LLX_LLM: "chat"}) for s in llama_index_scenarios()]
+
+
+def _renamed(s: Scenario, prefix: str, names: dict[str, str]) -> Scenario:
+    """``s`` for another framework whose agents run the same turns: its conversation id and truth renamed.
+
+    A tool's span is ``execute_tool <name>`` there: the truth names the tool the failing turn called
+    (the first call in turn 1, the last one in a later turn).
+    """
+    truth = s.truth
+    if truth is not None:
+        turn, name, k = truth
+        if name == LLX_TOOL:
+            called = [c["function"]["name"] for _, body in s.replies
+                      for c in body["choices"][0]["message"].get("tool_calls") or []]
+            name = f"execute_tool {called[0] if turn == 1 else called[-1]}"
+        else:
+            name = names[name]
+        truth = (turn, name, k)
+    return Scenario(s.conversation.replace("llx", prefix), s.klass, s.turns, s.replies, truth, s.options)
+
+
 BY_FRAMEWORK = {"smolagents": smolagents_scenarios, "pydantic-ai": pydantic_ai_scenarios,
-                "llama-index": llama_index_scenarios}
+                "llama-index": llama_index_scenarios, "strands": strands_scenarios}
