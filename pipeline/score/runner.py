@@ -37,6 +37,7 @@ from tracedag.pipeline.score import columnar, inputs, paramgen
 from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
+from tracedag.pipeline.score.materialize import MaterializeStats, materialize
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.scan import read_scan, with_input_texts
@@ -72,6 +73,7 @@ class ScoreStats:
     files: list[Path] = field(default_factory=list)
     engine: str = "local"  # where the rule pass ran: local | ray
     tasks: int = 0  # engine tasks run (one per trace-id bucket; 0: local)
+    materialized: MaterializeStats | None = None  # the named queries' results written for the traces scored
 
     def count_table(self, table: pa.Table, source: str, steps: int) -> None:
         """Add ``table`` (``STEP_SCORES_V1`` rows of ``source``, covering ``steps`` steps) to the counters."""
@@ -393,6 +395,19 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
                 score_judge(data, con, judge, stats, advance)
     finally:
         con.close()
+    _materialize(data, stats)
+
+
+def _materialize(data: Path, stats: ScoreStats) -> None:
+    """Write the named queries' results of the traces scored (``score.materialize``), inside the score lock.
+
+    A failure here loses nothing: the named queries compute from their SQL until a later round
+    materializes the traces left (they are the ones without a ``materialized_traces`` row).
+    """
+    try:
+        stats.materialized = materialize(data, stats.files)
+    except (duckdb.Error, OSError, pa.ArrowException):
+        logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
 
 
 def _connect(data: Path) -> duckdb.DuckDBPyConnection:

@@ -34,16 +34,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.store import materialized
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
 
 logger = logging.getLogger(__name__)
 
-TABLES = ("dag_nodes", "dag_edges", "step_scores", "traces")
+SCORED = ("step_scores", *(materialized.table_name(n) for n in materialized.SPECS), materialized.STATE)
+"""Tables the scorer writes: collected only while no scorer runs (its lock)."""
+TABLES = ("dag_nodes", "dag_edges", *SCORED, "traces")
 """Collected in this order: ``traces`` last, so that a crash never loses which builds are known."""
 
-PROTECTED = frozenset({"human.parquet"})
-"""``step_scores/human.parquet`` is rewritten in place by the label import: never merged away."""
+PROTECTED = frozenset({"human.parquet", f"{materialized.SCHEMA_STEM}.parquet"})
+"""``step_scores/human.parquet`` is rewritten in place by the label import: never merged away; a
+materialized table's ``schema.parquet`` (no rows) keeps its view in place."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tracedag import queries
+from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
@@ -121,7 +122,7 @@ def run_named(
         given[SINCE_PARAM] = str(since_to_ns(since))
     values = bind_params(doc, given)
     logger.info("query %s with %s", name, values)
-    return _execute(data, name, queries.load(name), values, Limits(threads, timeout))
+    return _execute(data, name, queries.load(name), values, Limits(threads, timeout, named=name))
 
 
 _NEEDS = re.compile(r"\b(spans|traces|dag_nodes|dag_edges|step_scores)\b")
@@ -150,6 +151,7 @@ class Limits:
     timeout: float | None = None
     read_only: bool = False
     macros: bool = False  # make the named queries the SQL calls table macros first
+    named: str | None = None  # the named query run: read its materialized rows when they answer it
 
 
 def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | None = None,
@@ -197,6 +199,9 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
     try:
         if limits.macros:
             create_query_macros(con, sql)
+        stored = materialized.named_statement(con, data, limits.named, values) if limits.named else None
+        if stored is not None:
+            sql, values = stored
         if limits.read_only:
             lock_down(con, data)
         with deadline(con, limits.timeout, label):

@@ -19,6 +19,7 @@ from tracedag.collector import faults
 from tracedag.pipeline.store.compact import exchange
 from tracedag.pipeline.store.gc import (
     PROTECTED,
+    SCORED,
     TABLES,
     GcSettings,
     GcStats,
@@ -45,13 +46,13 @@ def collect(data: Path, settings: GcSettings | None = None, compact: bool = Fals
     remove_staging(data)
     lv = liveness(data)
     for table in TABLES:
-        if table != "step_scores":
+        if table not in SCORED:
             collect_table(data, table, lv, cfg, compact, stats)
             continue
         with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.runner.score_lock)
             if free:
                 collect_table(data, table, lv, cfg, compact, stats)
-            else:
+            elif table_dir(data, table).is_dir():
                 stats.skipped.append(table)
     remove_staging(data)
     stats.seconds = round(time.perf_counter() - t0, 3)

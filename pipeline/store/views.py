@@ -24,6 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
+from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.gc import file_vanished
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
@@ -174,6 +175,17 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         )
     for name in queries.macro_files():
         con.execute(queries.load(name))
+    con.execute(f"set variable {DATA_VARIABLE} = ?", [str(data)])
+
+
+DATA_VARIABLE = "__tracedag_data"
+"""A DuckDB variable on every ``connect`` connection: its store (``create_query_macros`` checks it is fresh)."""
+
+
+def data_of(con: duckdb.DuckDBPyConnection) -> Path | None:
+    """The store ``con`` was made over by ``connect`` (None: another connection)."""
+    value = con.execute(f"select getvariable('{DATA_VARIABLE}')").fetchall()[0][0]
+    return None if value is None else Path(str(value))
 
 
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist")
@@ -223,10 +235,24 @@ def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) 
     names = queries.names() if sql is None else mentioned_queries(sql)
     made = _MADE.setdefault(con, {})
     done: list[str] = []
+    fresh: list[str] = []
     for name in names:
         if not made.get(name, False):
             done += _create_query_macro(con, name, name in made)
             made[name] = True
+            fresh.append(name)
+    return done + _read_materialized(con, fresh)
+
+
+def _read_materialized(con: duckdb.DuckDBPyConnection, made: list[str]) -> list[str]:
+    """Switch the macros just made of materialized queries to their stored rows when the store is fresh."""
+    todo = [n for n in made if n in materialized.SPECS]
+    data = data_of(con) if todo else None
+    if data is None or not materialized.fresh(con, data):
+        return []
+    done = [sql for n in todo for sql in materialized.switch_statements(n)]
+    for sql in done:
+        con.execute(sql)
     return done
 
 

@@ -1,0 +1,147 @@
+"""Materialize at score time: the named queries' default results of the traces just scored, as tables.
+
+After a ``score_store`` run (and each live round's), the traces whose latest build has no
+``materialized_traces`` row yet, and those that got score rows in this run, are taken with every
+other trace of their conversations (a later turn changes the earlier turns' ``turn_index`` and the
+conversation's root cause). On a connection whose ``traces`` view holds only those traces, each
+materialized named query runs with its default parameters (``root_causes`` per trace and per
+conversation), exactly as ``tracedag query`` would run it; its rows are written to
+``tables/materialized_<query>/`` with the trace's ``build_id`` and the round, then one
+``materialized_traces`` row per trace makes the round visible (``store.materialized`` reads them).
+When the human labels changed since the newest round, every trace is materialized again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracedag import queries
+from tracedag.pipeline.store import materialized as mat
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.pipeline.store.querying import bind_params, to_arrow
+from tracedag.pipeline.store.views import _LATEST, connect
+from tracedag.schemas.layout import table_dir
+
+logger = logging.getLogger(__name__)
+
+SCOPE = "__tracedag_mat_scope"
+
+_TRACES_SQL = f"""
+select t.trace_id, t.build_id, coalesce(t.conversation_id, t.trace_id) as conversation_key,
+       cast(? as bigint) as mat_round, cast(? as varchar) as labels_signature
+from traces t
+where coalesce(t.conversation_id, t.trace_id) in (
+    select coalesce(conversation_id, trace_id) from traces where trace_id in (select trace_id from {SCOPE}))
+"""
+
+_PENDING_SQL = f"""
+select t.trace_id from traces t
+where not exists (select 1 from {mat.STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)
+"""
+
+
+@dataclass
+class MaterializeStats:
+    """What one materialization round wrote."""
+
+    traces: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    full: bool = False  # every trace (the human labels changed, or the first round)
+
+
+def materialize(data: Path, scored_files: list[Path]) -> MaterializeStats:
+    """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet."""
+    t0 = time.perf_counter()
+    stats = MaterializeStats()
+    con = connect(data)
+    try:
+        con.execute("set enable_progress_bar = false")
+        signature = mat.labels_signature(data)
+        stats.full = _labels_changed(con, signature)
+        scope = None if stats.full else _scope(con, scored_files)
+        if scope is not None and scope.num_rows == 0:
+            return stats
+        stats.traces = _run_round(con, data, scope, signature, stats)
+    finally:
+        con.close()
+    stats.seconds = round(time.perf_counter() - t0, 3)
+    logger.info("materialized %d traces in %.2fs (%s)", stats.traces, stats.seconds, stats.rows)
+    return stats
+
+
+def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("select count(*) from duckdb_views() where view_name = ?", [name]).fetchall()[0][0])
+
+
+def _labels_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
+    """Whether no round is stored yet or the newest one saw other human labels (then: every trace)."""
+    if not _has_view(con, mat.STATE):
+        return True
+    row = con.execute(f"select arg_max(labels_signature, mat_round) from {mat.STATE}").fetchall()[0]
+    return str(row[0] or "") != signature
+
+
+def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table:
+    """The trace ids scored in ``scored_files`` and those whose latest build is not materialized."""
+    ids = [pq.read_table(f, columns=["trace_id"]).column("trace_id") for f in scored_files if f.exists()]
+    pending = to_arrow(con.sql(_PENDING_SQL)).column("trace_id")
+    chunks = [c for col in [*ids, pending] for c in col.chunks]
+    column = pa.chunked_array(chunks, pa.string()) if chunks else pa.chunked_array([], pa.string())
+    return pa.table({"trace_id": column}).group_by("trace_id").aggregate([])
+
+
+def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | None, signature: str,
+               stats: MaterializeStats) -> int:
+    """Restrict ``traces`` to the scope's conversations, write every result, then the state rows."""
+    restrict = True
+    round_ns = time.time_ns()
+    if scope is None:  # every trace: the views stay as they are
+        scope = to_arrow(con.sql("select trace_id from traces"))
+        restrict = False
+    con.register(SCOPE, scope)
+    state = to_arrow(con.sql(_TRACES_SQL, params=[round_ns, signature]))
+    if restrict:
+        con.register(SCOPE + "_all", state.select(["trace_id"]))
+        con.execute(f"create or replace view traces as select * from ({_LATEST['traces']}) "
+                    f"where trace_id in (select trace_id from {SCOPE}_all)")
+    builds = state.select(["trace_id", "build_id"])
+    con.register("__tracedag_mat_builds", builds)
+    for name, spec in mat.SPECS.items():
+        for per in spec.pers or (None,):
+            stats.rows[_label(name, per)] = _write_result(con, data, name, per, round_ns)
+    write_parquet_atomic(state, table_dir(data, mat.STATE))
+    return int(state.num_rows)
+
+
+def _label(name: str, per: str | None) -> str:
+    return name if per is None else f"{name} per={per}"
+
+
+def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: str | None, round_ns: int) -> int:
+    """Run ``name`` with its defaults (and ``per``) over the restricted views; write its rows; return how many."""
+    given = {} if per is None else {"per": per}
+    values = bind_params(queries.describe(name), given)
+    extra = f", cast('{per}' as varchar) as per" if per is not None else ""
+    sql = (f"select r.*, b.build_id, cast({round_ns} as bigint) as mat_round{extra} "
+           f"from ({queries.load(name).strip().rstrip(';')}) r join __tracedag_mat_builds b using (trace_id)")
+    rows = to_arrow(con.sql(sql, params=values))
+    directory = table_dir(data, mat.table_name(name))
+    if not (directory / f"{mat.SCHEMA_STEM}.parquet").exists():
+        write_parquet_atomic(rows.schema.empty_table(), directory, stem=mat.SCHEMA_STEM)
+    if rows.num_rows:
+        write_parquet_atomic(rows, directory)
+    return int(rows.num_rows)
+
+
+def materialized_tables() -> list[str]:
+    """Every table directory materialization writes (results, then the state)."""
+    return [*(mat.table_name(n) for n in mat.SPECS), mat.STATE]
+

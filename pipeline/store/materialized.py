@@ -1,0 +1,209 @@
+"""Reading the named queries' results materialized at score time (``tracedag.pipeline.score.materialize``).
+
+The scorer writes, per round, the rows ``failures``, ``propagation``, ``root_causes`` (greedy, per
+trace and per conversation), ``workflow_scores`` and ``trace_summary`` give with their default
+parameters for the traces it scored (whole conversations), into ``tables/materialized_<query>/``,
+then one ``materialized_traces`` row per trace (trace, build, round, conversation). A result row
+counts when its ``(trace_id, mat_round)`` is the newest round of its trace's latest build; rows of
+an older round or build are dead weight for the garbage collector.
+
+A named query reads these rows instead of running its SQL when its parameters are the materialized
+ones (``since_ns`` and ``trace_id`` may be anything for the per-trace rows: they only pick traces)
+and the store is *fresh*: every latest build has a ``materialized_traces`` row, and the human
+labels are those the newest round saw (``labels_signature``). Otherwise the SQL runs: its
+definitions stay the reference, and a test checks that both give the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from tracedag import queries
+from tracedag.pipeline.store.files import parquet_files
+from tracedag.queries import macros
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "materialized_"
+STATE = "materialized_traces"
+SCHEMA_STEM = "schema"
+"""``<table>/schema.parquet``: the table's columns without rows, so its view exists while no round
+has rows for it (a store without failures); the garbage collector keeps it (``gc.PROTECTED``)."""
+HIDDEN = ("build_id", "mat_round", "per")
+"""Columns a materialized table adds to its query's: the trace's build, the round, root_causes' per."""
+FREE = ("since_ns", "trace_id")
+"""Parameters that only pick traces: any value reads the per-trace rows."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How a named query's materialized rows are read: its ORDER BY, and the ``per`` values stored."""
+
+    order: str
+    pers: tuple[str, ...] = ()
+
+
+SPECS: dict[str, Spec] = {
+    "failures": Spec("start_time_unix_nano, trace_id, span_id"),
+    "propagation": Spec("trace_id, start_time_unix_nano, span_id", ("trace",)),
+    "root_causes": Spec("trace_id, failed_span_id", ("trace", "conversation")),
+    "workflow_scores": Spec("start_time_unix_nano, trace_id"),
+    "trace_summary": Spec("start_time_unix_nano, trace_id"),
+}
+
+
+def table_name(name: str) -> str:
+    """The derived table holding the materialized rows of the named query ``name``."""
+    return PREFIX + name
+
+
+def defaults(name: str) -> dict[str, str]:
+    """The header defaults of ``name``'s parameters: the values it is materialized with."""
+    return {p.name: p.default for p in queries.describe(name).params}
+
+
+def _same(value: object, default: str, kind: str) -> bool:
+    if value is None:
+        return False
+    if kind in ("double", "bigint", "integer"):
+        try:
+            return float(str(value)) == float(default)
+        except ValueError:
+            return False
+    return str(value) == default
+
+
+def matches(name: str, values: dict[str, object]) -> bool:
+    """Whether the parameter ``values`` of ``name`` are ones its materialized rows answer."""
+    spec = SPECS.get(name)
+    if spec is None:
+        return False
+    doc = queries.describe(name)
+    per = values.get("per")
+    if spec.pers and per not in spec.pers:
+        return False
+    whole = per == "conversation"  # conversation rows are materialized for the whole store only
+    for p in doc.params:
+        if p.name == "per" or (p.name in FREE and not whole):
+            continue
+        if not _same(values.get(p.name), p.default, p.type):
+            return False
+    return True
+
+
+def has_rounds(data: Path) -> bool:
+    """Whether any materialization round was written to ``data``."""
+    return bool(parquet_files(data, STATE))
+
+
+def labels_signature(data: Path) -> str:
+    """What identifies the human labels now (``step_scores/human.parquet``: size and mtime; '' for none)."""
+    parts = []
+    for f in parquet_files(data, "step_scores"):
+        if f.name.endswith("human.parquet"):
+            try:
+                st = f.stat()
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+            except OSError:  # listed in a store, not here: its name is all a reader knows
+                parts.append(f.name)
+    return ";".join(parts)
+
+
+_STALE_SQL = f"""
+select (select count(*) from traces t
+        where not exists (select 1 from {STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)),
+       (select arg_max(labels_signature, mat_round) from {STATE})
+"""
+
+
+def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
+    """Whether ``con``'s store has every named query's materialized rows, current for every trace."""
+    have = {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
+    if not {STATE, *(table_name(n) for n in SPECS)} <= have:
+        return False
+    row = con.execute(_STALE_SQL).fetchall()[0]
+    if int(row[0]) > 0:
+        return False
+    return str(row[1] or "") == labels_signature(data)
+
+
+def reader_sql(name: str) -> str:
+    """SQL reading ``name``'s current materialized rows; it binds ``$since_ns``, ``$trace_id`` (and ``$per``)."""
+    spec = SPECS[name]
+    hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
+    per = "and x.per = cast($per as varchar)" if spec.pers else ""
+    return f"""
+with cur as (
+    select m.trace_id, max(m.mat_round) as mat_round
+    from {STATE} m semi join traces t on t.trace_id = m.trace_id and t.build_id = m.build_id
+    group by m.trace_id
+)
+select x.* exclude ({hidden})
+from {table_name(name)} x
+join cur c on c.trace_id = x.trace_id and c.mat_round = x.mat_round
+where x.trace_id in (select trace_id from trace_window($since_ns, $trace_id)) {per}
+order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
+"""
+
+
+def reader_values(name: str, values: dict[str, object]) -> dict[str, object]:
+    """The parameters ``reader_sql(name)`` binds, from the query's ``values``."""
+    used = ("since_ns", "trace_id", "per") if SPECS[name].pers else FREE
+    return {k: values[k] for k in used}
+
+
+def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str,
+                    values: dict[str, object]) -> tuple[str, dict[str, object]] | None:
+    """The statement and values that answer ``name`` from materialized rows, or None (run its SQL)."""
+    if not matches(name, values) or not fresh(con, data):
+        return None
+    logger.info("query %s: reading its materialized rows", name)
+    return reader_sql(name), reader_values(name, values)
+
+
+def _condition(name: str) -> str:
+    """SQL over the body macro's parameters: true when they are ones the materialized rows answer."""
+    doc = queries.describe(name)
+    p = {q.name: macros.PARAM_PREFIX + q.name for q in doc.params}
+    fixed = [f"cast({p[q.name]} as {q.type}) is not distinct from {_literal(q)}"
+             for q in doc.params if q.name not in FREE and q.name != "per"]
+    whole = [f"cast({p[k]} as {t}) = {v}" for k, t, v in (("since_ns", "bigint", "0"), ("trace_id", "varchar", "''"))]
+    pers = SPECS[name].pers
+    if pers:
+        trace = f"cast({p['per']} as varchar) = 'trace'"
+        per = f"({trace} or (cast({p['per']} as varchar) = 'conversation' and {' and '.join(whole)}))" \
+            if "conversation" in pers else trace
+        fixed.append(per)
+    return " and ".join(fixed) or "true"
+
+
+def _literal(param: queries.Param) -> str:
+    if param.type == "varchar":
+        return "'" + str(param.default).replace("'", "''") + "'"
+    return f"cast({param.default} as {param.type})"
+
+
+SOURCE_PREFIX = "__tracedag_s_"
+
+
+def switch_statements(name: str) -> list[str]:
+    """Make ``name``'s body macro read the materialized rows when its arguments match (else its SQL).
+
+    The original body becomes ``__tracedag_s_<name>``; DuckDB folds the constant condition while
+    planning, so only one branch runs.
+    """
+    macro = macros.build(name)
+    inner = macros.inner_name(name)
+    source = SOURCE_PREFIX + name
+    params = ", ".join(macros.PARAM_PREFIX + u for u in queries.describe(name).used)
+    body = macro.body.replace(f"macro {inner}(", f"macro {source}(", 1)
+    reader = macros.rename_params(reader_sql(name))
+    cond = _condition(name)
+    switch = (f"create or replace macro {inner}({params}) as table\n"
+              f"select * from ({reader}) where {cond}\n"
+              f"union all\nselect * from {source}({params}) where not ({cond})")
+    return [body, switch]

@@ -1,0 +1,170 @@
+"""Materialized named queries (issue 31): the rows stored at score time equal the SQL's.
+
+The SQL definitions are the reference: on a copy of every fixture store (the query and RCA
+fixtures, the demo's store) and after incremental build+score rounds, each materialized query read
+through ``tracedag query`` (``run_named``) and through its table macro gives exactly the rows, in
+order, that its SQL gives over the same store with the same parameters.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.score.score_support import StoreBuilder, span
+from tracedag import queries
+from tracedag.pipeline.cli import cli
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score.materialize import materialize
+from tracedag.pipeline.score.runner import score_store
+from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.querying import bind_params, run_named, to_arrow
+from tracedag.pipeline.store.views import connect, create_query_macros
+
+CASES = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
+         ("workflow_scores", {}), ("trace_summary", {})]
+
+
+def _exact(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Rows with doubles rounded to 12 significant digits: DuckDB sums in parallel, so a weighted mean
+    (workflow_score) may differ in its last bits between two runs of the very same SQL."""
+    return [{k: float(f"{v:.12g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def _reference(data: Path, name: str, given: dict[str, str]) -> list[dict[str, object]]:
+    """The rows of the query's SQL text itself, run on a plain connection (never the stored rows)."""
+    con = connect(data)
+    try:
+        values = bind_params(queries.describe(name), given)
+        return _exact(to_arrow(con.sql(queries.load(name), params=values)).to_pylist())
+    finally:
+        con.close()
+
+
+def _macro(data: Path, name: str, given: dict[str, str]) -> list[dict[str, object]]:
+    args = ", ".join(f"{k} := '{v}'" for k, v in given.items())
+    sql = f"select * from {name}({args})"
+    con = connect(data)
+    try:
+        create_query_macros(con, sql)
+        return _exact(to_arrow(con.sql(sql)).to_pylist())
+    finally:
+        con.close()
+
+
+def _reads_stored(data: Path, name: str, given: dict[str, str]) -> bool:
+    con = connect(data)
+    try:
+        values = bind_params(queries.describe(name), given)
+        return materialized.named_statement(con, data, name, values) is not None
+    finally:
+        con.close()
+
+
+def assert_materialized_equal(data: Path, expect_rows: bool = True) -> int:
+    """Every case: ``run_named`` and the macro read stored rows, and they equal the SQL's; return the rows."""
+    total = 0
+    for name, given in CASES:
+        assert _reads_stored(data, name, given), f"{name} {given} does not read its materialized rows"
+        want = _reference(data, name, given)
+        assert _exact(run_named(data, name, given).to_pylist()) == want, f"{name} {given}"
+        assert _macro(data, name, given) == want, f"{name}() {given}"
+        total += len(want)
+    if expect_rows:
+        assert total > 0
+    return total
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("fixture", ["query_store", "rca_store"])
+def test_fixture_stores_materialized_rows_equal_the_sql(fixture: str, request: pytest.FixtureRequest,
+                                                        tmp_path: Path) -> None:
+    data = _copy(request.getfixturevalue(fixture), tmp_path)
+    assert not _reads_stored(data, "failures", {})  # nothing materialized yet: the SQL answers
+    stats = materialize(data, [])
+    assert stats.full and stats.traces > 0
+    assert_materialized_equal(data)
+
+
+def test_demo_store_is_materialized_by_its_scoring_and_equals_the_sql(tmp_path: Path) -> None:
+    data = tmp_path / "demo"
+    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
+    assert done.exit_code == 0, done.output
+    assert materialized.has_rounds(data)
+    assert_materialized_equal(data)
+
+
+def test_other_parameters_compute_from_the_sql(query_store: Path, tmp_path: Path) -> None:
+    data = _copy(query_store, tmp_path)
+    materialize(data, [])
+    for name, given in [("failures", {"fail_threshold": "1.5"}), ("root_causes", {"strategy": "weighted"}),
+                        ("root_causes", {"per": "step"}), ("propagation", {"per": "conversation"}),
+                        ("trace_summary", {"pass_threshold": "4.5"})]:
+        assert not _reads_stored(data, name, given)
+        want = _reference(data, name, given)
+        assert _exact(run_named(data, name, given).to_pylist()) == want
+        assert _macro(data, name, given) == want
+
+
+def test_one_trace_and_a_time_window_read_the_stored_rows(query_store: Path, tmp_path: Path) -> None:
+    data = _copy(query_store, tmp_path)
+    materialize(data, [])
+    for name in ("failures", "root_causes", "trace_summary"):
+        for given in ({"trace_id": "t2-converge"}, {"since_ns": "1000"}, {"trace_id": "no-such-trace"}):
+            assert _reads_stored(data, name, given)
+            want = _reference(data, name, given)
+            assert _exact(run_named(data, name, given).to_pylist()) == want
+            assert _macro(data, name, given) == want
+
+
+def test_changed_human_labels_make_the_store_stale_until_the_next_round(query_store: Path, tmp_path: Path) -> None:
+    data = _copy(query_store, tmp_path)
+    materialize(data, [])
+    human = data / "tables" / "step_scores" / "human.parquet"
+    shutil.copy(next((data / "tables" / "step_scores").glob("*.parquet")), human)
+    assert not _reads_stored(data, "failures", {})
+    assert materialize(data, []).full
+    assert_materialized_equal(data)
+
+
+def _turn(trace: str, conversation: str, start: int, failing: str) -> list[dict[str, object]]:
+    """An agent turn: a root, a tool that errors (a failure the rules score 1) and the answer."""
+    base = {"conversation_id": conversation, "received_unix_nano": start}
+    root = span(trace, f"{trace}-r", None, step_type="agent", step_name="agent", start_time_unix_nano=start,
+                end_time_unix_nano=start + 100, duration_ns=100, **base)
+    tool = span(trace, f"{trace}-t", f"{trace}-r", step_type="tool", step_name=failing, status_code=2,
+                error_type="ToolError", status_message="tool broke", start_time_unix_nano=start + 10,
+                end_time_unix_nano=start + 20, duration_ns=10, **base)
+    llm = span(trace, f"{trace}-l", f"{trace}-r", step_type="llm", step_name="answer", start_time_unix_nano=start + 30,
+               end_time_unix_nano=start + 40, duration_ns=10, **base)
+    return [root, tool, llm]
+
+
+def test_incremental_rounds_recompute_the_conversation_a_later_turn_joins(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans(_turn("a1", "conv-1", 1_000_000, "search") + _turn("x1", "conv-2", 2_000_000, "fetch"))
+    build_store(data, idle_seconds=0)
+    first = score_store(data)
+    assert first.materialized is not None and first.materialized.full
+    assert_materialized_equal(data)
+    # round 2: a later turn of conv-1 (and an earlier one, arriving late) change conv-1's rows
+    b.spans(_turn("a2", "conv-1", 3_000_000, "lookup") + _turn("a0", "conv-1", 500_000, "plan"))
+    build_store(data, idle_seconds=0)
+    assert not _reads_stored(data, "root_causes", {})  # built, not scored: the SQL answers
+    second = score_store(data)
+    assert second.materialized is not None and not second.materialized.full
+    assert second.materialized.traces == 3  # conv-1 whole (a0, a1, a2), not conv-2
+    assert_materialized_equal(data)
+    turns = {r["trace_id"]: r["turn_index"] for r in run_named(data, "root_causes", {}).to_pylist()}
+    assert turns == {"a0": 1, "a1": 2, "a2": 3, "x1": 1}
+    conv = run_named(data, "root_causes", {"per": "conversation"}).to_pylist()
+    assert sorted(r["trace_id"] for r in conv) == ["a2", "x1"]
