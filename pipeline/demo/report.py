@@ -232,6 +232,7 @@ def print_demo(console: Console, result: DemoResult) -> None:
         console.print(propagation_line(result), soft_wrap=True)
         if "root_causes_conversation" in result.tables:
             console.print(attribution_line(result), soft_wrap=True, highlight=False)
+        console.print(macros_line(result), soft_wrap=True, highlight=False, markup=False)
         if "step_roles" in result.tables:
             console.print(roles_line(result), soft_wrap=True, highlight=False)
         console.print(amplification_table(result))
@@ -301,7 +302,23 @@ def semantic_merge_line(result: DemoResult) -> str:
     return ("structural validation, semantic merge: off in the demo (no LLM); steps named differently for the same "
             "action (check_availability / availability_check) merge when the judge's LLM is confident (set "
             "TRACEDAG_JUDGE_MODEL, and TRACEDAG_JUDGE_BASE_URL for an OpenAI-compatible server); try: "
-            f"tracedag validate learn --data {shlex.quote(str(result.data))} --merge semantic --out model.json")
+            f"tracedag validate learn --data {shlex.quote(str(result.data))} --agent {_design_agent()} "
+            "--merge semantic --out model.json")
+
+
+def _design_agent() -> str:
+    """The designed (constrained) agent's name: validation learns one agent's essential states."""
+    from tracedag.pipeline.demo.agent import booking_graph
+    from tracedag.pipeline.demo.stages import DESIGN_VARIANT
+
+    return str(booking_graph.agent_name(DESIGN_VARIANT))
+
+
+def macros_line(result: DemoResult) -> str:
+    """One line: every named query is also a table macro, composable in any SQL, and a statement to try."""
+    statement = "select root_step_name, count(*) as conversations from root_causes(per := 'conversation') group by 1"
+    return ("SQL composes: every named query is a table macro (tracedag queries lists them with their parameters); "
+            f"try: tracedag sql --data {shlex.quote(str(result.data))} \"{statement}\"")
 
 
 def validation_line(result: DemoResult) -> str:
