@@ -70,9 +70,9 @@ def run(data: Path, request: dict[str, Any], out: BinaryIO, con: duckdb.DuckDBPy
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         if con is None:  # a fresh plan: the views list the files there are now
             con = connect(data, threads=int(request.get("threads", 1)))
-            create_query_macros(con, str(request["sql"]))
         try:
             _limits(con, request, str(request["spill"]))
+            create_query_macros(con, str(request["sql"]))  # the named queries it calls (the spare declared them)
             lock_down(con, data)
             reader = con.sql(str(request["sql"])).to_arrow_reader(BATCH_ROWS)
             written = write_answer(reader, str(request.get("format", "json")), bounds, sink)
@@ -129,12 +129,12 @@ class _Spare:
     def __init__(self, data: Path) -> None:
         self.data = data
         self.state = state_key(data)
-        self.con: duckdb.DuckDBPyConnection = connect(data)
+        self.con: duckdb.DuckDBPyConnection = connect(data, declare_macros=True)
 
     def fresh(self) -> duckdb.DuckDBPyConnection:
         if state_key(self.data) != self.state:
             self.con.close()
-            self.state, self.con = state_key(self.data), connect(self.data)
+            self.state, self.con = state_key(self.data), connect(self.data, declare_macros=True)
         return self.con
 
 
@@ -143,9 +143,7 @@ def _next_checked(spare: _Spare) -> dict[str, Any] | None:
     for line in sys.stdin.buffer:
         request: dict[str, Any] = json.loads(line)
         try:
-            con = spare.fresh()
-            create_query_macros(con, str(request["sql"]))  # the named queries it calls, as table macros
-            names = catalog(con)  # the views and macros of this store
+            names = catalog(spare.fresh())  # the views and macros of this store
             _say(CHECKING)
             check(str(request["sql"]), names)
         except QueryFailed as e:
