@@ -37,6 +37,7 @@ from tracedag.schemas.tables import (
     DAG_NODES_V1,
     EVALUATIONS_V1,
     HUMAN_LABELS_V1,
+    ROOT_CAUSE_CHECKS_V1,
     STEP_SCORES_V1,
     TRACES_V1,
     VALIDATIONS_V1,
@@ -51,6 +52,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "step_scores": STEP_SCORES_V1,
     "human_labels": HUMAN_LABELS_V1,
     "validations": VALIDATIONS_V1,
+    "root_cause_checks": ROOT_CAUSE_CHECKS_V1,  # tracedag confirm; empty until a check ran
 }
 
 logger = logging.getLogger(__name__)
@@ -66,9 +68,14 @@ _LATEST = {
                  rows between unbounded preceding and unbounded following)) as conversation_id)
         from spans_all
     """,
-    # arg_max over a group-by is several times cheaper than a row_number() window here.
+    # The latest build of each trace by arg_max over a group-by (several times cheaper than a
+    # row_number() window), joined back: a filter on trace_id then reaches both scans of traces_all
+    # (an unnest of the arg_max row hid it from the optimizer: one trace's lookup read every row).
     "traces": """
-        select unnest(arg_max(t, (t.built_unix_nano, t.build_id))) from traces_all t group by t.trace_id
+        select t.* from traces_all t
+        semi join (select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id
+                   from traces_all group by trace_id) l
+            on l.trace_id = t.trace_id and l.build_id = t.build_id
     """,
     "dag_nodes": "select n.* from dag_nodes_all n semi join traces t on n.trace_id = t.trace_id and n.build_id = t.build_id",
     "dag_edges": "select e.* from dag_edges_all e semi join traces t on e.trace_id = t.trace_id and e.build_id = t.build_id",

@@ -1,0 +1,130 @@
+"""Benchmark (#31 traces by id): one trace's first view and an unknown id, on the same store laid out two ways.
+
+On a bench store (``bench/queries.py`` makes one: ``/tmp/tracedag-bench-queries/spans-N``), two copies
+of its build tables (``traces``, ``dag_nodes``, ``dag_edges``) are measured in the same run:
+
+- *unsorted*: the rows in the order a build wrote them before #31, row groups of 64k rows;
+- *sorted*: as ``build._write`` writes them now: sorted by trace id (``build.by_trace``), row groups of
+  ``build.TRACE_ROW_GROUP`` rows, so DuckDB skips every row group whose statistics do not hold the id.
+
+The other tables are hard links to the same files. For ``--traces`` traces picked at random, alternately
+on both copies: ``tracedag show``'s reads (``dag.show.load_shown``: the trace, its nodes, its root cause
+and path, on a connection of its own) and serve's first view of a trace (``serve.data.Store.trace_json``
+on a warmed ``Store``: nothing of that trace cached); and ``--unknown`` unknown ids on the warmed Store.
+Each figure is the median over the traces. The ``traces`` view's lookup of one id (connect included) is
+timed alone too, beside the view before #31 (an unnest of an arg_max row: the filter never reached the scan).
+
+    python bench/trace_by_id.py --data /tmp/tracedag-bench-queries/spans-1000000 --traces 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tracedag.pipeline.dag.build import TRACE_ROW_GROUP, by_trace
+from tracedag.pipeline.dag.show import load_shown
+from tracedag.pipeline.serve.data import Store
+from tracedag.pipeline.store.views import connect
+
+BUILD_TABLES = ("traces", "dag_nodes", "dag_edges")
+
+
+def _copy(src: Path, dst: Path, sort: bool) -> None:
+    """``dst``: ``src`` with its build tables rewritten (sorted or not), every other file hard-linked."""
+    if dst.exists():
+        return
+    for f in src.rglob("*"):
+        out = dst / f.relative_to(src)
+        if f.is_dir():
+            out.mkdir(parents=True, exist_ok=True)
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table = f.relative_to(src).parts[1] if f.relative_to(src).parts[0] == "tables" else ""
+        if table not in BUILD_TABLES or f.suffix != ".parquet":
+            os.link(f, out)
+            continue
+        rows = pq.read_table(f)
+        meta = pq.read_schema(f).metadata
+        rows = (by_trace(rows) if sort else rows).replace_schema_metadata(meta)
+        pq.write_table(rows, out, compression="zstd", row_group_size=TRACE_ROW_GROUP if sort else 64 * 1024)
+
+
+def _seconds(fn: Callable[..., object], *args: object) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def _unknown(store: Store) -> None:
+    try:
+        store.trace_json(uuid.uuid4().hex)
+    except Exception as e:  # the 404 of an unknown id is what is timed
+        if type(e).__name__ != "NotFound":
+            raise
+
+
+OLD_TRACES_VIEW = "select unnest(arg_max(t, (t.built_unix_nano, t.build_id))) from traces_all t group by t.trace_id"
+"""The ``traces`` view before #31: the filter on trace_id did not reach the scan of traces_all."""
+
+
+def _lookup(data: Path, trace_id: str, view: str = "traces") -> None:
+    con = connect(data)
+    try:
+        con.execute(f"create or replace view traces_before_31 as {OLD_TRACES_VIEW}")
+        con.execute(f"select * from {view} where trace_id = ?", [trace_id]).fetchall()
+    finally:
+        con.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Copy the store both ways, time the reads of one trace on each, print medians and ratios."""
+    ap = argparse.ArgumentParser(description="#31 one trace by id: sorted build files vs unsorted")
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--traces", type=int, default=9)
+    ap.add_argument("--unknown", type=int, default=50)
+    ap.add_argument("--dir", type=Path, default=None, help="where the two copies go (default: beside --data)")
+    args = ap.parse_args(argv)
+    base = args.dir or args.data.parent
+    stores = {"unsorted": base / f"{args.data.name}-unsorted", "sorted": base / f"{args.data.name}-sorted"}
+    for label, path in stores.items():
+        _copy(args.data, path, sort=label == "sorted")
+    con = connect(args.data)
+    ids = [str(r[0]) for r in con.execute("select trace_id from traces").fetchall()]
+    spans = con.execute("select count(*) from spans").fetchall()[0][0]
+    con.close()
+    picked = random.Random(31).sample(ids, args.traces)
+    servers = {label: Store(path) for label, path in stores.items()}
+    for s in servers.values():
+        s.trace_ids()  # warmed: its connection and id set are made
+    times: dict[str, dict[str, list[float]]] = {k: {"show": [], "serve first view": [], "traces lookup": [],
+                                                    "traces lookup, view before #31": [], "unknown id": []} for k in stores}
+    for i, tid in enumerate(picked):
+        for label in (list(stores) if i % 2 == 0 else list(reversed(stores))):
+            t = times[label]
+            t["show"].append(_seconds(load_shown, stores[label], tid))
+            t["serve first view"].append(_seconds(servers[label].trace_json, tid))
+            t["traces lookup"].append(_seconds(_lookup, stores[label], tid))
+            t["traces lookup, view before #31"].append(
+                _seconds(_lookup, stores[label], tid, "traces_before_31"))
+    for label, store in servers.items():
+        times[label]["unknown id"] = [_seconds(_unknown, store) for _ in range(args.unknown)]
+    print(f"{spans} spans, {len(ids)} traces, {args.traces} traces, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'read':<32}{'unsorted ms':>14}{'sorted ms':>12}{'ratio':>8}")
+    for what in times["sorted"]:
+        before, after = (statistics.median(times[k][what]) * 1000 for k in ("unsorted", "sorted"))
+        print(f"{what:<32}{before:>14.1f}{after:>12.1f}{after / before:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
