@@ -3,8 +3,8 @@
 The conversations of ``tests/frameworks/fw_scenarios.py`` are captured once per framework from REAL
 runs (the framework and its own OpenTelemetry instrumentation in a pinned venv, a scripted
 OpenAI-compatible model on 127.0.0.1, the OTel SDK's OTLP/HTTP exporter, a real ``tracedag
-collect``: ``tests/frameworks/fw_capture.py``). The same spans are then built, scored and queried
-(``root_causes per=conversation``, every strategy) in a fresh store by each code version, in a child
+collect``: ``tests/frameworks/fw_capture.py``). The same spans are then normalized again, built,
+scored and queried (``root_causes per=conversation``, every strategy) in a fresh store by each code version, in a child
 process: ``before`` is ``--before`` (default: the commit before issue #30's work) exported with
 ``git archive``, ``after`` is this checkout. Prints, per framework and class, the conversations and
 how many each version names right, per strategy.
@@ -37,8 +37,11 @@ from tests.frameworks import fw_capture as fc
 from tests.frameworks.fw_scenarios import BY_FRAMEWORK
 from tests.queries.rca_measure import build_and_score
 scenarios = BY_FRAMEWORK[sys.argv[2]]()
+from tracedag.pipeline.normalize.spans import normalize
+from tracedag.schemas.spans import BASE_SCHEMA
 data = Path(tempfile.mkdtemp()) / "data"
-build_and_score(data, pq.read_table(sys.argv[1]))
+# normalized again by this version: the captured spans' agent columns are the capturing version's
+build_and_score(data, normalize(pq.read_table(sys.argv[1]).select(BASE_SCHEMA.names).cast(BASE_SCHEMA)))
 truth = fc.truth_span_ids(data, scenarios)
 print(json.dumps({s: fc.tally(scenarios, truth, fc.answers(data, s)) for s in sys.argv[3:]}))
 """
