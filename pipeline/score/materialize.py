@@ -8,7 +8,8 @@ materialized named query runs with its default parameters (``root_causes`` per t
 conversation), exactly as ``tracedag query`` would run it; its rows are written to
 ``tables/materialized_<query>/`` with the trace's ``build_id`` and the round, then one
 ``materialized_traces`` row per trace makes the round visible (``store.materialized`` reads them).
-When the human labels changed since the newest round, every trace is materialized again.
+When the SQL definitions or the human labels changed since the newest round, every trace is
+materialized again.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SCOPE = "__tracedag_mat_scope"
 
 _TRACES_SQL = f"""
 select t.trace_id, t.build_id, coalesce(t.conversation_id, t.trace_id) as conversation_key,
-       cast(? as bigint) as mat_round, cast(? as varchar) as labels_signature
+       cast(? as bigint) as mat_round, cast(? as varchar) as signature
 from traces t
 where coalesce(t.conversation_id, t.trace_id) in (
     select coalesce(conversation_id, trace_id) from traces where trace_id in (select trace_id from {SCOPE}))
@@ -64,8 +65,8 @@ def materialize(data: Path, scored_files: list[Path]) -> MaterializeStats:
     con = connect(data)
     try:
         con.execute("set enable_progress_bar = false")
-        signature = mat.labels_signature(data)
-        stats.full = _labels_changed(con, signature)
+        signature = mat.signature(data)
+        stats.full = _signature_changed(con, signature)
         scope = None if stats.full else _scope(con, scored_files)
         if scope is not None and scope.num_rows == 0:
             return stats
@@ -81,11 +82,14 @@ def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     return bool(con.execute("select count(*) from duckdb_views() where view_name = ?", [name]).fetchall()[0][0])
 
 
-def _labels_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
-    """Whether no round is stored yet or the newest one saw other human labels (then: every trace)."""
+def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
+    """Whether no round is stored yet or the newest one saw other SQL or human labels (then: every trace)."""
     if not _has_view(con, mat.STATE):
         return True
-    row = con.execute(f"select arg_max(labels_signature, mat_round) from {mat.STATE}").fetchall()[0]
+    try:
+        row = con.execute(f"select arg_max(signature, mat_round) from {mat.STATE}").fetchall()[0]
+    except duckdb.BinderException:  # state files of an older layout only
+        return True
     return str(row[0] or "") != signature
 
 
@@ -134,8 +138,9 @@ def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: st
            f"from ({queries.load(name).strip().rstrip(';')}) r join __tracedag_mat_builds b using (trace_id)")
     rows = to_arrow(con.sql(sql, params=values))
     directory = table_dir(data, mat.table_name(name))
-    if not (directory / f"{mat.SCHEMA_STEM}.parquet").exists():
-        write_parquet_atomic(rows.schema.empty_table(), directory, stem=mat.SCHEMA_STEM)
+    schema_file = directory / f"{mat.SCHEMA_STEM}.parquet"
+    if not schema_file.exists() or not pq.read_schema(schema_file).equals(rows.schema, check_metadata=False):
+        write_parquet_atomic(rows.schema.empty_table(), directory, stem=mat.SCHEMA_STEM)  # the query's columns now
     if rows.num_rows:
         write_parquet_atomic(rows, directory)
     return int(rows.num_rows)

@@ -9,13 +9,14 @@ an older round or build are dead weight for the garbage collector.
 
 A named query reads these rows instead of running its SQL when its parameters are the materialized
 ones (``since_ns`` and ``trace_id`` may be anything for the per-trace rows: they only pick traces)
-and the store is *fresh*: every latest build has a ``materialized_traces`` row, and the human
-labels are those the newest round saw (``labels_signature``). Otherwise the SQL runs: its
+and the store is *fresh*: every latest build has a ``materialized_traces`` row, and the SQL
+definitions and human labels are those the newest round saw (``signature``). Otherwise the SQL runs: its
 definitions stay the reference, and a test checks that both give the same rows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,17 @@ def has_rounds(data: Path) -> bool:
     return bool(parquet_files(data, STATE))
 
 
+def definitions_hash() -> str:
+    """A hash of the SQL the materialized rows come from (the queries and the shared macros they call)."""
+    texts = [queries.load(n) for n in (*SPECS, *queries.macro_files())]
+    return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+
+
+def signature(data: Path) -> str:
+    """What a round's rows depend on besides the builds and their scores: the SQL and the human labels."""
+    return f"sql={definitions_hash()};labels={labels_signature(data)}"
+
+
 def labels_signature(data: Path) -> str:
     """What identifies the human labels now (``step_scores/human.parquet``: size and mtime; '' for none)."""
     parts = []
@@ -116,7 +128,7 @@ def labels_signature(data: Path) -> str:
 _STALE_SQL = f"""
 select (select count(*) from traces t
         where not exists (select 1 from {STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)),
-       (select arg_max(labels_signature, mat_round) from {STATE})
+       (select arg_max(signature, mat_round) from {STATE})
 """
 
 
@@ -125,10 +137,13 @@ def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     have = {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
     if not {STATE, *(table_name(n) for n in SPECS)} <= have:
         return False
-    row = con.execute(_STALE_SQL).fetchall()[0]
+    try:
+        row = con.execute(_STALE_SQL).fetchall()[0]
+    except duckdb.BinderException:  # state files of an older layout only: a full round will follow
+        return False
     if int(row[0]) > 0:
         return False
-    return str(row[1] or "") == labels_signature(data)
+    return str(row[1] or "") == signature(data)
 
 
 def reader_sql(name: str) -> str:
