@@ -1,9 +1,9 @@
 """Root-cause accuracy per agent framework x failure class, before (a git revision) and after (this checkout).
 
-The conversations of ``tests/frameworks/fw_scenarios.py`` are captured once per framework from REAL
+The conversations of ``tests/normalize/frameworks/fw_scenarios.py`` are captured once per framework from REAL
 runs (the framework and its own OpenTelemetry instrumentation in a pinned venv, a scripted
 OpenAI-compatible model on 127.0.0.1, the OTel SDK's OTLP/HTTP exporter, a real ``tracedag
-collect``: ``tests/frameworks/fw_capture.py``). The same spans are then normalized again, built,
+collect``: ``tests/normalize/frameworks/fw_capture.py``). The same spans are then normalized again, built,
 scored and queried (``root_causes per=conversation``, every strategy) in a fresh store by each code version, in a child
 process: ``before`` is ``--before`` (default: the commit before issue #30's work) exported with
 ``git archive``, ``after`` is this checkout. Prints, per framework and class, the conversations and
@@ -33,8 +33,8 @@ _CHILD = """
 import json, sys, tempfile
 from pathlib import Path
 import pyarrow.parquet as pq
-from tests.frameworks import fw_capture as fc
-from tests.frameworks.fw_scenarios import BY_FRAMEWORK
+from tests.normalize.frameworks import fw_capture as fc
+from tests.normalize.frameworks.fw_scenarios import BY_FRAMEWORK
 from tests.queries.rca_measure import build_and_score
 scenarios = BY_FRAMEWORK[sys.argv[2]]()
 from tracedag.pipeline.normalize.spans import normalize
@@ -65,8 +65,8 @@ def capture_spans(framework: str, out: Path) -> int:
     """Capture ``framework``'s conversations and write their spans to ``out`` (Parquet); return the count."""
     import pyarrow.parquet as pq
 
-    from tests.frameworks.fw_capture import capture
-    from tests.frameworks.fw_scenarios import BY_FRAMEWORK
+    from tests.normalize.frameworks.fw_capture import capture
+    from tests.normalize.frameworks.fw_scenarios import BY_FRAMEWORK
     from tracedag.pipeline.store.views import connect
 
     scenarios = BY_FRAMEWORK[framework]()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.frameworks.fw_capture import (
+from tests.normalize.frameworks.fw_capture import (
     Capture,
     answers,
     build_and_score,
@@ -23,7 +23,7 @@ from tests.frameworks.fw_capture import (
     truth_span_ids,
     wrong,
 )
-from tests.frameworks.fw_scenarios import strands_scenarios
+from tests.normalize.frameworks.fw_scenarios import strands_scenarios
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = strands_scenarios()

@@ -1,6 +1,6 @@
 """Conversations of REAL agent frameworks, captured by a real ``tracedag collect``, with known root causes.
 
-Plain module used by tests/frameworks/test_fw_*.py and bench/frameworks_rca.py. Each framework runs
+Plain module used by tests/normalize/frameworks/test_fw_*.py and bench/frameworks_rca.py. Each framework runs
 from a pinned virtualenv of its own (``tests.pinned_venv``; the lock files sit beside this module)
 as a script (``<framework>_agent.py``) that drives the framework's agent with its own OpenTelemetry
 instrumentation, against the scripted OpenAI-compatible server of ``fw_model`` (streams too) on
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.frameworks.fw_model import scripted_model
+from tests.normalize.frameworks.fw_model import scripted_model
 from tests.pinned_venv import PinnedVenv, client_env
 from tests.realspans import chat_completion
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.frameworks.fw_capture import (
+from tests.normalize.frameworks.fw_capture import (
     Capture,
     answers,
     build_and_score,
@@ -24,7 +24,7 @@ from tests.frameworks.fw_capture import (
     truth_span_ids,
     wrong,
 )
-from tests.frameworks.fw_scenarios import llama_index_scenarios
+from tests.normalize.frameworks.fw_scenarios import llama_index_scenarios
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = llama_index_scenarios()

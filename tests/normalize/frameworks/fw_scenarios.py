@@ -17,7 +17,7 @@ error payload ``{"status": "error", "error": "order ... not found"}`` instead of
 
 from __future__ import annotations
 
-from tests.frameworks.fw_capture import Reply, Scenario, call, reply
+from tests.normalize.frameworks.fw_capture import Reply, Scenario, call, reply
 
 
 def _smol_final(cid: str, text: str) -> Reply:

@@ -3,7 +3,7 @@
 smolagents 1.26 and its OpenInference instrumentation run from a pinned venv
 (``smolagents_requirements.txt``), drive a ToolCallingAgent against the scripted OpenAI-compatible
 server on 127.0.0.1 and export with the OTel SDK's OTLP/HTTP exporter to a real ``tracedag
-collect``; the store is built and scored by the real pipeline (tests/frameworks/fw_capture.py).
+collect``; the store is built and scored by the real pipeline (tests/normalize/frameworks/fw_capture.py).
 smolagents wraps each step of its loop in ``Step 1``, ``Step 2``, ...: the step that gives up after
 a failed tool call is not a retry of the one that failed (class 1); a tool that answers an error
 payload fails (class 2); a time the model wrote as words fails the model call that wrote it.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.frameworks.fw_capture import (
+from tests.normalize.frameworks.fw_capture import (
     Capture,
     answers,
     build_and_score,
@@ -26,7 +26,7 @@ from tests.frameworks.fw_capture import (
     truth_span_ids,
     wrong,
 )
-from tests.frameworks.fw_scenarios import smolagents_scenarios
+from tests.normalize.frameworks.fw_scenarios import smolagents_scenarios
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = smolagents_scenarios()

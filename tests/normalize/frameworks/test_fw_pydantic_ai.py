@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.frameworks.fw_capture import (
+from tests.normalize.frameworks.fw_capture import (
     Capture,
     answers,
     build_and_score,
@@ -23,7 +23,7 @@ from tests.frameworks.fw_capture import (
     truth_span_ids,
     wrong,
 )
-from tests.frameworks.fw_scenarios import pydantic_ai_scenarios
+from tests.normalize.frameworks.fw_scenarios import pydantic_ai_scenarios
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 
