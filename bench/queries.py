@@ -198,11 +198,17 @@ def stored_labels(labels: list[str]) -> list[str]:
 
 
 def ensure_materialized(data: Path) -> None:
-    """Materialize a store scored before issue 31 (one full round), and say what it cost."""
+    """Materialize a store whose rows are not current (scored before issue 31, or by other SQL): one
+    round (full when the SQL or the labels changed), and say what it cost."""
     from tracedag.pipeline.score.materialize import materialize
-    from tracedag.pipeline.store.materialized import has_rounds
+    from tracedag.pipeline.store.materialized import fresh
 
-    if not has_rounds(data):
+    con = connect(data)
+    try:
+        current = fresh(con, data)
+    finally:
+        con.close()
+    if not current:
         stats = materialize(data, [])
         _log(f"{data}: materialized {stats.traces} traces in {stats.seconds}s ({stats.rows})")
 
