@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
-from tracedag.pipeline.store.gc import file_vanished
+from tracedag.pipeline.store.files import file_vanished
 from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.remote import remote_of

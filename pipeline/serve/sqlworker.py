@@ -26,7 +26,7 @@ import pyarrow as pa
 from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
 from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
-from tracedag.pipeline.store.gc import file_vanished
+from tracedag.pipeline.store.files import file_vanished
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed

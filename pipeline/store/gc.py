@@ -199,17 +199,6 @@ def builds_of(path: Path) -> list[str | None]:
     return _BUILDS_SEEN[key]
 
 
-def file_vanished(error: BaseException) -> bool:
-    """Whether a DuckDB error says a file it planned with is gone (a GC or compaction swap removed it).
-
-    A reader lists a table's files when it plans a query and opens them as it goes; a swap that
-    lands in between removes some (DuckDB 1.x/2.x: ``Cannot open file "...": No such file or
-    directory``). Planned again, the query lists the new files and gives the same rows.
-    """
-    text = str(error).lower()
-    return "no such file" in text or "no files found" in text or "cannot open file" in text
-
-
 def staging_root(data: Path) -> Path:
     """``<data>/state/dag-gc``: where the new state of a table directory is built."""
     return Path(dag_gc_dir(data))

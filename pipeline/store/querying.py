@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized
-from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.files import file_vanished, parquet_files
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed
@@ -176,7 +176,7 @@ def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits
         try:
             return _execute_once(data, label, sql, values, limits)
         except duckdb.IOException as e:
-            if attempt == _ATTEMPTS or not _file_vanished(e):
+            if attempt == _ATTEMPTS or not file_vanished(e):
                 raise QueryFailed(label, duckdb_message(e)) from e
             logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
         except duckdb.Error as e:
@@ -187,11 +187,6 @@ def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits
 def duckdb_message(error: duckdb.Error) -> str:
     """DuckDB's whole message: its "Did you mean", candidate columns and ``LINE n:`` pointer are for the user."""
     return str(error).strip() or type(error).__name__
-
-
-def _file_vanished(error: duckdb.Error) -> bool:
-    text = str(error).lower()
-    return "no such file" in text or "no files found" in text or "cannot open file" in text
 
 
 def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:

@@ -25,8 +25,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized
-from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.gc import file_vanished
+from tracedag.pipeline.store.files import file_vanished, parquet_files
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.queries import macros
