@@ -15,7 +15,7 @@ import io
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -28,6 +28,12 @@ BATCH_ROWS = 512
 """Rows per batch read from DuckDB: small, so one batch of wide rows stays small too."""
 PIECE_BYTES = 1 << 20
 """Arrow bytes encoded at a time (a slice of a batch)."""
+
+
+class Writable(Protocol):
+    """Where an answer's bytes go: a binary file, or the worker's holding wrapper around one."""
+
+    def write(self, data: bytes, /) -> int: ...
 
 
 class TooLarge(QueryFailed):  # type: ignore[misc,unused-ignore]
@@ -126,7 +132,7 @@ _ENCODERS: dict[str, type[_Json] | type[_Csv] | type[_Arrow]] = {"json": _Json, 
 
 
 class _Sink:
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: Writable) -> None:
         self.out = out
         self.count = 0
 
@@ -190,7 +196,7 @@ def _stream_answer(batches: Iterable[pa.RecordBatch], enc: _Encoder, bounds: Bou
     return Written(rows, sink.count, truncated)
 
 
-def write_answer(reader: pa.RecordBatchReader, fmt: str, bounds: Bounds, out: BinaryIO) -> Written:
+def write_answer(reader: pa.RecordBatchReader, fmt: str, bounds: Bounds, out: Writable) -> Written:
     """Encode the batches of ``reader`` as ``fmt`` into ``out`` within ``bounds``; raise ``TooLarge``."""
     if fmt == "parquet":
         return _parquet(reader, bounds, out)
@@ -198,7 +204,7 @@ def write_answer(reader: pa.RecordBatchReader, fmt: str, bounds: Bounds, out: Bi
     return _stream_answer(reader, enc, bounds, _Sink(out))
 
 
-def _parquet(reader: pa.RecordBatchReader, bounds: Bounds, out: BinaryIO) -> Written:
+def _parquet(reader: pa.RecordBatchReader, bounds: Bounds, out: Writable) -> Written:
     """Parquet's footer holds absolute offsets: the rows are bounded as an Arrow stream, then written whole."""
     buffer = io.BytesIO()
     written = _stream_answer(reader, _Arrow(reader.schema), bounds, _Sink(buffer))
