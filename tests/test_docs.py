@@ -134,7 +134,7 @@ def test_every_environment_variable_is_in_the_environment_page():
 
 
 def test_every_command_is_documented_on_its_page():
-    assert set(_docs.PAGES) == set(COMMANDS)
+    assert set(COMMANDS) <= set(_docs.PAGES)
     missing = [name for name in COMMANDS if f"tracedag {name}" not in _page(_docs.PAGES[name])]
     assert not missing, missing
 

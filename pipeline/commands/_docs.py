@@ -30,6 +30,7 @@ PAGES: dict[str, str] = {
     "validate": "validate.md",
     "capture": "testing.md",
     "replay": "replay.md",
+    "confirm": "root-causes.md",
     "simulate": "replay.md",
     "serve": "dashboards.md",
     "report": "dashboards.md",
