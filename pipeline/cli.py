@@ -13,6 +13,7 @@ from tracedag.pipeline.commands import (
     build,
     capture,
     collect,
+    confirm,
     demo,
     ingest,
     query,
@@ -44,7 +45,7 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay, serve):
+for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay, confirm, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 _docs.link_pages(cli)  # each help ends with its page: Docs: docs/pages/<page>.md

@@ -1,12 +1,13 @@
 -- root_causes: root-cause step of each failed trace, step or conversation (across its turns) by a chosen strategy.
 --
 -- Inputs:  traces, dag_nodes, dag_edges (upstream_span_id -> downstream_span_id), step_scores, spans,
---          read through the macros trace_window and failure_dag_roots of _failure_graph.sql
+--          read through the macros trace_window and failure_dag_roots of _failure_graph.sql;
+--          root_cause_checks (tracedag confirm) for confirmed
 -- Output:  trace_id, strategy, failed_span_id, failed_step_type, failed_step_name, failed_score,
 --          recovered, kind, root_span_id, root_step_type, root_step_name, root_score,
 --          root_taxonomy_l1, root_taxonomy_l2, root_taxonomy_l3, hops_from_root, longest_chain,
 --          failed_steps_in_trace, conversation_id, start_time, turn_index, root_trace_id,
---          root_turn_index, root_cancelled
+--          root_turn_index, root_cancelled, confirmed
 -- columns: root_step_name, root_step_type, root_taxonomy_l1, failed_step_name, hops_from_root, trace_id
 -- Params:
 --   $fail_threshold  double  = 2.0     a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
@@ -58,6 +59,8 @@
 -- first, then as above) with its root cause, which may lie in an earlier trace: root_trace_id and
 -- root_turn_index say where. In the other modes turn_index and root_turn_index are the turn of the
 -- trace in its conversation and root_trace_id = trace_id.
+-- confirmed: the verdict of the latest counterfactual check of the root step (`tracedag confirm`):
+-- confirmed | refuted | inconclusive, null when it was never checked.
 -- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
 -- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the walks stop after
 -- $max_hops hops.
@@ -151,6 +154,10 @@ upstream_count as (
 final as (
     select grp, node from g where final
 ),
+checked as (
+    select root_trace_id, root_span_id, arg_max(verdict, checked_unix_nano) as verdict
+    from root_cause_checks group by all
+),
 per_trace as (
     select trace_id, count(*) as failed_steps from fail group by all
 )
@@ -166,7 +173,8 @@ select f.trace_id, cast($strategy as varchar) as strategy,
        coalesce(c.longest, 0) as longest_chain,
        p.failed_steps as failed_steps_in_trace, tf.conversation_id,
        make_timestamp(f.start_time_unix_nano // 1000) as start_time,
-       tf.turn_index, r.trace_id as root_trace_id, tr.turn_index as root_turn_index, r.cancelled as root_cancelled
+       tf.turn_index, r.trace_id as root_trace_id, tr.turn_index as root_turn_index, r.cancelled as root_cancelled,
+       k.verdict as confirmed
 from fail f
 join turns tf on tf.trace_id = f.trace_id
 join per_trace p on p.trace_id = f.trace_id
@@ -174,6 +182,7 @@ left join upstream_count c on c.grp = f.grp and c.node = f.node
 left join chosen ch on ch.grp = f.grp and ch.node = f.node
 join fail r on r.grp = f.grp and r.node = coalesce(ch.root_id, f.node)
 join turns tr on tr.trace_id = r.trace_id
+left join checked k on k.root_trace_id = r.trace_id and k.root_span_id = r.span_id
 where (case when cast($strategy as varchar) in ('greedy', 'full_path_min', 'weighted', 'agenteval')
              and cast($per as varchar) in ('trace', 'step', 'conversation') then true
             else error('strategy must be greedy|full_path_min|weighted|agenteval and per trace|step|conversation') end)

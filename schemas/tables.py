@@ -175,3 +175,31 @@ VALIDATIONS_V1 = _schema(
         pa.field("checked_unix_nano", pa.int64()),
     ],
 )
+
+
+# One row per root cause checked by `tracedag confirm` (counterfactual replay, DESIGN.md §8): the
+# failed conversation re-run N times with only the root-cause step's output replaced.
+ROOT_CAUSE_CHECKS_V1 = _schema(
+    "root_cause_checks/v1",
+    [
+        pa.field("conversation_id", _S, nullable=False),
+        pa.field("trace_id", _S),  # the trace of the conversation's final failure
+        pa.field("root_trace_id", _S),
+        pa.field("root_span_id", _S),
+        pa.field("root_step_name", _S),
+        pa.field("root_step_type", _S),
+        pa.field("failed_step_name", _S),  # the final failure whose disappearance is looked for
+        pa.field("strategy", _S),
+        pa.field("replacement_kind", _S),  # recorded_tool | paramgen | file | gold_step | null: none found
+        pa.field("replacement_source", _S),  # where the replacement came from (conversation/span, file path)
+        pa.field("runs", pa.int32()),  # runs that ran to their end
+        pa.field("failures_after", pa.int32()),  # of those, runs where the final failure came back
+        pa.field("verdict", _S),  # confirmed | refuted | inconclusive
+        pa.field("reason", _S),
+        pa.field("downstream_failures_before", pa.int32()),  # failed steps after the root in the source
+        pa.field("downstream_failures_after", pa.float64()),  # mean over the runs
+        pa.field("agent", _S),
+        pa.field("replay_id", _S),
+        pa.field("checked_unix_nano", pa.int64()),
+    ],
+)

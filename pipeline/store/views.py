@@ -36,6 +36,7 @@ from tracedag.schemas.tables import (
     DAG_NODES_V1,
     EVALUATIONS_V1,
     HUMAN_LABELS_V1,
+    ROOT_CAUSE_CHECKS_V1,
     STEP_SCORES_V1,
     TRACES_V1,
     VALIDATIONS_V1,
@@ -50,6 +51,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "step_scores": STEP_SCORES_V1,
     "human_labels": HUMAN_LABELS_V1,
     "validations": VALIDATIONS_V1,
+    "root_cause_checks": ROOT_CAUSE_CHECKS_V1,  # tracedag confirm; empty until a check ran
 }
 
 logger = logging.getLogger(__name__)

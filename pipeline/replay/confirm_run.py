@@ -1,0 +1,169 @@
+"""Run the planned counterfactual checks, judge them, store them in ``root_cause_checks``.
+
+Each check's conversation is replayed ``times`` times (``runner.replay``, recorded tools: the
+calls before the root step and the root call's replacement are served, later calls run live).
+A run *fails again* when a step with the name of the source's final failure ends in ERROR. Of the
+runs that ran to their end and used the replacement: **confirmed** when most did not fail again,
+**refuted** when most did, **inconclusive** on a tie, when no run counts, or when no replacement
+was found. ``downstream_failures_before`` counts the ERROR steps of the source that started after
+the root step; ``downstream_failures_after`` the mean over the runs of their ERROR steps less the
+source's before the root (served again from the recording).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tracedag.instrument.recorded import RECORDED_ATTRIBUTE
+from tracedag.pipeline.replay.confirm import PlannedCheck
+from tracedag.pipeline.replay.confirm_serve import serving
+from tracedag.pipeline.replay.runner import ReplayConfig, ReplayResult, RunRecord, replay
+from tracedag.pipeline.replay.targets import Target
+from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.pipeline.store.views import connect
+from tracedag.schemas.layout import table_dir
+from tracedag.schemas.tables import ROOT_CAUSE_CHECKS_V1
+
+TABLE = "root_cause_checks"
+
+RUN_SPANS_SQL = f"""
+select coalesce(conversation_id, trace_id) as run_id, step_name, tool_name, status_code = 2 as failed,
+       coalesce(attributes['{RECORDED_ATTRIBUTE}'], 'false') = 'true' as served
+from spans where coalesce(conversation_id, trace_id) in (select unnest($ids))
+"""
+
+SOURCE_ERRORS_SQL = """
+select count(*) filter (where start_time_unix_nano < $root_start),
+       count(*) filter (where start_time_unix_nano >= $root_start and span_id != $root_span)
+from spans where coalesce(conversation_id, trace_id) = $cid and status_code = 2
+"""
+
+
+@dataclass(frozen=True)
+class RunSpans:
+    """What one run's stored spans say: its failed step names, and whether the replacement was served."""
+
+    failed_steps: tuple[str, ...]
+    served_ok_tools: frozenset[str]
+
+
+def default_confirm_id() -> str:
+    """``confirm-<UTC time>``."""
+    return time.strftime("confirm-%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def run_checks(checks: Sequence[PlannedCheck], target: Target, endpoint: str, times: int,
+               replay_id: str, parallel: int = 1, set_global: bool = True) -> ReplayResult | None:
+    """Replay every check that has a replacement ``times`` times; None when none has one.
+
+    ``set_global``: install the replay's tracer provider as the global one (agents on plain OpenTelemetry).
+    """
+    runnable = [c for c in checks if c.replacement is not None]
+    if not runnable:
+        return None
+    config = ReplayConfig(endpoint=endpoint, times=times, parallel=parallel, tools="recorded", unmatched="live",
+                          replay_id=replay_id, labels={"confirm": "counterfactual"}, set_global=set_global)
+    with _gold_outputs(runnable):
+        return replay([c.source for c in runnable], target, config)
+
+
+@contextmanager
+def _gold_outputs(checks: Sequence[PlannedCheck]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for c in checks:
+            if c.replacement is not None and c.replacement.output is not None:
+                stack.enter_context(serving(c.cause.conversation_id, c.cause.root_step_name, c.replacement.output))
+        yield
+
+
+def judge(data: Path, checks: Sequence[PlannedCheck], result: ReplayResult | None, agent: str,
+          replay_id: str, runs_data: Path | None = None) -> list[dict[str, Any]]:
+    """One ``root_cause_checks`` row per check, from the runs' stored spans (in ``runs_data``, default
+    ``data``: the store of the sources)."""
+    records = result.records if result is not None else []
+    spans = _run_spans(runs_data or data, [r.run.run_id for r in records])
+    con = connect(data)
+    try:
+        rows = []
+        for check in checks:
+            mine = [r for r in records if r.run.source.conversation_id == check.cause.conversation_id]
+            before_root, after_root = con.execute(SOURCE_ERRORS_SQL, {
+                "cid": check.cause.conversation_id, "root_start": check.root_start_ns,
+                "root_span": check.cause.root_span_id}).fetchone()
+            rows.append(_row(check, mine, spans, int(before_root), int(after_root), agent, replay_id))
+    finally:
+        con.close()
+    return rows
+
+
+def _run_spans(data: Path, run_ids: list[str]) -> dict[str, RunSpans]:
+    failed: dict[str, list[str]] = {r: [] for r in run_ids}
+    served: dict[str, set[str]] = {r: set() for r in run_ids}
+    rows: list[Any] = []
+    if run_ids:
+        con = connect(data)
+        try:
+            rows = con.execute(RUN_SPANS_SQL, {"ids": run_ids}).fetchall()
+        finally:
+            con.close()
+    for run_id, step_name, tool_name, is_failed, is_served in rows:
+        if is_failed:
+            failed.setdefault(str(run_id), []).append(str(step_name))
+        elif is_served and tool_name is not None:
+            served.setdefault(str(run_id), set()).add(str(tool_name))
+    return {r: RunSpans(tuple(failed.get(r, ())), frozenset(served.get(r, ()))) for r in run_ids}
+
+
+def _row(check: PlannedCheck, records: list[RunRecord], spans: dict[str, RunSpans], before_root: int,
+         after_root: int, agent: str, replay_id: str) -> dict[str, Any]:
+    cause, replacement = check.cause, check.replacement
+    counted = [spans[r.run.run_id] for r in records if not r.outcome.stopped and _used(check, spans[r.run.run_id])]
+    again = sum(1 for s in counted if cause.failed_step_name in s.failed_steps)
+    verdict, reason = _verdict(check, len(records), len(counted), again)
+    after = (sum(max(0, len(s.failed_steps) - before_root) for s in counted) / len(counted)) if counted else None
+    return {
+        "conversation_id": cause.conversation_id, "trace_id": cause.trace_id, "root_trace_id": cause.root_trace_id,
+        "root_span_id": cause.root_span_id, "root_step_name": cause.root_step_name,
+        "root_step_type": cause.root_step_type, "failed_step_name": cause.failed_step_name,
+        "strategy": cause.strategy, "replacement_kind": replacement.kind if replacement else None,
+        "replacement_source": replacement.source if replacement else None, "runs": len(counted),
+        "failures_after": again, "verdict": verdict, "reason": reason,
+        "downstream_failures_before": after_root, "downstream_failures_after": after,
+        "agent": agent, "replay_id": replay_id if replacement else None, "checked_unix_nano": time.time_ns(),
+    }
+
+
+def _used(check: PlannedCheck, spans: RunSpans) -> bool:
+    """Whether the run reached the root step and was served its replacement (a tool: a served call of it
+    that passed; a model step's replacement cannot be seen in the spans, so it counts)."""
+    replacement = check.replacement
+    if replacement is None or replacement.call is None:
+        return True
+    return replacement.call.name in spans.served_ok_tools
+
+
+def _verdict(check: PlannedCheck, planned: int, counted: int, again: int) -> tuple[str, str]:
+    if check.replacement is None:
+        return "inconclusive", check.reason or "no replacement"
+    if counted == 0:
+        return "inconclusive", f"none of {planned} runs ran to its end and reached the replaced step"
+    gone = counted - again
+    if gone * 2 > counted:
+        return "confirmed", f"the failure of {check.cause.failed_step_name} disappeared in {gone} of {counted} runs"
+    if again * 2 > counted:
+        return "refuted", f"{check.cause.failed_step_name} failed again in {again} of {counted} runs"
+    return "inconclusive", f"{check.cause.failed_step_name} failed again in {again} of {counted} runs (no majority)"
+
+
+def write_checks(data: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Append the checks to the store's ``root_cause_checks`` table; the file written."""
+    table = pa.Table.from_pylist(list(rows), schema=ROOT_CAUSE_CHECKS_V1)
+    written: Path = write_parquet_atomic(table, table_dir(data, TABLE))
+    return written
