@@ -9,7 +9,10 @@ step's output replaced:
   failure (taxonomy ``invalid_tool_arguments``, AgentEval's PARAMGEN) a passing call of the same
   tool in a passing conversation of the same scenario, the corrected call (``paramgen``); else the
   user's ``--replacement FILE`` (``file``);
-- a model step: the output of the same step (step name) in a passing conversation of the same
+- a model step that emitted a rejected tool call (PARAMGEN at the model step, where ``score.paramgen``
+  puts it): that call is served the result of the same tool's passing call in a passing conversation of
+  the same scenario, the corrected call (``paramgen``);
+- another model step: the output of the same step (step name) in a passing conversation of the same
   scenario (``gold_step``), served to an agent that asks ``confirm_serve.replacement(step_name)``;
 - nothing found: no run, the check is inconclusive.
 
@@ -68,6 +71,16 @@ from spans s join conv c on c.cid = coalesce(s.conversation_id, s.trace_id)
 where s.step_type = 'tool' and s.tool_name = $tool and s.status_code != 2 and c.cid != $cid
 order by s.start_time_unix_nano, s.span_id
 """
+
+EMITTED_CALL_SQL = f"""
+select s.tool_name, {_ARGS} as arguments
+from dag_edges e join spans s on s.trace_id = e.trace_id and s.span_id = e.downstream_span_id
+where e.trace_id = $trace_id and e.upstream_span_id = $span_id and e.edge_kind = 'tool_call'
+  and s.tool_name is not null
+order by s.status_code = 2 desc, s.start_time_unix_nano, s.span_id
+limit 1
+"""
+"""The tool call a model step emitted (a failed one first: the call whose arguments were rejected)."""
 
 GOLD_STEP_SQL = """
 with conv as (
@@ -180,6 +193,9 @@ def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file_path:
     if step_type == "tool" and tool is not None:
         replacement = _tool_replacement(con, cause, str(tool), arguments, str(scenario), file_path, file_result)
         reason = "" if replacement else f"no passing call of {tool} with the same arguments, and no --replacement"
+    elif step_type == "llm" and cause.taxonomy == PARAMGEN:
+        replacement = _corrected_call(con, cause, str(scenario))
+        reason = "" if replacement else f"no passing run of scenario {scenario} made the call {step_name} emitted"
     elif step_type == "llm":
         replacement = _gold_step(con, cause, str(step_name), str(scenario))
         reason = "" if replacement else f"no passing conversation of scenario {scenario} has a {step_name} step"
@@ -215,6 +231,21 @@ def _tool_replacement(con: Any, cause: RootCause, tool: str, arguments: str | No
                 return Replacement("paramgen", f"{cid}/{span_id}", RecordedCall(tool, arguments, result))
     if file_path is not None and file_result is not None:
         return Replacement("file", str(file_path), RecordedCall(tool, arguments, _as_result(file_result)))
+    return None
+
+
+def _corrected_call(con: Any, cause: RootCause, scenario: str) -> Replacement | None:
+    """PARAMGEN at a model step: the tool call it emitted (its ``tool_call`` edge) is served the result of
+    the same tool's passing call in a passing run of the scenario, as if the model had written that call's
+    arguments."""
+    emitted = con.execute(EMITTED_CALL_SQL, {"trace_id": cause.root_trace_id, "span_id": cause.root_span_id}).fetchone()
+    if emitted is None:
+        return None
+    tool, arguments = str(emitted[0]), emitted[1]
+    rows = con.execute(PASSING_TOOL_SQL, {"tool": tool, "cid": cause.conversation_id, "scenario": scenario}).fetchall()
+    for span_id, cid, _args, result, same in rows:
+        if same:
+            return Replacement("paramgen", f"{cid}/{span_id}", RecordedCall(tool, arguments, result))
     return None
 
 

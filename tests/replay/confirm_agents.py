@@ -86,3 +86,26 @@ def travel(history: list[dict[str, Any]]) -> str:
             reply = "Sorry, I could not find a flight."
         step.set_output(reply + ("" if profile else " (no profile)"))
         return reply
+
+
+def _plan(city: str) -> dict[str, str]:
+    """The model writes the search call's arguments; confused ("plan" in ``BROKEN``) it names the field town."""
+    with td.llm("planner-model", provider="test", input_messages=[city]) as step:
+        arguments = {"town" if "plan" in BROKEN else "city": city}
+        step.set_output(str(arguments), finish_reason="tool_calls")
+        return arguments
+
+
+def travel_planned(history: list[dict[str, Any]]) -> str:
+    """``travel`` whose model plans the search call (its arguments may be made up: PARAMGEN)."""
+    message = str(history[-1]["content"])
+    city = (re.search(r"to (\w+)", message) or [None, "nowhere"])[1]
+    with td.agent("travel") as step:
+        td.user_message(message)
+        flights = _tool("flight_search", flight_search, **_plan(city))
+        try:
+            reply = _answer(flights)
+        except (NoFlights, ToolDown):
+            reply = "Sorry, I could not find a flight."
+        step.set_output(reply)
+        return reply

@@ -211,3 +211,28 @@ def test_model_step_replaced_by_a_passing_run_of_the_same_scenario(tmp_path: Pat
     check = _checks(data)["m-down"]
     assert (check["verdict"], check["runs"], check["replacement_kind"]) == ("confirmed", 2, "gold_step")
     assert str(check["replacement_source"]).startswith("m-ok/")
+
+
+def test_paramgen_model_step_gets_the_corrected_call(tmp_path: Path) -> None:
+    def hold() -> Iterator[str]:
+        for cid, broken in (("p-ok", set()), ("p-bad", {"plan"})):
+            confirm_agents.BROKEN.clear()
+            confirm_agents.BROKEN.update(broken)
+            with td.conversation(cid), td.run_labels(scenario_id="paris"):
+                confirm_agents.travel_planned([{"role": "user", "content": "Find flights to Paris"}])
+            yield cid
+        confirm_agents.BROKEN.clear()
+
+    data = _record(tmp_path / "paramgen", "travel", hold)
+    cause = _root_causes(data)["p-bad"]
+    assert (cause["root_step_name"], cause["root_taxonomy_l3"]) == ("chat planner-model", "invalid_tool_arguments")
+    confirm_agents.BROKEN.add("plan")  # the model still writes {"town": ...}: only the corrected call helps
+    try:
+        out = CliRunner().invoke(cli, ["confirm", "--data", str(data), "--agent",
+                                       "tests.replay.confirm_agents:travel_planned", "--times", "2"])
+    finally:
+        confirm_agents.BROKEN.clear()
+    assert out.exit_code == 0, out.output
+    check = _checks(data)["p-bad"]
+    assert (check["verdict"], check["runs"], check["replacement_kind"]) == ("confirmed", 2, "paramgen")
+    assert str(check["replacement_source"]).startswith("p-ok/")
