@@ -57,7 +57,8 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     tool calls before the root step are served from the recording, the rest runs live, --times times.
     Verdict: confirmed when the final failure disappears in most runs, refuted when it persists,
     inconclusive otherwise or when no replacement exists. Stored in the root_cause_checks table; tracedag
-    query root_causes shows it as its confirmed column. Exit code 0 when every check was stored.
+    query root_causes shows it as its confirmed column. Exit code 0 when every check was stored; 1 when
+    the runs' spans did not all reach the store (no verdict is stored then).
     """
     from tracedag.pipeline.commands.replay import _sink
     from tracedag.pipeline.demo.replay_example import example_target
@@ -71,6 +72,8 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     replay_id = default_confirm_id()
     with _sink(data, None) as url:
         result = run_checks(checks, target, url, times, replay_id, parallel)
+    if result is not None and result.spans_lost:  # verdicts from missing spans would be wrong: none stored
+        raise click.ClickException(f"the runs' spans did not all reach {data}: no verdict stored (replay_id={replay_id})")
     rows = judge(data, checks, result, agent, replay_id)
     write_checks(data, rows)
     _report(checks, rows, data)

@@ -12,6 +12,7 @@ source's before the root (served again from the recording).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -55,8 +56,9 @@ class RunSpans:
 
 
 def default_confirm_id() -> str:
-    """``confirm-<UTC time>``."""
-    return time.strftime("confirm-%Y%m%dT%H%M%SZ", time.gmtime())
+    """``confirm-<UTC time>-<random>``: two checks started in the same second keep their runs apart (a run's
+    conversation id is ``<replay id>/<source>/r<i>``)."""
+    return time.strftime("confirm-%Y%m%dT%H%M%SZ-", time.gmtime()) + secrets.token_hex(3)
 
 
 def run_checks(checks: Sequence[PlannedCheck], target: Target, endpoint: str, times: int,

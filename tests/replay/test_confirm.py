@@ -117,7 +117,7 @@ def test_no_replacement_is_inconclusive_and_a_file_replaces_it(tmp_path: Path) -
     data = _travel_store(tmp_path / "travel", without="c-ok")  # no passing flight_search to Paris recorded
     runner = CliRunner()
     agent = "tests.replay.confirm_agents:travel"
-    out = runner.invoke(cli, ["confirm", "--data", str(data), "--agent", agent, "--conversation", "c-search"])
+    out = runner.invoke(cli, ["confirm", "--data", str(data), "--agent", agent, "--where", "conversation_id = 'c-search'"])
     assert out.exit_code == 0, out.output
     check = _checks(data)["c-search"]
     assert (check["verdict"], check["runs"], check["replacement_kind"]) == ("inconclusive", 0, None)
@@ -132,6 +132,7 @@ def test_no_replacement_is_inconclusive_and_a_file_replaces_it(tmp_path: Path) -
     assert (check["verdict"], check["runs"], check["replacement_kind"]) == ("confirmed", 2, "file")
     assert (check["strategy"], check["replacement_source"]) == ("full_path_min", str(replacement))
     assert _root_causes(data)["c-search"]["confirmed"] == "confirmed"
+    assert set(_checks(data)) == {"c-search"}  # --where and --conversation picked it alone
 
 
 def test_bad_input_is_a_clear_error(travel_data: Path) -> None:
