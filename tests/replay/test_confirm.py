@@ -237,3 +237,25 @@ def test_paramgen_model_step_gets_the_corrected_call(tmp_path: Path) -> None:
     check = _checks(data)["p-bad"]
     assert (check["verdict"], check["runs"], check["replacement_kind"]) == ("confirmed", 2, "paramgen")
     assert str(check["replacement_source"]).startswith("p-ok/")
+
+
+def test_confirmed_column_is_the_latest_check_of_the_root_step(travel_data: Path) -> None:
+    from tracedag.pipeline.replay.confirm_run import write_checks
+    from tracedag.pipeline.store.querying import run_named
+
+    causes = _root_causes(travel_data)
+    search = causes["c-search"]
+
+    def check(span_id: object, verdict: str, at: int, trace_id: object = search["root_trace_id"]) -> dict[str, object]:
+        return {"conversation_id": "c-search", "root_trace_id": trace_id, "root_span_id": span_id,
+                "verdict": verdict, "checked_unix_nano": at}
+
+    write_checks(travel_data, [check(search["root_span_id"], "confirmed", 2), check(search["root_span_id"], "refuted", 1)])
+    write_checks(travel_data, [check(search["root_span_id"], "inconclusive", 3, trace_id="another-trace"),
+                               check(causes["c-decoy"]["failed_span_id"], "refuted", 4)])
+    # by hand: c-search's root has checks at 1 (refuted) and 2 (confirmed) -> confirmed; the check at 3 names
+    # another trace; c-decoy's root (profile_lookup) was never checked (the check at 4 names its failed step)
+    expected = {"c-search": "confirmed", "c-decoy": None}
+    assert {k: v["confirmed"] for k, v in _root_causes(travel_data).items()} == expected  # materialized rows
+    rows = run_named(travel_data, "root_causes", {"per": "conversation", "strategy": "weighted"}).to_pylist()
+    assert {r["conversation_id"]: r["confirmed"] for r in rows} == expected  # the SQL
