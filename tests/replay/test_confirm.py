@@ -172,7 +172,7 @@ def test_example_agent_calendar_fault_confirmed(tmp_path: Path) -> None:
 
 
 def test_demo_confirm_line(tmp_path: Path) -> None:
-    from tracedag.pipeline.replay.confirm_demo import DEMO_CONFIRM_DIR, confirm_line, demo_confirm
+    from tracedag.pipeline.demo.confirm_example import DEMO_CONFIRM_DIR, confirm_line, demo_confirm
 
     data = _booking_store(tmp_path / "booking")
     counts = demo_confirm(data, times=2)
