@@ -12,7 +12,9 @@ Baseline, measured in the same run: a full scan of the ``dag_nodes`` view (count
 durations), i.e. the cheapest query over the same files. Prints the median of ``--runs`` runs of
 each query (wall time, and the CPU time of the process over all DuckDB threads: on a shared machine
 the wall time depends on the load, cpu/2 is what 2 free cores would need at best), its ratio to the
-baseline, and ``root_causes`` at every store size (linearity).
+baseline, and ``root_causes`` at every store size (linearity). Each answer is taken as Arrow (as
+``tracedag query`` and serve take it; before #31 the bench fetched Python tuples, which cost more
+than reading the stored rows).
 
 Issue 31: the queries ``tracedag score`` materializes (``store.materialized.SPECS``) are timed twice on
 the same store in the same run: ``sql`` runs their SQL text (the reference, as before), ``stored`` reads
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
@@ -153,11 +156,18 @@ def _median(fn: Callable[[], int], runs: int) -> tuple[float, float, int]:
     return statistics.median(walls), statistics.median(cpus), rows
 
 
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) -> int:
+    """Run ``sql`` and take its answer as Arrow, as ``tracedag query`` and serve do; return its row count."""
+    rel = con.sql(sql, params=params or None)
+    table = getattr(rel, "to_arrow_table", None) or rel.arrow
+    return int(table().num_rows)
+
+
 def _runner(data: Path, sql: str, params: dict[str, object]) -> Callable[[], int]:
     def run() -> int:
         con = connect(data, threads=2)
         try:
-            return len(con.execute(sql, params).fetchall())
+            return _rows(con, sql, params)
         finally:
             con.close()
 
@@ -183,7 +193,7 @@ def _stored(data: Path, label: str) -> Callable[[], int]:
             stored = named_statement(con, data, name, values)
             if stored is None:
                 raise SystemExit(f"{label}: the store has no current materialized rows")
-            return len(con.execute(*stored).fetchall())
+            return _rows(con, *stored)
         finally:
             con.close()
 

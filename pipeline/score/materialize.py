@@ -21,6 +21,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag import queries
@@ -33,6 +34,7 @@ from tracedag.schemas.layout import table_dir
 logger = logging.getLogger(__name__)
 
 SCOPE = "__tracedag_mat_scope"
+ROW_GROUP = 16 * 1024
 
 _TRACES_SQL = f"""
 select t.trace_id, t.build_id, coalesce(t.conversation_id, t.trace_id) as conversation_key,
@@ -121,7 +123,8 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
     for name, spec in mat.SPECS.items():
         for per in spec.pers or (None,):
             stats.rows[_label(name, per)] = _write_result(con, data, name, per, round_ns)
-    write_parquet_atomic(state, table_dir(data, mat.STATE))
+    state = state.take(pc.sort_indices(state, sort_keys=[("trace_id", "ascending")]))
+    write_parquet_atomic(state, table_dir(data, mat.STATE), row_group_size=ROW_GROUP)
     return int(state.num_rows)
 
 
@@ -141,8 +144,9 @@ def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: st
     schema_file = directory / f"{mat.SCHEMA_STEM}.parquet"
     if not schema_file.exists() or not pq.read_schema(schema_file).equals(rows.schema, check_metadata=False):
         write_parquet_atomic(rows.schema.empty_table(), directory, stem=mat.SCHEMA_STEM)  # the query's columns now
-    if rows.num_rows:
-        write_parquet_atomic(rows, directory)
+    if rows.num_rows:  # by trace id, small row groups: one trace's rows are found by their statistics
+        rows = rows.take(pc.sort_indices(rows, sort_keys=[("trace_id", "ascending")]))
+        write_parquet_atomic(rows, directory, row_group_size=ROW_GROUP)
     return int(rows.num_rows)
 
 

@@ -132,8 +132,30 @@ select (select count(*) from traces t
 """
 
 
+_FRESH: dict[tuple[str, ...], bool] = {}
+"""Answers of ``fresh`` by the files it depends on (files never change: a new state has new names)."""
+
+
+def _fresh_key(data: Path) -> tuple[str, ...]:
+    names = [str(f) for t in ("traces", STATE) for f in parquet_files(data, t)]
+    return (str(data), signature(data), *names)
+
+
 def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
-    """Whether ``con``'s store has every named query's materialized rows, current for every trace."""
+    """Whether ``con``'s store has every named query's materialized rows, current for every trace.
+
+    Remembered per process by the listing of the ``traces`` and ``materialized_traces`` files: a
+    server or a live round asks again only when a build or a round wrote files.
+    """
+    key = _fresh_key(data)
+    if key not in _FRESH:
+        if len(_FRESH) > 256:
+            _FRESH.clear()
+        _FRESH[key] = _fresh_now(con, data)
+    return _FRESH[key]
+
+
+def _fresh_now(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     have = {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
     if not {STATE, *(table_name(n) for n in SPECS)} <= have:
         return False
@@ -146,21 +168,48 @@ def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     return str(row[1] or "") == signature(data)
 
 
-def reader_sql(name: str) -> str:
-    """SQL reading ``name``'s current materialized rows; it binds ``$since_ns``, ``$trace_id`` (and ``$per``)."""
-    spec = SPECS[name]
-    hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
-    per = "and x.per = cast($per as varchar)" if spec.pers else ""
-    return f"""
-with cur as (
+_ALL_CUR = f"""cur as (
+    -- the newest round of each trace's latest build
     select m.trace_id, max(m.mat_round) as mat_round
     from {STATE} m semi join traces t on t.trace_id = m.trace_id and t.build_id = m.build_id
     group by m.trace_id
-)
+)"""
+_ALL_WIN = "select trace_id from trace_window($since_ns, $trace_id)"
+_WHOLE_WIN = "select trace_id from cur where cast($since_ns as bigint) = 0 and cast($trace_id as varchar) = ''"
+# One trace: its latest build read from traces_all with the id compared alone, so that every scan
+# skips the other traces' row groups (through the traces view, DuckDB scanned all of traces_all).
+_ONE_CUR = f"""latest as (
+    select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
+           arg_max(start_time_unix_nano, (built_unix_nano, build_id)) as start_time_unix_nano
+    from traces_all where trace_id = cast($trace_id as varchar) group by trace_id
+),
+cur as (
+    select m.trace_id, max(m.mat_round) as mat_round
+    from {STATE} m join latest t on t.trace_id = m.trace_id and t.build_id = m.build_id
+    where m.trace_id = cast($trace_id as varchar)
+    group by m.trace_id
+)"""
+_ONE_WIN = ("select trace_id from latest where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)")
+
+
+def reader_sql(name: str, one_trace: bool = False, whole: bool = False) -> str:
+    """SQL reading ``name``'s current materialized rows; it binds ``$since_ns``, ``$trace_id`` (and ``$per``).
+
+    ``one_trace``: ``$trace_id`` is a trace id (not ''), compared as such so that the scans skip the
+    row groups of other traces (the files are sorted by trace id). ``whole``: the parameters pick
+    every trace (``$since_ns`` 0, ``$trace_id`` ''): no window to compute.
+    """
+    spec = SPECS[name]
+    hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
+    per = "and x.per = cast($per as varchar)" if spec.pers else ""
+    cur = _ONE_CUR if one_trace else _ALL_CUR
+    return f"""
+with {cur},
+win as ({_ONE_WIN if one_trace else _WHOLE_WIN if whole else _ALL_WIN})
 select x.* exclude ({hidden})
 from {table_name(name)} x
 join cur c on c.trace_id = x.trace_id and c.mat_round = x.mat_round
-where x.trace_id in (select trace_id from trace_window($since_ns, $trace_id)) {per}
+where x.trace_id in (select trace_id from win) {per}
 order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
 """
 
@@ -177,7 +226,9 @@ def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str,
     if not matches(name, values) or not fresh(con, data):
         return None
     logger.info("query %s: reading its materialized rows", name)
-    return reader_sql(name), reader_values(name, values)
+    one = values.get("trace_id") not in (None, "")
+    whole = not one and values.get("since_ns") in (0, None)
+    return reader_sql(name, one, whole), reader_values(name, values)
 
 
 def _condition(name: str) -> str:
