@@ -254,6 +254,10 @@ def print_demo(console: Console, result: DemoResult) -> None:
         from tracedag.pipeline.demo.replay_example import replay_line
 
         console.print(replay_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
+    if result.ok("confirm"):
+        from tracedag.pipeline.demo.confirm_example import confirm_line
+
+        console.print(confirm_line(result.data, result.counts), soft_wrap=True, highlight=False, markup=False)
     if result.ok("usersim"):
         from tracedag.pipeline.demo.usersim_example import usersim_line
 

@@ -150,6 +150,12 @@ def _analysis_stages(runner: _Runner, config: DemoConfig) -> None:
             from tracedag.pipeline.demo.objstore_example import demo_objstore
 
             result.counts.update(demo_objstore(config.data))
+    # last: its verdicts fill root_causes.confirmed, which the object-store copy (spans only) cannot have
+    with runner.stage("confirm", "confirm root causes by counterfactual replay", ("score",)) as task:
+        if task is not None:
+            from tracedag.pipeline.demo.confirm_example import demo_confirm
+
+            result.counts.update(demo_confirm(config.data))
 
 
 def _advance(progress: Progress, task: Any) -> Callable[[int, int], None]:

@@ -24,7 +24,8 @@ from tracedag.schemas.errors import SchemaMismatch
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
 
-TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels", "validations")
+TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels", "validations",
+          "root_cause_checks")
 
 
 def new_file_name(prefix: str = "part") -> str:
