@@ -16,7 +16,11 @@ from tests.serve.hostile_support import busiest_child, idle_children
 from tests.serve.serve_support import Server, running_server
 
 TIMEOUT = 8.0  # long enough for DuckDB to spill on a loaded machine
-SPILLING = "select i, random() r from range(200000000) t(i) order by r"
+# A sort that spills (tens of MB, under the worker's 256 MB spill cap) under 64 MB of memory, then a long
+# CPU-bound scan of its rows: whatever the machine's speed, the worker has spilled and is still running at
+# its timeout (a sort of 200M rows filled the spill cap first on a fast machine: 422, not the timeout).
+SPILLING = ("select sum(hash(a.i * b.k)) from (select i, random() r from range(6000000) t(i) order by r) a, "
+            "range(100000) b(k)")
 
 
 @pytest.fixture(scope="module")
