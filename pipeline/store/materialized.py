@@ -206,12 +206,17 @@ def reader_sql(name: str, one_trace: bool = False, whole: bool = False) -> str:
     return f"""
 with {cur},
 win as ({_ONE_WIN if one_trace else _WHOLE_WIN if whole else _ALL_WIN})
-select x.* exclude ({hidden})
+select x.* exclude ({hidden}){_CURRENT_CHECK if name == "root_causes" else ""}
 from {table_name(name)} x
 join cur c on c.trace_id = x.trace_id and c.mat_round = x.mat_round
 where x.trace_id in (select trace_id from win) {per}
 order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
 """
+
+
+_CURRENT_CHECK = """ replace ((select arg_max(k.verdict, k.checked_unix_nano) from root_cause_checks k
+                  where k.root_trace_id = x.root_trace_id and k.root_span_id = x.root_span_id) as confirmed)"""
+"""root_causes' ``confirmed`` as the checks say now: ``tracedag confirm`` runs after the rows were stored."""
 
 
 def reader_values(name: str, values: dict[str, object]) -> dict[str, object]:
