@@ -20,12 +20,14 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.queries import macros
+
+if TYPE_CHECKING:  # store.gc imports this module in the converters, which must not load DuckDB
+    import duckdb
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +158,8 @@ def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
 
 
 def _fresh_now(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
+    import duckdb
+
     have = {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
     if not {STATE, *(table_name(n) for n in SPECS)} <= have:
         return False
