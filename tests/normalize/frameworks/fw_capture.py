@@ -169,3 +169,37 @@ def wrong(scenarios: Sequence[Scenario], truth: dict[str, str | None], got: dict
         con.close()
     return [f"{s.conversation}: want {names.get(truth[s.conversation] or '')}, got {names.get(got.get(s.conversation) or '')}"
             for s in scenarios if got.get(s.conversation) != truth[s.conversation]]
+
+
+def captured(framework: str, scenarios: Sequence[Scenario], tmp: Path) -> Capture:
+    """``scenarios`` captured from ``framework`` into a store under ``tmp``, built and scored."""
+    cap = capture(framework, scenarios, tmp / "data")
+    build_and_score(cap.data)
+    return cap
+
+
+def answered_turns(run: Capture) -> list[str]:
+    """The JSON line the framework's script printed for each turn it ran."""
+    return [x for x in run.stdout.splitlines() if x.startswith('{"conversation"')]
+
+
+def step_types(data: Path) -> tuple[dict[str, str], int]:
+    """Span name -> its step_type, and how many spans are llm steps."""
+    from tracedag.pipeline.store.views import connect
+
+    con = connect(data)
+    try:
+        kinds = dict(con.execute("select name, any_value(step_type) from spans group by name").fetchall())
+        llm_calls = con.execute("select count(*) from spans where step_type = 'llm'").fetchall()[0][0]
+    finally:
+        con.close()
+    return kinds, int(llm_calls)
+
+
+def misses(run: Capture, scenarios: Sequence[Scenario], strategy: str = "greedy") -> list[str]:
+    """The conversations ``strategy`` answers wrong; the tally of right answers must agree with it."""
+    truth = truth_span_ids(run.data, scenarios)
+    got = answers(run.data, strategy)
+    missed = wrong(scenarios, truth, got, run.data)
+    assert sum(right for right, _ in tally(scenarios, truth, got).values()) == len(scenarios) - len(missed)
+    return missed

@@ -10,19 +10,9 @@ payload fails its tool; a time written as words fails the model call that wrote 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.normalize.frameworks.fw_capture import (
-    Capture,
-    answers,
-    build_and_score,
-    capture,
-    tally,
-    truth_span_ids,
-    wrong,
-)
+from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses
 from tests.normalize.frameworks.fw_scenarios import pydantic_ai_scenarios
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
@@ -31,14 +21,12 @@ SCENARIOS = pydantic_ai_scenarios()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
-    cap = capture("pydantic-ai", SCENARIOS, tmp_path_factory.mktemp("pydantic-ai") / "data")
-    build_and_score(cap.data)
-    yield cap
+def run(tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    return captured("pydantic-ai", SCENARIOS, tmp_path_factory.mktemp("pydantic-ai"))
 
 
 def test_the_framework_ran_every_scripted_turn(run: Capture) -> None:
-    lines = [x for x in run.stdout.splitlines() if x.startswith('{"conversation"')]
+    lines = answered_turns(run)
     assert len(lines) == sum(len(s.turns) for s in SCENARIOS)
     assert lines[0].endswith('"answer": "TimeoutError: weather backend timed out after 10s"}')
 
@@ -57,8 +45,5 @@ def test_the_error_payload_fails_the_tool_and_the_bad_time_the_model_call(run: C
 
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
-    truth = truth_span_ids(run.data, SCENARIOS)
     for strategy in ("greedy", "full_path_min", "weighted", "agenteval"):
-        got = answers(run.data, strategy)
-        assert wrong(SCENARIOS, truth, got, run.data) == [], strategy
-        assert all(right == n for right, n in tally(SCENARIOS, truth, got).values())
+        assert misses(run, SCENARIOS, strategy) == [], strategy

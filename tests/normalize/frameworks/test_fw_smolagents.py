@@ -11,21 +11,12 @@ payload fails (class 2); a time the model wrote as words fails the model call th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import (
-    Capture,
-    answers,
-    build_and_score,
-    capture,
-    tally,
-    truth_span_ids,
-    wrong,
-)
+from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses
 from tests.normalize.frameworks.fw_scenarios import smolagents_scenarios
 from tracedag.pipeline.store.views import connect
 
@@ -33,10 +24,8 @@ SCENARIOS = smolagents_scenarios()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
-    cap = capture("smolagents", SCENARIOS, tmp_path_factory.mktemp("smolagents") / "data")
-    build_and_score(cap.data)
-    yield cap
+def run(tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    return captured("smolagents", SCENARIOS, tmp_path_factory.mktemp("smolagents"))
 
 
 def nodes(data: Path, conversation: str) -> list[dict[str, Any]]:
@@ -67,7 +56,7 @@ def failures(data: Path, conversation: str) -> dict[str, tuple[bool, str | None]
 
 
 def test_the_framework_ran_every_scripted_turn(run: Capture) -> None:
-    lines = [x for x in run.stdout.splitlines() if x.startswith('{"conversation"')]
+    lines = answered_turns(run)
     assert len(lines) == sum(len(s.turns) for s in SCENARIOS)
     assert '"answer": "Lyon: 21C and sunny"' in lines[1]
 
@@ -95,7 +84,4 @@ KNOWN_MISSES = ["smol-badargs-missing: want OpenAIModel.generate, got Step 1"]
 
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
-    truth = truth_span_ids(run.data, SCENARIOS)
-    got = answers(run.data, "greedy")
-    assert wrong(SCENARIOS, truth, got, run.data) == KNOWN_MISSES
-    assert sum(right for right, _ in tally(SCENARIOS, truth, got).values()) == len(SCENARIOS) - len(KNOWN_MISSES)
+    assert misses(run, SCENARIOS) == KNOWN_MISSES

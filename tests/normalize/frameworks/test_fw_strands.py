@@ -10,45 +10,27 @@ model call (class 4). A tool's exception goes back to the model as an error tool
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.normalize.frameworks.fw_capture import (
-    Capture,
-    answers,
-    build_and_score,
-    capture,
-    tally,
-    truth_span_ids,
-    wrong,
-)
+from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses, step_types
 from tests.normalize.frameworks.fw_scenarios import strands_scenarios
-from tracedag.pipeline.store.views import connect
 
 SCENARIOS = strands_scenarios()
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
-    cap = capture("strands", SCENARIOS, tmp_path_factory.mktemp("strands") / "data")
-    build_and_score(cap.data)
-    yield cap
+def run(tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    return captured("strands", SCENARIOS, tmp_path_factory.mktemp("strands"))
 
 
 def test_the_framework_ran_every_scripted_turn(run: Capture) -> None:
-    lines = [x for x in run.stdout.splitlines() if x.startswith('{"conversation"')]
+    lines = answered_turns(run)
     assert len(lines) == sum(len(s.turns) for s in SCENARIOS)
     assert lines[1].endswith('"answer": "Lyon: 21C and sunny"}')
 
 
 def test_one_llm_step_per_model_call(run: Capture) -> None:
-    con = connect(run.data)
-    try:
-        kinds = dict(con.execute("select name, any_value(step_type) from spans group by name").fetchall())
-        llm_calls = con.execute("select count(*) from spans where step_type = 'llm'").fetchall()[0][0]
-    finally:
-        con.close()
+    kinds, llm_calls = step_types(run.data)
     assert kinds["execute_event_loop_cycle"] == "chain"
     assert kinds["chat"] == "llm"
     assert kinds["invoke_agent Strands Agents"] == "agent"
@@ -56,7 +38,4 @@ def test_one_llm_step_per_model_call(run: Capture) -> None:
 
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
-    truth = truth_span_ids(run.data, SCENARIOS)
-    got = answers(run.data, "greedy")
-    assert wrong(SCENARIOS, truth, got, run.data) == []
-    assert all(right == n for right, n in tally(SCENARIOS, truth, got).values())
+    assert misses(run, SCENARIOS) == []
