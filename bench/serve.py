@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -162,28 +161,9 @@ def measure(data: Path, runs: int, warm_runs: int) -> tuple[dict[str, dict[str, 
     return out, memory
 
 
-def synthetic_dag(steps: int, seed: int = 1) -> dict[str, Any]:
-    """A trace document of ``steps`` nodes: an agent loop of LLM calls, each fanning out to tools."""
-    rng = random.Random(seed)
-    nodes, edges = [], []
-    ids = [f"{i:016x}" for i in range(steps)]
-    for i, sid in enumerate(ids):
-        score = 1.0 if rng.random() < 0.02 else rng.choice([4.0, 5.0, 5.0])
-        nodes.append({"span_id": sid, "step_type": "llm" if i % 5 == 0 else "tool", "step_name": f"step {i}",
-                      "score": score, "duration_ms": 10.0})
-        if i:
-            parent = ids[(i // 5) * 5 - 5] if i % 5 == 0 and i >= 5 else ids[(i // 5) * 5]
-            edges.append({"source": parent, "target": sid, "edge_kind": "sequence"})
-    chain = [ids[0], ids[5], ids[10]]
-    trace = {"trace_id": "f" * 32, "service_name": "bench-agent", "steps": steps, "workflow_score": 3.0,
-             "passed": False, "start_time": "2025-11-30T00:00:00", "failed_steps": 3, "root_cause_step": "step 0",
-             "root_cause_span_id": ids[0], "error_count": 1, "conversation_id": "c"}
-    return {"trace": trace, "nodes": nodes, "edges": edges, "spans": [], "scores": [], "failures": [],
-            "root_cause": {"root_span_id": ids[0], "root_step_name": "step 0", "root_taxonomy_l1": "execution",
-                           "failed_span_id": ids[10]}, "propagation_chain": chain}
-
-
 def first_paint(steps: int, runs: int) -> list[float] | None:
+    """Seconds from the click on a synthetic ``steps``-step trace to its first view painted, in Chromium
+    (the page and the measurement of bench/ui_paint.py, which also times a small baseline trace)."""
     chromium = shutil.which("chromium")
     try:
         from playwright.sync_api import sync_playwright
@@ -191,39 +171,14 @@ def first_paint(steps: int, runs: int) -> list[float] | None:
         return None
     if chromium is None:
         return None
-    from tracedag.pipeline.serve import report
-    doc = synthetic_dag(steps)
-    page_html = (report.STATIC / "index.html").read_text()
-    payload = encode.dumps({"traces": [doc["trace"]], "total": 1, "details": {doc["trace"]["trace_id"]: doc}})
-    page_html = page_html.replace("<!--INLINE-DATA-->", report._script("window.TRACEDAG_DATA = " + payload + ";"))
-    for src in ("static/vendor/cytoscape.min.js", "static/vendor/cytoscape-dagre.min.js", "static/app.js"):
-        page_html = page_html.replace(f'<script src="{src}"></script>',
-                                      report._script((report.STATIC / src.removeprefix("static/")).read_text()))
-    page_html = page_html.replace('<link rel="stylesheet" href="static/style.css">',
-                                  "<style>" + (report.STATIC / "style.css").read_text() + "</style>")
-    times = []
+    import ui_paint
+
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        path = Path(tmp) / "dag.html"
-        path.write_text(page_html)
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        for _ in range(runs):
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(path.as_uri())
-            page.wait_for_selector("#traces tbody[data-loaded]")
-            took = page.evaluate("""() => new Promise(resolve => {
-                const t0 = performance.now();
-                new MutationObserver((m, obs) => {
-                  if (document.querySelector('#dag').dataset.trace) {
-                    obs.disconnect();
-                    requestAnimationFrame(() => requestAnimationFrame(() => resolve(performance.now() - t0)));
-                  }
-                }).observe(document.querySelector('#dag'), {attributes: true});
-                document.querySelector('#traces tbody tr').click();
-            })""")
-            times.append(took / 1000)
-            page.close()
-        browser.close()
-    return times
+        try:
+            return ui_paint.paint_seconds(browser, ui_paint.synthetic(steps), runs, Path(tmp), "painted")
+        finally:
+            browser.close()
 
 
 def main(argv: list[str] | None = None) -> int:
