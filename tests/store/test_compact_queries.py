@@ -12,7 +12,8 @@ import pytest
 from bench.gen import requests
 from tests.ingest.ingest_support import write_segment
 from tracedag.pipeline.ingest.segments import SpoolConverter
-from tracedag.pipeline.store.querying import _file_vanished, run_sql
+from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.querying import run_sql
 
 HOUR = 3600 * 10**9
 
@@ -25,7 +26,7 @@ def test_a_vanished_file_is_recognised_from_the_real_duckdb_error(tmp_path: Path
     path.unlink()
     with pytest.raises(duckdb.IOException) as info:
         con.execute("select count(*) from v").fetchall()
-    assert _file_vanished(info.value)
+    assert file_vanished(info.value)
 
 
 def _loop(data: Path, stop: threading.Event, seen: list[int], errors: list[str]) -> None:
