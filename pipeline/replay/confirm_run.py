@@ -96,9 +96,10 @@ def judge(data: Path, checks: Sequence[PlannedCheck], result: ReplayResult | Non
         rows = []
         for check in checks:
             mine = [r for r in records if r.run.source.conversation_id == check.cause.conversation_id]
-            before_root, after_root = con.execute(SOURCE_ERRORS_SQL, {
+            found = con.execute(SOURCE_ERRORS_SQL, {
                 "cid": check.cause.conversation_id, "root_start": check.root_start_ns,
                 "root_span": check.cause.root_span_id}).fetchone()
+            before_root, after_root = found if found is not None else (0, 0)  # an aggregate: always one row
             rows.append(_row(check, mine, spans, int(before_root), int(after_root), agent, replay_id))
     finally:
         con.close()
