@@ -141,8 +141,10 @@ def protocol(limits: ConnLimits, listening: socket.socket | None = None) -> type
 def bind(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port`` (raises ``OSError`` when it is taken or not ours to bind)."""
     infos: list[Any] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, address = infos[0]
+    # the address's own protocol (IPPROTO_TCP): asyncio sets TCP_NODELAY only on sockets that name it, and
+    # without it a reply written as head then body waited for the client's delayed ACK (~40 ms a request)
+    sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)

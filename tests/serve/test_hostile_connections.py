@@ -77,3 +77,33 @@ def test_connections_over_the_cap_wait_or_get_503_and_descriptors_stay_bounded(s
     while open_fds(server.proc.pid) > base + 2 and time.monotonic() < deadline:  # the closes are processed
         time.sleep(0.2)
     assert open_fds(server.proc.pid) <= base + 2
+
+
+def test_accepted_connections_send_without_nagle() -> None:
+    """A reply is written as head then body; without TCP_NODELAY the body waited for the client's delayed
+    ACK, ~40 ms on every keep-alive request after the first. asyncio sets it only on sockets bound with
+    their protocol (IPPROTO_TCP) named, so ``bind`` must name it."""
+    import asyncio
+
+    from tracedag.pipeline.serve.conns import bind
+
+    async def accepted_nodelay() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        listening = bind("127.0.0.1", 0)
+        listening.listen()
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listening)
+        client = socket.create_connection(listening.getsockname())
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            client.close()
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
