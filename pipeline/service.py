@@ -28,6 +28,7 @@ from tracedag.collector.spoolfmt import DONE_RETENTION_SECONDS
 from tracedag.pipeline.ingest.processes import ConverterProcess
 from tracedag.pipeline.store.manifests import KeepLocal, publish
 from tracedag.pipeline.store.remote import remote_of
+from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import JUDGE_LOCK, state_file
 
@@ -58,6 +59,37 @@ class CollectorConfig(ReceiverConfig):
     judge_interval: float = 10.0
     publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
     keep_local_seconds: float = 24 * 3600.0  # with an object store: local copies of uploaded spans kept this long
+
+
+class RoundFailures:
+    """What one background loop says of its failed rounds: a new failure in full, the same one again at
+    most every ``every`` seconds with its count, and once when a round works again. A store that
+    refuses every round (``StoreLost``) used to log the same traceback every second."""
+
+    def __init__(self, what: str, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.every, self.clock = what, every, clock
+        self.text: str | None = None
+        self.count = 0
+        self._said = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if text != self.text:
+            self.text, self.count, self._said = text, 1, self.clock()
+            if isinstance(exc, TracedagError):  # a message written for the user: no traceback
+                logger.error("%s: %s", self.what, exc)
+            else:
+                logger.exception("%s; retrying", self.what)
+            return
+        self.count += 1
+        if self.clock() - self._said >= self.every:
+            self._said = self.clock()
+            logger.error("%s, still (%d rounds in a row): %s", self.what, self.count, text)
+
+    def succeeded(self) -> None:
+        if self.text is not None:
+            logger.info("%s: working again after %d failed round(s)", self.what, self.count)
+            self.text, self.count = None, 0
 
 
 class RunningCollector:
@@ -130,11 +162,14 @@ class RunningCollector:
             return self._converter.run_once()
 
     def _convert_loop(self) -> None:
+        failures = RoundFailures("spool conversion round failed")
         while not self._stop.wait(self.config.convert_interval):
             try:
                 self.convert_once()
-            except Exception:
-                logger.exception("spool conversion round failed; retrying")
+            except Exception as exc:
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     def _supervise(self) -> None:
         while not self._stop.wait(1.0):
@@ -208,11 +243,14 @@ class RunningCollector:
         return stats
 
     def _publish_loop(self) -> None:
+        failures = RoundFailures("publishing to the object store failed; the files stay here and go next round")
         while not self._stop.wait(self.config.publish_interval):
             try:
                 self.publish_once()
-            except Exception:
-                logger.exception("publishing to the object store failed; the files stay here and go next round")
+            except Exception as exc:
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     # -- public control ----------------------------------------------------------------
 

@@ -159,3 +159,37 @@ def test_the_issue_on_s3_ingest_after_the_bucket_was_wiped_and_made_again(s3, tm
     assert counted.stdout.splitlines()[-1].strip() == str(SPANS), counted.stdout
     assert "publishing the 1 files" in again.stderr and "again" in again.stderr, again.stderr  # said, once
     assert again.stderr.count("no longer holds") == 1, again.stderr
+
+
+def test_a_collector_refused_by_a_wiped_store_says_so_once_not_every_round(memory_url, tmp_path, caplog):
+    """The live publisher meets the same ``StoreLost`` every round (each ``publish_interval``): it says it
+    once, in its one line and with no traceback, then only a count once a minute, and keeps the files."""
+    import logging
+    import time
+
+    from tests.collector.collector_support import make_request, make_span, post
+    from tracedag.pipeline.service import CollectorConfig, start_collector
+
+    work = attach(tmp_path / "w", memory_url)
+    c = start_collector(CollectorConfig(data=work, http_port=0, grpc_port=0, publish_interval=0.02,
+                                        keep_local_seconds=0.0))
+    try:
+        caplog.set_level(logging.INFO, logger="tracedag")
+        assert post(c.http_port, make_request([make_span(i) for i in range(SPANS)]).SerializeToString()).status == 200
+        _wait(lambda: read_listing(open_remote(memory_url)) != {} and not list((work / "tables" / "spans").rglob("*.parquet")))
+        _wipe_and_remake(memory_url)
+        _wait(lambda: any("were kept only in the store" in r.getMessage() for r in caplog.records))
+        time.sleep(1.0)  # ~50 more rounds, each refused the same way
+    finally:
+        c.stop(2)
+    said = [r for r in caplog.records if "no longer holds" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].exc_info is None and "publishing to the object store failed" in said[0].getMessage()
+
+
+def _wait(condition, seconds: float = 30.0) -> None:
+    import time
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
