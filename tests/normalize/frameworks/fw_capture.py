@@ -39,9 +39,16 @@ VENVS = {
                               "openinference.instrumentation.llama_index"),
     "strands": PinnedVenv("strands-venv", HERE / "strands_requirements.txt", "strands-agents",
                           "import strands, strands.models.openai, opentelemetry.exporter.otlp.proto.http"),
+    "openai-agents": PinnedVenv("openai-agents-venv", HERE / "openai_agents_requirements.txt", "openai-agents",
+                                "import agents, openinference.instrumentation.openai_agents, "
+                                "opentelemetry.exporter.otlp.proto.http"),
+    "google-adk": PinnedVenv("google-adk-venv", HERE / "google_adk_requirements.txt", "google-adk",
+                             "import google.adk.runners, google.adk.models.lite_llm, "
+                             "google.adk.plugins.reflect_retry_tool_plugin, opentelemetry.exporter.otlp.proto.http"),
 }
 SCRIPTS = {"smolagents": HERE / "smolagents_agent.py", "pydantic-ai": HERE / "pydantic_ai_agent.py",
-           "llama-index": HERE / "llama_index_agent.py", "strands": HERE / "strands_agent.py"}
+           "llama-index": HERE / "llama_index_agent.py", "strands": HERE / "strands_agent.py",
+           "openai-agents": HERE / "openai_agents_agent.py", "google-adk": HERE / "google_adk_agent.py"}
 
 Truth = tuple[int, str, int] | None
 Reply = tuple[int, dict[str, Any]]
