@@ -203,3 +203,18 @@ ROOT_CAUSE_CHECKS_V1 = _schema(
         pa.field("checked_unix_nano", pa.int64()),
     ],
 )
+
+# v2 (a check's score deltas and the model output served): v1's columns, then the new ones, so a v1 file
+# reads by name with nulls in them (store.views reads this table by name).
+ROOT_CAUSE_CHECKS_V2 = _schema(
+    "root_cause_checks/v2",
+    [
+        *ROOT_CAUSE_CHECKS_V1,
+        pa.field("replacement_output", _S),  # a model step's served output (gold_step, judge); null for tools
+        pa.field("runs_improved", pa.int32()),  # counted runs whose downstream step scores rose by score_threshold
+        pa.field("downstream_score_before", pa.float64()),  # mean score of the source's steps after the root
+        pa.field("downstream_score_after", pa.float64()),  # mean over the scored runs of the same steps' mean
+        pa.field("downstream_score_delta", pa.float64()),  # after - before
+        pa.field("score_threshold", pa.float64()),  # the rise that counts as improved (AgentEval's step_score level)
+    ],
+)

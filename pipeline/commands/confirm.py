@@ -65,6 +65,7 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     from tracedag.pipeline.replay import Selection, load_target, parse_opts
     from tracedag.pipeline.replay.confirm import plan_checks, select_checks
     from tracedag.pipeline.replay.confirm_run import default_confirm_id, judge, run_checks, write_checks
+    from tracedag.pipeline.replay.confirm_scores import score_runs
 
     sources, causes = select_checks(data, Selection(conversations, where, None, failed_only), strategy)
     checks = plan_checks(data, sources, causes, replacement)
@@ -74,6 +75,8 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
         result = run_checks(checks, target, url, times, replay_id, parallel)
     if result is not None and result.spans_lost:  # verdicts from missing spans would be wrong: none stored
         raise click.ClickException(f"the runs' spans did not all reach {data}: no verdict stored (replay_id={replay_id})")
+    if result is not None:
+        score_runs(data)  # the runs' downstream step scores, for the score-based part of the verdict
     rows = judge(data, checks, result, agent, replay_id)
     write_checks(data, rows)
     _report(checks, rows, data)

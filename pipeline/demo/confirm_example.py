@@ -18,6 +18,7 @@ def demo_confirm(data: Path, conversations: int = 2, times: int = 2) -> dict[str
     from tracedag.pipeline.demo.replay_example import example_target
     from tracedag.pipeline.replay.confirm import plan_checks, select_checks
     from tracedag.pipeline.replay.confirm_run import judge, run_checks, write_checks
+    from tracedag.pipeline.replay.confirm_scores import score_runs
     from tracedag.pipeline.replay.source import Selection
     from tracedag.pipeline.service import CollectorConfig, start_collector
 
@@ -31,6 +32,8 @@ def demo_confirm(data: Path, conversations: int = 2, times: int = 2) -> dict[str
         collector.flush()
     finally:
         collector.stop()
+    if result is not None:
+        score_runs(runs)
     rows = judge(data, checks, result, "example", "demo-confirm", runs_data=runs)
     write_checks(data, rows)
     verdicts = [str(r["verdict"]) for r in rows]

@@ -3,9 +3,10 @@
 Each check's conversation is replayed ``times`` times (``runner.replay``, recorded tools: the
 calls before the root step and the root call's replacement are served, later calls run live).
 A run *fails again* when a step with the name of the source's final failure ends in ERROR. Of the
-runs that ran to their end and used the replacement: **confirmed** when most did not fail again,
-**refuted** when most did, **inconclusive** on a tie, when no run counts, or when no replacement
-was found. ``downstream_failures_before`` counts the ERROR steps of the source that started after
+runs that ran to their end and used the replacement, a run is *resolved* when it did not fail
+again or its downstream step scores rose by the AgentEval threshold (``confirm_scores``, once the
+runs were built and scored): **confirmed** when most were resolved, **refuted** when most were not,
+**inconclusive** on a tie, when no run counts, or when no replacement was found. ``downstream_failures_before`` counts the ERROR steps of the source that started after
 the root step; ``downstream_failures_after`` the mean over the runs of their ERROR steps less the
 source's before the root (served again from the recording).
 """
@@ -24,13 +25,14 @@ import pyarrow as pa
 
 from tracedag.instrument.recorded import RECORDED_ATTRIBUTE
 from tracedag.pipeline.replay.confirm import PlannedCheck
+from tracedag.pipeline.replay.confirm_scores import SCORE_THRESHOLD, Downstream, downstream_scores
 from tracedag.pipeline.replay.confirm_serve import serving
 from tracedag.pipeline.replay.runner import ReplayConfig, ReplayResult, RunRecord, replay
 from tracedag.pipeline.replay.targets import Target
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import table_dir
-from tracedag.schemas.tables import ROOT_CAUSE_CHECKS_V1
+from tracedag.schemas.tables import ROOT_CAUSE_CHECKS_V2
 
 TABLE = "root_cause_checks"
 
@@ -100,10 +102,17 @@ def judge(data: Path, checks: Sequence[PlannedCheck], result: ReplayResult | Non
                 "cid": check.cause.conversation_id, "root_start": check.root_start_ns,
                 "root_span": check.cause.root_span_id}).fetchone()
             before_root, after_root = found if found is not None else (0, 0)  # an aggregate: always one row
-            rows.append(_row(check, mine, spans, int(before_root), int(after_root), agent, replay_id))
+            scores = _downstream(data, runs_data or data, check, mine)
+            rows.append(_row(check, mine, spans, (int(before_root), int(after_root)), scores, agent, replay_id))
     finally:
         con.close()
     return rows
+
+
+def _downstream(data: Path, runs_data: Path, check: PlannedCheck, records: list[RunRecord]) -> Downstream:
+    cause = check.cause
+    return downstream_scores(data, runs_data, cause.conversation_id, cause.root_span_id, cause.root_step_name,
+                             check.root_start_ns, [r.run.run_id for r in records])
 
 
 def _run_spans(data: Path, run_ids: list[str]) -> dict[str, RunSpans]:
@@ -124,13 +133,18 @@ def _run_spans(data: Path, run_ids: list[str]) -> dict[str, RunSpans]:
     return {r: RunSpans(tuple(failed.get(r, ())), frozenset(served.get(r, ()))) for r in run_ids}
 
 
-def _row(check: PlannedCheck, records: list[RunRecord], spans: dict[str, RunSpans], before_root: int,
-         after_root: int, agent: str, replay_id: str) -> dict[str, Any]:
+def _row(check: PlannedCheck, records: list[RunRecord], spans: dict[str, RunSpans], errors: tuple[int, int],
+         scores: Downstream, agent: str, replay_id: str) -> dict[str, Any]:
     cause, replacement = check.cause, check.replacement
-    counted = [spans[r.run.run_id] for r in records if not r.outcome.stopped and _used(check, spans[r.run.run_id])]
-    again = sum(1 for s in counted if cause.failed_step_name in s.failed_steps)
-    verdict, reason = _verdict(check, len(records), len(counted), again)
-    after = (sum(max(0, len(s.failed_steps) - before_root) for s in counted) / len(counted)) if counted else None
+    before_root, after_root = errors
+    counted = [r.run.run_id for r in records
+               if not r.outcome.stopped and _used(check, spans[r.run.run_id])]
+    again = sum(1 for r in counted if cause.failed_step_name in spans[r].failed_steps)
+    improved = sum(1 for r in counted if scores.improved(r))
+    resolved = sum(1 for r in counted if cause.failed_step_name not in spans[r].failed_steps or scores.improved(r))
+    verdict, reason = _verdict(check, len(records), len(counted), again, resolved)
+    after = (sum(max(0, len(spans[r].failed_steps) - before_root) for r in counted) / len(counted)) if counted else None
+    score_after = scores.after(counted)
     return {
         "conversation_id": cause.conversation_id, "trace_id": cause.trace_id, "root_trace_id": cause.root_trace_id,
         "root_span_id": cause.root_span_id, "root_step_name": cause.root_step_name,
@@ -140,6 +154,10 @@ def _row(check: PlannedCheck, records: list[RunRecord], spans: dict[str, RunSpan
         "failures_after": again, "verdict": verdict, "reason": reason,
         "downstream_failures_before": after_root, "downstream_failures_after": after,
         "agent": agent, "replay_id": replay_id if replacement else None, "checked_unix_nano": time.time_ns(),
+        "replacement_output": replacement.output if replacement else None, "runs_improved": improved,
+        "downstream_score_before": scores.before, "downstream_score_after": score_after,
+        "downstream_score_delta": None if score_after is None or scores.before is None else score_after - scores.before,
+        "score_threshold": SCORE_THRESHOLD,
     }
 
 
@@ -152,21 +170,26 @@ def _used(check: PlannedCheck, spans: RunSpans) -> bool:
     return replacement.call.name in spans.served_ok_tools
 
 
-def _verdict(check: PlannedCheck, planned: int, counted: int, again: int) -> tuple[str, str]:
+def _verdict(check: PlannedCheck, planned: int, counted: int, again: int, resolved: int) -> tuple[str, str]:
+    """Confirmed when most counted runs were resolved (the final failure gone, or the downstream step
+    scores up by the threshold), refuted when most were not, inconclusive on a tie or with no run."""
     if check.replacement is None:
         return "inconclusive", check.reason or "no replacement"
     if counted == 0:
         return "inconclusive", f"none of {planned} runs ran to its end and reached the replaced step"
-    gone = counted - again
-    if gone * 2 > counted:
-        return "confirmed", f"the failure of {check.cause.failed_step_name} disappeared in {gone} of {counted} runs"
-    if again * 2 > counted:
-        return "refuted", f"{check.cause.failed_step_name} failed again in {again} of {counted} runs"
-    return "inconclusive", f"{check.cause.failed_step_name} failed again in {again} of {counted} runs (no majority)"
+    name, gone = check.cause.failed_step_name, counted - again
+    if resolved * 2 > counted:
+        if gone * 2 > counted:
+            return "confirmed", f"the failure of {name} disappeared in {gone} of {counted} runs"
+        return "confirmed", (f"the failure of {name} disappeared or the downstream step scores rose by "
+                             f"{SCORE_THRESHOLD:.2f} or more in {resolved} of {counted} runs")
+    if (counted - resolved) * 2 > counted:
+        return "refuted", f"{name} failed again in {again} of {counted} runs"
+    return "inconclusive", f"{name} failed again in {again} of {counted} runs (no majority)"
 
 
 def write_checks(data: Path, rows: Sequence[dict[str, Any]]) -> Path:
     """Append the checks to the store's ``root_cause_checks`` table; the file written."""
-    table = pa.Table.from_pylist(list(rows), schema=ROOT_CAUSE_CHECKS_V1)
+    table = pa.Table.from_pylist(list(rows), schema=ROOT_CAUSE_CHECKS_V2)
     written: Path = write_parquet_atomic(table, table_dir(data, TABLE))
     return written

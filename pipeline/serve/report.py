@@ -18,6 +18,7 @@ from typing import Any
 from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode, tracelist
 from tracedag.pipeline.serve.assets import SCRIPTS, vendor_text
+from tracedag.pipeline.serve.checks import root_cause_check
 from tracedag.pipeline.serve.data import Store
 from tracedag.pipeline.serve.traces_api import with_path
 from tracedag.pipeline.store.querying import run_named
@@ -84,6 +85,9 @@ def build_page(data: Path, max_traces: int = 50, since: str | None = None) -> tu
     extra: dict[str, Any] = {name: _rows_or_none(data, name) for name in ("determinism", "node_utility", "edge_utility")}
     extra["regressions"] = _regressions(data)
     extra["conversation_causes"] = _conversation_causes(data, traces)
+    for tid, doc in details.items():  # the root cause's counterfactual check (tracedag confirm), as serve's view
+        doc["root_cause_check"] = root_cause_check(store, tid, doc.get("root_cause"),
+                                                   extra["conversation_causes"].get(tid))
     html = page_html({"traces": traces, "total": total, "details": details, **extra})
     return html, len(traces), len(details)
 

@@ -6,7 +6,8 @@
 - ``GET /api/traces/{trace_id}/view``: the document of ``GET /api/traces/{trace_id}`` with the
   ``propagation_path`` (every step from the root cause to the final failure, ``paths.py``),
   ``agent`` and ``cross_turn_cause`` (the ``root_causes`` row per conversation, when this turn ends
-  its conversation's failure; its ``root_trace_id`` names the turn the cause is in).
+  its conversation's failure; its ``root_trace_id`` names the turn the cause is in) and
+  ``root_cause_check`` (the latest ``tracedag confirm`` check of the root cause, ``serve.checks``).
 - ``GET /api/conversations/{conversation_id}``: its turns in order, each turn's outcome and root
   cause, and the cross-turn root cause of every failed turn (``root_causes`` per conversation).
 """
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tracedag.pipeline.serve import encode, tracelist
+from tracedag.pipeline.serve.checks import root_cause_check
 from tracedag.pipeline.serve.data import NotFound, Store
 from tracedag.pipeline.serve.paths import propagation_path
 from tracedag.schemas.errors import QueryFailed, TracedagError
@@ -36,6 +38,7 @@ def trace_view(store: Store, trace_id: str) -> dict[str, Any]:
     """One trace's document with its propagation path, agent name and root cause across turns."""
     doc = with_path(store.trace(trace_id), tracelist.agents(store).get(trace_id, ""))
     doc["cross_turn_cause"] = cross_turn_causes(store).get(trace_id)
+    doc["root_cause_check"] = root_cause_check(store, trace_id, doc.get("root_cause"), doc["cross_turn_cause"])
     return doc
 
 

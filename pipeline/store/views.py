@@ -36,7 +36,7 @@ from tracedag.schemas.tables import (
     DAG_NODES_V1,
     EVALUATIONS_V1,
     HUMAN_LABELS_V1,
-    ROOT_CAUSE_CHECKS_V1,
+    ROOT_CAUSE_CHECKS_V2,
     STEP_SCORES_V1,
     TRACES_V1,
     VALIDATIONS_V1,
@@ -51,7 +51,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "step_scores": STEP_SCORES_V1,
     "human_labels": HUMAN_LABELS_V1,
     "validations": VALIDATIONS_V1,
-    "root_cause_checks": ROOT_CAUSE_CHECKS_V1,  # tracedag confirm; empty until a check ran
+    "root_cause_checks": ROOT_CAUSE_CHECKS_V2,  # tracedag confirm; empty until a check ran
 }
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def _source_sql(data: Path, table: str) -> str:
     if not files:
         return _empty_sql(SCHEMAS[table])
     if remote_of(data) is not None:  # an object store: the files listed now, read where they are
-        source = f"select * from {read_list_sql(data, files, by_name=False)}"
+        source = f"select * from {read_list_sql(data, files, by_name=table in _BY_NAME)}"
         if table == "spans" and len(_writers_of(files)) > 1:
             # several collectors may have stored the same span (an exporter's retry routed elsewhere):
             # one row per (trace_id, span_id), the first received
@@ -131,7 +131,12 @@ def _source_sql(data: Path, table: str) -> str:
     # Every file of a core table is written with its one schema, so files are read by position:
     # union_by_name made DuckDB bind every file's columns on each query (0.6 ms a file even with
     # the footers cached: 140 ms for a count(*) over the 244 fresh files of a busy hour, 7 ms without).
-    return f"select * from read_parquet('{pattern}', union_by_name = false, hive_partitioning = false)"
+    by_name = str(table in _BY_NAME).lower()
+    return f"select * from read_parquet('{pattern}', union_by_name = {by_name}, hive_partitioning = false)"
+
+
+_BY_NAME = {"root_cause_checks"}
+"""Core tables whose files may hold an older schema version (v1 checks beside v2): read by column name."""
 
 
 _DERIVED_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")

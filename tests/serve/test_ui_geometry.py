@@ -323,3 +323,40 @@ def test_a_conversation_lists_its_turns_and_links_the_cause_across_turns(browser
         assert page.get_attribute("#cross-turn", "data-open") == "a1-lookup"
         page.screenshot(path=str(shots / "trace-cross-turn.png"))
         assert errors == []
+
+
+def test_the_root_causes_counterfactual_check_is_shown_beside_it(browser: Any, tmp_path: Path, shots: Path) -> None:
+    from tests.replay.test_confirm import _root_causes, _travel_store
+
+    data = _travel_store(tmp_path / "travel")
+    trace_id = str(_root_causes(data)["c-search"]["trace_id"])
+    done = CliRunner().invoke(cli, ["confirm", "--data", str(data), "--agent", "tests.replay.confirm_agents:travel",
+                                    "--conversation", "c-search", "--times", "2"])
+    assert done.exit_code == 0, done.output
+    with running_server(data) as s:
+        page, errors = _page(browser, s.url + "/")
+        page.evaluate(f"window.tracedagUi.openTrace('{trace_id}')")
+        page.wait_for_selector("#dag[data-trace]", timeout=20_000)
+        check = page.locator("#rc-check")
+        assert check.is_visible() and check.get_attribute("data-verdict") == "confirmed"
+        assert "check: confirmed (recorded_tool, 2 runs, failed again in 0" in check.inner_text()
+        seen = page.evaluate("""() => {
+          const box = (el) => el.getBoundingClientRect().toJSON();
+          const c = document.querySelector('#rc-check'), b = box(c);
+          const hit = document.elementFromPoint((b.left + b.right) / 2, (b.top + b.bottom) / 2);
+          const others = ['#back', '#legend', '#dag', '#lower'].map(s => box(document.querySelector(s)));
+          const root = [...document.querySelectorAll('#title > b')].map(box);  // the root cause, the final failure
+          return {check: b, onTop: c.contains(hit), others, root};
+        }""")
+        b = seen["check"]
+        root = seen["root"][-1]  # the last bold part of the root-cause text (the final failure, else the root)
+        assert seen["onTop"] and b["height"] < 1.6 * root["height"], seen  # drawn on top, on one line
+        assert b["left"] >= 0 and b["right"] <= VIEWPORT["width"] and b["top"] >= 0 and b["bottom"] <= VIEWPORT["height"]
+        rect = {"x1": b["left"], "y1": b["top"], "x2": b["right"], "y2": b["bottom"]}
+        for other in seen["others"] + seen["root"]:
+            box = {"x1": other["left"], "y1": other["top"], "x2": other["right"], "y2": other["bottom"]}
+            assert _overlap(rect, box) <= 0, (b, other)
+        # beside the root cause: right after its text, on its line or the next
+        assert (abs(root["top"] - b["top"]) < 1 and b["left"] >= root["right"]) or 0 <= b["top"] - root["bottom"] < root["height"]
+        page.screenshot(path=str(shots / "trace-root-cause-check.png"))
+        assert errors == []

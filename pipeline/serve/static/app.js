@@ -137,6 +137,7 @@
             (rc.failed_span_id && rc.failed_span_id !== rc.root_span_id
               ? ` → final failure <b>${esc(rc.failed_step_name)}</b>, ${Math.max(0, (doc.propagation_path || []).length - 1)} hops`
               : ", itself the final failure") : "");
+    if (doc.root_cause_check) $("#title").insertAdjacentHTML("beforeend", checkHtml(doc.root_cause_check));
     const cross = doc.cross_turn_cause || (INLINE && (INLINE.conversation_causes || {})[t.trace_id]);
     if (cross && cross.root_trace_id && cross.root_trace_id !== t.trace_id) {
       $("#title").insertAdjacentHTML("beforeend", ` · cause across turns: <b>${esc(cross.root_step_name)}</b> in ` +
@@ -156,6 +157,16 @@
     dag.dataset.root = rc ? rc.root_span_id : "";
     dag.dataset.path = (doc.propagation_path || []).join(",");
     dag.dataset.painted = t.trace_id;
+  }
+
+  // the root cause's latest counterfactual check (tracedag confirm), beside it in the title: the verdict, the
+  // runs, what replaced the step and the downstream deltas; the reason and the replacement's source on hover
+  function checkHtml(c) {
+    const delta = c.downstream_score_delta == null ? "" : `, step scores ${c.downstream_score_delta >= 0 ? "+" : ""}${num(c.downstream_score_delta, 2)}`;
+    const by = c.replacement_kind ? esc(c.replacement_kind) : "no replacement";
+    const hover = `${c.reason || ""}${c.replacement_source ? " · replaced by " + c.replacement_source : ""}`;
+    return ` · <span id="rc-check" class="check check-${esc(c.verdict)}" data-verdict="${esc(c.verdict)}" title="${esc(hover)}">` +
+      `check: <b>${esc(c.verdict)}</b> (${by}, ${esc(c.runs)} runs, failed again in ${esc(c.failures_after)}${delta})</span>`;
   }
 
   const STATUS_CODE = { 0: "unset", 1: "ok", 2: "error" };
