@@ -37,6 +37,7 @@ class PinnedVenv:
     lock: Path
     package: str  # the pinned package whose version names the venv
     imports: str  # e.g. "import openai, traceloop.sdk.decorators"
+    pip_timeout: float = PIP_TIMEOUT  # seconds for the install (google-adk's ~90 packages take ~6 min on 2 busy cores)
 
     def version(self) -> str:
         """The version of ``package`` pinned in the lock file."""
@@ -63,7 +64,7 @@ class PinnedVenv:
         run_or_fail([sys.executable, "-m", "venv", str(target)], f"creating the {self.name} virtualenv", 120)
         py = str(python_of(target))
         pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", "-r", str(self.lock)]
-        run_or_fail(pip, f"installing {self.package}=={self.version()} from PyPI", PIP_TIMEOUT)
+        run_or_fail(pip, f"installing {self.package}=={self.version()} from PyPI", self.pip_timeout)
         run_or_fail([py, "-c", self.imports], f"importing {self.package} in its venv", 120)
         (target / STAMP).write_text(self.lock.read_text())
 

@@ -44,7 +44,8 @@ VENVS = {
                                 "opentelemetry.exporter.otlp.proto.http"),
     "google-adk": PinnedVenv("google-adk-venv", HERE / "google_adk_requirements.txt", "google-adk",
                              "import google.adk.runners, google.adk.models.lite_llm, "
-                             "google.adk.plugins.reflect_retry_tool_plugin, opentelemetry.exporter.otlp.proto.http"),
+                             "google.adk.plugins.reflect_retry_tool_plugin, opentelemetry.exporter.otlp.proto.http",
+                             pip_timeout=1200),
 }
 SCRIPTS = {"smolagents": HERE / "smolagents_agent.py", "pydantic-ai": HERE / "pydantic_ai_agent.py",
            "llama-index": HERE / "llama_index_agent.py", "strands": HERE / "strands_agent.py",
