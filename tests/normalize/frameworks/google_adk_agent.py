@@ -12,7 +12,8 @@ session whose id is the conversation's, its turns run in order by an ``InMemoryR
 session's events are the memory). A tool's exception ends the run, unless the scenario asks for
 ``"plugin": "reflect_retry"``: ADK's ``ReflectAndRetryToolPlugin`` then answers the model with its
 ``ERROR_HANDLED_BY_REFLECT_AND_RETRY_PLUGIN`` payload as the tool's result. The tools are those of
-smolagents_agent.py.
+smolagents_agent.py, and ``track_shipment``, which raises "404 Not Found" for a tracking number no
+carrier knows (order A-2002's, stale).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"}}
+ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"},
+          "A-2002": {"order_id": "A-2002", "status": "shipped", "tracking_no": "TRK-31337"}}  # stale: no carrier knows it
+SHIPMENTS = {"TRK-77123": "in transit, arriving Friday"}
 
 
 def get_weather(city: str) -> str:
@@ -59,6 +62,13 @@ def lookup_order(order_id: str) -> dict[str, Any]:
     return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
 
 
+def track_shipment(tracking_no: str) -> str:
+    """Where a shipment is now, by its tracking number."""
+    if tracking_no not in SHIPMENTS:
+        raise LookupError(f"404 Not Found: no shipment with tracking number {tracking_no}")
+    return SHIPMENTS[tracking_no]
+
+
 def book_taxi(city: str, time: str) -> str:
     """Book a taxi in a city at a time, HH:MM."""
     if not re.fullmatch(r"\d\d:\d\d", time):
@@ -69,7 +79,7 @@ def book_taxi(city: str, time: str) -> str:
 async def run_conversation(model: LiteLlm, sc: dict[str, Any]) -> None:
     """The scenario's turns, in order, in one ADK session named after the conversation."""
     agent = LlmAgent(name="assistant", model=model, instruction="Help the user with the tools.",
-                     tools=[get_weather, lookup_order, book_taxi])
+                     tools=[get_weather, lookup_order, track_shipment, book_taxi])
     plugins = [ReflectAndRetryToolPlugin(max_retries=2)] if sc.get("plugin") == "reflect_retry" else []
     runner = InMemoryRunner(agent=agent, app_name="adk-demo", plugins=plugins)
     await runner.session_service.create_session(app_name="adk-demo", user_id="user", session_id=sc["conversation"])

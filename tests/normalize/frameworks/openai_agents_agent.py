@@ -8,10 +8,11 @@ registers OpenInference's processor as the only one, whose spans the real OTel S
 exporter sends to the test's ``tracedag collect``. The model is the SDK's
 ``OpenAIChatCompletionsModel`` against the scripted OpenAI-compatible server of the test. Each scenario
 is a conversation: its turns run in order inside OpenInference's ``using_session``, each turn's input
-the previous turn's items plus the new prompt. The tools are those of smolagents_agent.py; a tool's
-exception goes to the SDK's default ``failure_error_function`` (the model reads "An error occurred
-while running the tool", the span's error says "Tool execution failed. Error details are
-redacted."), unless the scenario asks for ``"tool_errors": "raise"`` (no handler: the run ends) or
+the previous turn's items plus the new prompt. The tools are those of smolagents_agent.py, and
+``track_shipment``, which answers a tracking number no carrier knows (order A-2002's, stale) with a
+404 error payload. A tool's exception goes to the SDK's default ``failure_error_function`` (the
+model reads "An error occurred while running the tool", the span's error says "Tool execution
+failed. Error details are redacted."), unless the scenario asks for ``"tool_errors": "raise"`` (no handler: the run ends) or
 ``"shown"`` (a handler that answers the exception's text, which the span then carries too).
 """
 
@@ -31,6 +32,7 @@ from agents import (
     function_tool,
     set_trace_processors,
 )
+from agents.tracing import get_trace_provider
 from openai import AsyncOpenAI
 from openinference.instrumentation import using_session
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
@@ -40,7 +42,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"}}
+ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"},
+          "A-2002": {"order_id": "A-2002", "status": "shipped", "tracking_no": "TRK-31337"}}  # stale: no carrier knows it
+SHIPMENTS = {"TRK-77123": "in transit, arriving Friday"}
 
 
 def get_weather(city: str) -> str:
@@ -58,6 +62,13 @@ def lookup_order(order_id: str) -> dict[str, Any]:
     return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
 
 
+def track_shipment(tracking_no: str) -> dict[str, Any]:
+    """Where a shipment is now, by its tracking number."""
+    if tracking_no not in SHIPMENTS:
+        return {"status": 404, "error": f"404 Not Found: no shipment with tracking number {tracking_no}"}
+    return {"tracking_no": tracking_no, "status": SHIPMENTS[tracking_no]}
+
+
 def book_taxi(city: str, time: str) -> str:
     """Book a taxi in a city at a time, HH:MM."""
     if not re.fullmatch(r"\d\d:\d\d", time):
@@ -72,7 +83,7 @@ def shown(ctx: RunContextWrapper[Any], error: Exception) -> str:
 
 def tools(errors: str) -> list[Any]:
     """The function tools, with the error handling the scenario asks for."""
-    fns = (get_weather, lookup_order, book_taxi)
+    fns = (get_weather, lookup_order, track_shipment, book_taxi)
     if errors == "raise":
         return [function_tool(f, failure_error_function=None) for f in fns]
     if errors == "shown":
@@ -102,6 +113,8 @@ def main(collector: str, model_url: str, scenarios: list[dict[str, Any]]) -> Non
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{collector}/v1/traces")))
     set_trace_processors([])  # no upload to OpenAI's tracing backend
     OpenAIAgentsInstrumentor().instrument(tracer_provider=provider)
+    registered = getattr(getattr(get_trace_provider(), "_multi_processor", None), "_processors", None)
+    print(json.dumps({"trace_processors": [type(p).__name__ for p in registered or ()]}), flush=True)
     client = AsyncOpenAI(base_url=model_url, api_key="test-key", max_retries=0)
     model = OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client)
     for sc in scenarios:

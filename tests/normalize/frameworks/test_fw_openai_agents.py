@@ -45,6 +45,11 @@ def test_the_framework_ran_every_scripted_turn(run: Capture) -> None:
     assert '"answer": "Lyon: 21C and sunny"' in lines[2]
 
 
+def test_the_sdk_traces_only_to_openinference(run: Capture) -> None:
+    # the SDK's default processor (the upload to OpenAI's tracing backend) is not registered
+    assert '{"trace_processors": ["OpenInferenceTracingProcessor"]}' in run.stdout.splitlines()
+
+
 def test_one_llm_step_per_model_call_and_a_tool_step_per_tool(run: Capture) -> None:
     kinds, llm_calls = step_types(run.data)
     assert kinds[OAI_LLM] == "llm"
