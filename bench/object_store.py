@@ -5,12 +5,14 @@ processes exactly as a user runs them, ``--runs`` times each:
 
 - conversion: ``tracedag ingest`` of the dumps (on S3: convert locally, then upload and publish);
 - build: ``tracedag build --idle 0`` (on S3: spans read through s3fs, derived files uploaded);
-- queries: ``tracedag query NAME`` for a few named queries, from a fresh work directory (cold:
-  every byte comes from the store).
+- queries: ``tracedag query NAME`` for a few named queries, each from a fresh work directory, three ways:
+  with the local object cache off (``TRACEDAG_CACHE_SIZE=0``: every byte comes from the store, as before
+  the cache), cold (an empty cache directory: the query fills it) and warm (the same query again over
+  the filled cache, from another fresh work directory).
 
 The local store is the baseline, measured in the same run; the table gives medians and the S3/local
 ratio. SeaweedFS runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
-of a network.
+of a network (over a network a cold read costs more, a warm one the same).
 
     python bench/object_store.py --spans 200000 --files 8 --runs 3
 """
@@ -53,29 +55,44 @@ def write_dumps(folder: Path, spans: int, files: int) -> list[Path]:
     return out
 
 
-def timed(*args: str) -> float:
+def timed(*args: str, env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
-    r = subprocess.run([*CLI, *args], capture_output=True, text=True, env=os.environ.copy())
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise SystemExit(f"tracedag {' '.join(args)} failed:\n{r.stderr}")
     return time.perf_counter() - t0
 
 
-def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[float, float]]:
-    """Seconds of each step, (local, s3), on fresh stores."""
+def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[float, ...]]:
+    """Seconds of each step on fresh stores: (local, s3) for conversion and build; (local, s3 without
+    the cache, s3 cold cache, s3 warm cache) for each query."""
     local = tmp / f"local-{run}"
     url = f"s3://{server.bucket}/run{run}"
-    writer, reader = tmp / f"w-{run}", tmp / f"r-{run}"
+    writer = tmp / f"w-{run}"
     files = [str(d) for d in dumps]
-    out = {"conversion": (timed("ingest", *files, "--data", str(local)),
-                          timed("ingest", *files, "--data", url, "--work-dir", str(writer))),
-           "build": (timed("build", "--idle", "0", "--data", str(local)),
-                     timed("build", "--idle", "0", "--data", url, "--work-dir", str(writer)))}
+    cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"cache-{run}")}
+    out: dict[str, tuple[float, ...]] = {
+        "conversion": (timed("ingest", *files, "--data", str(local)),
+                       timed("ingest", *files, "--data", url, "--work-dir", str(writer), env=cache)),
+        "build": (timed("build", "--idle", "0", "--data", str(local)),
+                  timed("build", "--idle", "0", "--data", url, "--work-dir", str(writer), env=cache))}
+    shutil.rmtree(tmp / f"cache-{run}", ignore_errors=True)
     for name in QUERIES:
-        out[f"query {name}"] = (timed("query", name, "--data", str(local), "--format", "csv"),
-                                timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv"))
-        shutil.rmtree(reader, ignore_errors=True)
+        out[f"query {name}"] = query_times(tmp, local, url, name, run)
     return out
+
+
+def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[float, ...]:
+    """(local, S3 cache off, S3 cold cache, S3 warm cache) seconds of ``tracedag query name``."""
+    cache = tmp / f"qcache-{run}-{name}"
+    times = [timed("query", name, "--data", str(local), "--format", "csv")]
+    for label, env in (("off", {"TRACEDAG_CACHE_SIZE": "0"}), ("cold", {"TRACEDAG_CACHE_DIR": str(cache)}),
+                       ("warm", {"TRACEDAG_CACHE_DIR": str(cache)})):
+        reader = tmp / f"r-{run}-{name}-{label}"  # a fresh work directory each time: only the cache is kept
+        times.append(timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv", env=env))
+        shutil.rmtree(reader, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    return tuple(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,21 +114,40 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             runs.append(one_run(tmp, dumps, server, run))
             console.print(f"run {run + 1}/{args.runs} done")
-        table = Table(title=f"local disk vs S3 (SeaweedFS on loopback): {args.spans:,} spans in {args.files} files, "
-                            f"median of {args.runs} runs, fresh processes")
-        for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
-            table.add_column(col, justify="right" if col != "step" else "left")
-        for step in runs[0]:
-            lo = statistics.median(r[step][0] for r in runs)
-            s3 = statistics.median(r[step][1] for r in runs)
-            rate = step in ("conversion", "build")
-            table.add_row(step, f"{lo:.2f}", f"{s3:.2f}", f"×{s3 / lo:.2f}",
-                          f"{args.spans / lo:,.0f}" if rate else "", f"{args.spans / s3:,.0f}" if rate else "")
-        console.print(table)
+        console.print(steps_table(runs, args))
+        console.print(queries_table(runs, args))
     finally:
         server.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def steps_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
+    """Conversion and build: local vs S3 medians."""
+    table = Table(title=f"local disk vs S3 (SeaweedFS on loopback): {args.spans:,} spans in {args.files} files, "
+                        f"median of {args.runs} runs, fresh processes")
+    for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
+        table.add_column(col, justify="right" if col != "step" else "left")
+    for step in ("conversion", "build"):
+        lo, s3 = (statistics.median(r[step][k] for r in runs) for k in (0, 1))
+        table.add_row(step, f"{lo:.2f}", f"{s3:.2f}", f"×{s3 / lo:.2f}", f"{args.spans / lo:,.0f}",
+                      f"{args.spans / s3:,.0f}")
+    return table
+
+
+def queries_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
+    """Named queries: local vs S3 without the cache (before), cold cache and warm cache (after), medians."""
+    table = Table(title=f"named queries, {args.spans:,} spans: local vs S3, object cache off / cold / warm, "
+                        f"median of {args.runs} runs, fresh processes and work directories")
+    for col in ("query", "local s", "S3 off s", "×", "S3 cold s", "×", "S3 warm s", "×"):
+        table.add_column(col, justify="right" if col != "query" else "left")
+    for step in (k for k in runs[0] if k.startswith("query ")):
+        med = [statistics.median(r[step][k] for r in runs) for k in range(4)]
+        cells = [f"{med[0]:.2f}"]
+        for value in med[1:]:
+            cells += [f"{value:.2f}", f"×{value / med[0]:.2f}"]
+        table.add_row(step.removeprefix("query "), *cells)
+    return table
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ _URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 _WRITER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
-class RemoteUnavailable(TracedagError):
+class RemoteUnavailable(TracedagError):  # type: ignore[misc,unused-ignore]
     """The object store cannot be used: a missing driver (s3fs), a bad URL or a refused connection."""
 
 
@@ -76,6 +76,12 @@ class Remote:
     def uri(self, rel: str) -> str:
         """The full URL of ``rel``, as DuckDB reads it through the registered filesystem."""
         return f"{self.protocol}://{self.key(rel)}"
+
+    def reading_fs(self) -> Any:
+        """The filesystem DuckDB reads the store through: the local object cache's, unless it is off."""
+        from tracedag.pipeline.store.cachedfs import reading_filesystem  # fsspec: only with the s3 extra
+
+        return reading_filesystem(self.fs)
 
 
 def split_url(url: str) -> tuple[str, str]:

@@ -302,7 +302,7 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
         con.execute(f"set threads = {int(threads)}")
     remote = remote_of(Path(data))
     if remote is not None:
-        con.register_filesystem(remote.fs)  # DuckDB reads the store through fsspec (no httpfs offline)
+        con.register_filesystem(remote.reading_fs())  # through fsspec and the local object cache
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
             create_views(con, Path(data))  # the shared macros bind over the views: they open files

@@ -66,6 +66,7 @@ class S3Server:
     proc: subprocess.Popen[bytes] | None = None
     ports: dict[str, int] = field(default_factory=dict)  # SeaweedFS's master, volume and filer
     bucket: str = ""
+    metrics_port: int = 0  # SeaweedFS: serve Prometheus metrics (request counts, bytes sent) on this port
 
     @property
     def endpoint(self) -> str:
@@ -92,7 +93,8 @@ class S3Server:
                 f"-master.port={self.ports['master']}", f"-volume.port={self.ports['volume']}",
                 f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=64",
                 "-master.volumeSizeLimitMB=256",
-                "-s3.port.iceberg=0", "-s3.port.lance=0"]
+                "-s3.port.iceberg=0", "-s3.port.lance=0",
+                *([f"-metricsPort={self.metrics_port}"] if self.metrics_port else [])]
 
     def start(self) -> S3Server:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -157,6 +159,7 @@ def s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
     try:
         for key, value in server.env.items():
             monkeypatch.setenv(key, value)
+        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "objcache"))  # the test's own object cache
         server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
         server.make_bucket(server.bucket)
         server.wait_writable(server.bucket)
