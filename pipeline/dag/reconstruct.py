@@ -194,7 +194,7 @@ def reconstruct(
             sorted_rows = _sibling_sort(f, ct, group, order)
             left, right = tree.nested_sets(ct.parent, ct.levels.by_depth, sorted_rows, group)
         with stage("loops+explicit"):
-            graph = _graph(con, f, ct, order, left, right, tolerance_ns)
+            graph = _graph(con, f, ct, order, left, right)
         with stage("assemble"):
             out: tuple[pa.Table, pa.Table, pa.Table] = assemble(f.prep, graph, build_id, built_unix_nano, spec)
         return out
@@ -204,7 +204,6 @@ def reconstruct(
 
 def _graph(
     con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, order: SiblingOrder, left: IntArray, right: IntArray,
-    tolerance_ns: int = DEFAULT_TOLERANCE_NS,
 ) -> Graph:
     """Everything per row and per edge that the output tables need."""
     names = f.prep.column("step_name").combine_chunks().dictionary_encode()
@@ -230,14 +229,14 @@ def _graph(
     is_agent = np.asarray(pc.fill_null(pc.equal(f.prep.column("step_type"), "agent"), False)
                           .to_numpy(zero_copy_only=False), dtype=np.bool_)
     g.agent_group = agent_groups(ct.parent, ct.levels.by_depth, is_agent, f.trace)
-    g.tc_src, g.tc_dst = _tool_calls(con, f, ct, g.agent_group, left, right, tolerance_ns)
+    g.tc_src, g.tc_dst = _tool_calls(con, f, ct, g.agent_group, left, right)
     return g
 
 
 def _tool_calls(con: duckdb.DuckDBPyConnection, f: Frame, ct: CallTree, group: IntArray, left: IntArray,
-                right: IntArray, tolerance_ns: int) -> tuple[IntArray, IntArray]:
+                right: IntArray) -> tuple[IntArray, IntArray]:
     """The tool_call edges (LLM row -> tool row), none between a span and its own ancestor."""
-    src, dst = tool_call_edges(con, f.prep, group, ct.eff_s, ct.eff_e, tolerance_ns)
+    src, dst = tool_call_edges(con, f.prep, group, ct.eff_s, ct.eff_e)
     nested = ((left[src] < left[dst]) & (right[dst] < right[src])) | ((left[dst] < left[src]) & (right[src] < right[dst]))
     return src[~nested], dst[~nested]
 

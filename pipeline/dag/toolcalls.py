@@ -7,10 +7,14 @@ model call between the two). For each tool step, in this order:
 1. **by id**: the LLM step whose output holds the tool's call id (``spans.tool_call_id``: a tool's
    own id; for an LLM step, the ``,``-joined ids of the calls in its output, from
    ``gen_ai.output.messages``, OpenInference ``llm.output_messages.*.tool_calls.*`` or indexed
-   ``gen_ai.completion.*.tool_calls.*``), the latest one that ended before the tool started;
-2. **by time** otherwise (no id, or ids from another namespace than the model's): under the same
-   agent (nearest ``agent`` ancestor, else the trace), the LLM step that ended last before the tool
-   started (within the tolerance), among those whose finish reason, when recorded, is a tool call.
+   ``gen_ai.completion.*.tool_calls.*``): the latest one that started before the tool started, else
+   (clock skew) the earliest one;
+2. **by containment and order** otherwise (no id, or ids from another namespace than the model's):
+   under the same agent (nearest ``agent`` ancestor, else the trace), the LLM step that started last
+   before the tool started, among those whose finish reason, when recorded, is a tool call, leaving
+   out a model call that lies wholly inside another one of them (a wrapper's inner call, a guardrail
+   running while the model answers). Timing only orders the calls: a tool may start before the
+   model call that emitted it ends (a streamed answer, clocks of two hosts), by any amount.
 
 A tool step without such an LLM step (a tool called by code) gets no edge. Pure function of the
 ``prep`` rows and the repaired call tree; vectorized in DuckDB (an ASOF join per rule).
@@ -28,38 +32,51 @@ from tracedag.pipeline.dag.tree import BoolArray, IntArray
 
 _TOOL_CALL_FINISH = r"tool|function"
 
-_LINK_SQL = """
-with llm as (
-    select idx, trace_no, grp, e, tool_call_id as ids,
-           finish_reason is null or regexp_matches(lower(finish_reason), $finish) as may_call
-    from tc where step_type = 'llm'
-), tool as (
-    select idx, trace_no, grp, s + $tol as lim, tool_call_id as cid from tc where step_type = 'tool'
+# The model calls a tool may hang off by order: may emit a call, not inside another such call of
+# the group (cover: the latest end among the calls of the group that start before it, or at the
+# same time and end later).
+_CANDIDATES = """
+cand as (
+    select idx, grp, s from (
+        select idx, grp, s, e,
+               max(e) over (partition by grp order by s, e desc, idx
+                            rows between unbounded preceding and 1 preceding) as cover
+        from tc
+        where step_type = 'llm' and (finish_reason is null or regexp_matches(lower(finish_reason), $finish))
+    ) where cover is null or cover < e
+)"""
+
+_LINK_SQL = f"""
+with {_CANDIDATES}, tool as (
+    select idx, trace_no, grp, s, tool_call_id as cid from tc where step_type = 'tool'
 ), llm_id as (
-    select idx, trace_no, e, unnest(string_split(ids, ',')) as cid from llm where ids is not null
-), by_id as (
+    select idx, trace_no, s, unnest(string_split(tool_call_id, ',')) as cid
+    from tc where step_type = 'llm' and tool_call_id is not null
+), before as (
     select t.idx as dst, l.idx as src
-    from tool t asof join llm_id l on l.trace_no = t.trace_no and l.cid = t.cid and t.lim >= l.e
+    from tool t asof join llm_id l on l.trace_no = t.trace_no and l.cid = t.cid and t.s >= l.s
+), skewed as (
+    select t.idx as dst, arg_min(l.idx, (l.s, l.idx)) as src
+    from tool t join llm_id l on l.trace_no = t.trace_no and l.cid = t.cid
+    anti join before b on b.dst = t.idx
+    group by t.idx
+), by_id as (
+    select dst, src from before union all select dst, src from skewed
 ), rest as (
     select t.* from tool t anti join by_id b on b.dst = t.idx
-), any_llm as (
-    select idx, grp, e from llm where may_call
 )
 select src, dst from by_id
 union all
-select l.idx, t.idx from rest t asof join any_llm l on l.grp = t.grp and t.lim >= l.e
+select l.idx, t.idx from rest t asof join cand l on l.grp = t.grp and t.s >= l.s
 """
 
-# No LLM step of the chunk lists call ids (dialects or stores without them): time alone, one ASOF join
-# (the same edges as _LINK_SQL then).
-_BY_TIME_SQL = """
-with llm as (
-    select idx, grp, e from tc
-    where step_type = 'llm' and (finish_reason is null or regexp_matches(lower(finish_reason), $finish))
-), tool as (
-    select idx, grp, s + $tol as lim from tc where step_type = 'tool'
+# No LLM step of the chunk lists call ids (dialects or stores without them): containment and order
+# alone, one ASOF join (the same edges as _LINK_SQL then).
+_BY_ORDER_SQL = f"""
+with {_CANDIDATES}, tool as (
+    select idx, grp, s from tc where step_type = 'tool'
 )
-select l.idx as src, t.idx as dst from tool t asof join llm l on l.grp = t.grp and t.lim >= l.e
+select l.idx as src, t.idx as dst from tool t asof join cand l on l.grp = t.grp and t.s >= l.s
 """
 
 
@@ -80,7 +97,6 @@ def tool_call_edges(
     group: IntArray,
     eff_s: IntArray,
     eff_e: IntArray,
-    tolerance_ns: int,
 ) -> tuple[IntArray, IntArray]:
     """(LLM row, tool row) pairs: each tool step and the LLM step that emitted its call."""
     step_type = prep.column("step_type")
@@ -94,10 +110,10 @@ def tool_call_edges(
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty
     llm_ids = pc.and_(pc.equal(tc.column("step_type"), "llm"), pc.is_valid(tc.column("tool_call_id")))
-    sql = _LINK_SQL if pc.any(llm_ids).as_py() else _BY_TIME_SQL
+    sql = _LINK_SQL if pc.any(llm_ids).as_py() else _BY_ORDER_SQL
     con.register("tc", tc)
     try:
-        t = arrow(con, sql, {"tol": tolerance_ns, "finish": _TOOL_CALL_FINISH})
+        t = arrow(con, sql, {"finish": _TOOL_CALL_FINISH})
     finally:
         con.unregister("tc")
     src = np.asarray(t.column("src").to_numpy(zero_copy_only=False), dtype=np.int64)
