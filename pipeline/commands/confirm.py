@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -11,6 +12,7 @@ import click
 from tracedag.pipeline.commands._options import data_option
 
 if TYPE_CHECKING:
+    from tracedag.pipeline.replay import ReplayResult, Target
     from tracedag.pipeline.replay.confirm import PlannedCheck
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -25,8 +27,8 @@ def _with_data(f: _F) -> _F:
 @click.command("confirm")
 @_with_data
 @click.option("--agent", "agent", required=True, metavar="TARGET",
-              help="module:function (called per turn with the history, returns the reply) or 'example' "
-                   "(the bundled agent).")
+              help="module:function (called per turn with the history, returns the reply), an OpenAI-compatible "
+                   "chat-completions base URL (http://host:port/v1; with --endpoint) or 'example' (the bundled agent).")
 @click.option("--agent-opt", "agent_opts", multiple=True, metavar="NAME=VALUE",
               help="Option of the agent (repeatable), as for tracedag replay.")
 @click.option("--conversation", "conversations", multiple=True, metavar="ID",
@@ -45,9 +47,14 @@ def _with_data(f: _F) -> _F:
               help="The result a root-cause tool call returns when no passing call of it was recorded (JSON or text).")
 @click.option("--parallel", default=1, show_default=True, type=click.IntRange(min=1, max=64),
               help="Runs held at the same time.")
+@click.option("--endpoint", default=None, metavar="URL",
+              help="An agent behind a URL: the OTLP/HTTP collector (storing into --data) its spans and the runs' go to.")
+@click.option("--model-url", "model_url", default=None, metavar="URL",
+              help="An agent behind a URL: the OpenAI-compatible base URL its model calls are forwarded to by the "
+                   "check's proxy (default: $OPENAI_BASE_URL, else https://api.openai.com/v1).")
 def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversations: tuple[str, ...],
                     where: str | None, failed_only: bool, strategy: str, times: int, replacement: Path | None,
-                    parallel: int) -> None:
+                    parallel: int, endpoint: str | None = None, model_url: str | None = None) -> None:
     """Check root causes by counterfactual replay: re-run each failed conversation with only its root-cause
     step's output replaced.
 
@@ -55,10 +62,14 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     (a parameter-generation failure: the corrected call of a passing run of the same scenario), else
     --replacement; a model step gets the same step's output in a passing run of the same scenario. The
     tool calls before the root step are served from the recording, the rest runs live, --times times.
-    Verdict: confirmed when the final failure disappears in most runs, refuted when it persists,
-    inconclusive otherwise or when no replacement exists. Stored in the root_cause_checks table; tracedag
-    query root_causes shows it as its confirmed column. Exit code 0 when every check was stored; 1 when
-    the runs' spans did not all reach the store (no verdict is stored then).
+    Verdict: confirmed when the final failure disappears (or the downstream step scores rise by 0.30) in
+    most runs, refuted when it persists, inconclusive otherwise or when no replacement exists. An agent
+    behind a URL gets, with every request of a run, a base URL on a local proxy (header
+    X-Tracedag-Model-Base-URL): its model calls sent there are forwarded to --model-url except the
+    root-cause call, which gets the replacement, and it asks <base>/tracedag/tools for its tools; its spans
+    go to the collector --endpoint names. Stored in the root_cause_checks table; tracedag query root_causes
+    shows it as its confirmed column. Exit code 0 when every check was stored; 1 when the runs' spans did
+    not all reach the store (no verdict is stored then).
     """
     from tracedag.pipeline.commands.replay import _sink
     from tracedag.pipeline.demo.replay_example import example_target
@@ -67,19 +78,52 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     from tracedag.pipeline.replay.confirm_run import default_confirm_id, judge, run_checks, write_checks
     from tracedag.pipeline.replay.confirm_scores import score_runs
 
+    remote = agent.startswith(("http://", "https://"))
+    if remote != (endpoint is not None):
+        raise click.ClickException("--endpoint goes with an agent behind a URL (the collector its spans go to) "
+                                   "and an agent behind a URL needs it")
     sources, causes = select_checks(data, Selection(conversations, where, None, failed_only), strategy)
     checks = plan_checks(data, sources, causes, replacement)
     target = load_target(agent, parse_opts(agent_opts), {"example": example_target})
     replay_id = default_confirm_id()
-    with _sink(data, None) as url:
-        result = run_checks(checks, target, url, times, replay_id, parallel)
+    with _sink(data, endpoint) as url, _proxied(target, checks, agent if remote else None, model_url) as held:
+        result = run_checks(checks, held, url, times, replay_id, parallel)
     if result is not None and result.spans_lost:  # verdicts from missing spans would be wrong: none stored
         raise click.ClickException(f"the runs' spans did not all reach {data}: no verdict stored (replay_id={replay_id})")
+    if remote and result is not None:
+        _wait_for_agent(data, result, target.service_name, replay_id)
     if result is not None:
         score_runs(data)  # the runs' downstream step scores, for the score-based part of the verdict
     rows = judge(data, checks, result, agent, replay_id)
     write_checks(data, rows)
     _report(checks, rows, data)
+
+
+@contextmanager
+def _proxied(target: Target, checks: list[PlannedCheck], url: str | None, model_url: str | None) -> Iterator[Target]:
+    """``target`` itself, or for an agent behind ``url`` the target whose runs get a base URL on a model proxy."""
+    if url is None:
+        yield target
+        return
+    import os
+
+    from tracedag.pipeline.replay.confirm_proxy import ModelProxy, ProxiedTarget, probe_agent
+
+    probe_agent(url)
+    proxy = ModelProxy(model_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+    try:
+        yield ProxiedTarget(target, proxy, checks)
+    finally:
+        proxy.close()
+
+
+def _wait_for_agent(data: Path, result: ReplayResult, service: str, replay_id: str) -> None:
+    from tracedag.pipeline.replay.confirm_proxy import wait_for_agent
+
+    turns = {r.run.run_id: len(r.run.turns) for r in result.records if not r.outcome.stopped}
+    if turns and not wait_for_agent(data, turns, service):
+        raise click.ClickException(f"the agent's spans of the runs did not all reach {data} within 60 s (does it "
+                                   f"export to --endpoint?): no verdict stored (replay_id={replay_id})")
 
 
 def _report(checks: list[PlannedCheck], rows: list[dict[str, Any]], data: Path) -> None:

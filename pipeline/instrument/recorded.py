@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,6 +93,40 @@ class ToolRecording:
             self._next[key] = i + 1
             self.served += 1
             return calls[min(i, len(calls) - 1)]
+
+
+PROXY_HEADER = "X-Tracedag-Model-Base-URL"
+"""The request header carrying, per run, the base URL of ``tracedag confirm``'s model proxy (an agent behind
+a URL sends its model calls there and asks ``<base>/tracedag/tools`` before running a tool)."""
+
+
+class ProxiedToolRecording(ToolRecording):
+    """The recording of a run held by ``tracedag confirm``'s proxy, asked over HTTP at ``<base_url>/tracedag/tools``.
+
+    An agent behind a URL serves a request that carries :data:`PROXY_HEADER` inside
+    ``recorded_tools(ProxiedToolRecording(base_url))``: its ``tool`` steps then return what the proxy
+    serves (the recorded calls before the root cause, the root call's replacement) and run the others.
+    """
+
+    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+        super().__init__(())
+        self.url = base_url.rstrip("/") + "/tracedag/tools"
+        self.timeout = timeout
+
+    def lookup(self, name: str, arguments: object) -> RecordedCall | None:
+        """Ask the proxy for the call; None when it has nothing recorded for it (the tool runs)."""
+        body = json.dumps({"name": name, "arguments": canonical(arguments if arguments is not None else {})})
+        request = urllib.request.Request(self.url, data=body.encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            answer = json.loads(response.read())
+        with self._lock:
+            if not answer.get("served"):
+                self.live += 1
+                return None
+            self.served += 1
+        return RecordedCall(name, None, answer.get("result"), answer.get("error_type"),
+                            str(answer.get("error_message") or ""))
 
 
 def current() -> ToolRecording | None:

@@ -96,6 +96,11 @@ order by s.start_time_unix_nano, s.span_id
 limit 1
 """
 
+ORDINAL_SQL = """
+select count(*) from spans
+where coalesce(conversation_id, trace_id) = $cid and step_name = $step_name and start_time_unix_nano < $start
+"""
+
 
 class ConfirmError(ReplaySourceError):  # type: ignore[misc,unused-ignore]
     """A strategy or replacement file that cannot be used, or nothing to check."""
@@ -124,6 +129,7 @@ class Replacement:
     source: str
     call: RecordedCall | None = None  # a tool step's replacement, keyed by the root call's name and arguments
     output: str | None = None  # a model step's replacement
+    ordinal: int = 1  # a model step's place among the conversation's steps of its name (the proxy's n-th call)
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file_path:
         replacement = _corrected_call(con, cause, str(scenario))
         reason = "" if replacement else f"no passing run of scenario {scenario} made the call {step_name} emitted"
     elif step_type == "llm":
-        replacement = _gold_step(con, cause, str(step_name), str(scenario))
+        replacement = _gold_step(con, cause, str(step_name), str(scenario), int(start_ns))
         reason = "" if replacement else f"no passing conversation of scenario {scenario} has a {step_name} step"
     else:
         replacement, reason = None, f"a {step_type} step: only tool and model steps can be replaced"
@@ -258,9 +264,16 @@ def _as_result(text: str) -> str:
     return text
 
 
-def _gold_step(con: Any, cause: RootCause, step_name: str, scenario: str) -> Replacement | None:
+def _gold_step(con: Any, cause: RootCause, step_name: str, scenario: str, start_ns: int) -> Replacement | None:
     row = con.execute(GOLD_STEP_SQL, {"step_name": step_name, "step_type": "llm", "scenario": scenario,
                                       "cid": cause.conversation_id}).fetchone()
     if row is None:
         return None
-    return Replacement("gold_step", f"{row[1]}/{row[2]}", output=str(row[0]))
+    return Replacement("gold_step", f"{row[1]}/{row[2]}", output=str(row[0]),
+                       ordinal=step_ordinal(con, cause.conversation_id, step_name, start_ns))
+
+
+def step_ordinal(con: Any, cid: str, step_name: str, start_ns: int) -> int:
+    """The root step's place (1, 2, ...) among the conversation's steps named ``step_name``."""
+    row = con.execute(ORDINAL_SQL, {"cid": cid, "step_name": step_name, "start": start_ns}).fetchone()
+    return 1 + int(row[0]) if row is not None else 1

@@ -25,7 +25,9 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -181,7 +183,7 @@ def endpoint_target(url: str, opts: Mapping[str, str]) -> TurnTarget:
     def turn(history: list[Message]) -> str:
         try:
             reply = client.chat.completions.create(model=model, messages=history,  # type: ignore[arg-type]
-                                                   extra_headers=td.propagation_headers())
+                                                   extra_headers={**td.propagation_headers(), **RUN_HEADERS.get()})
         except openai.APITimeoutError as e:
             raise EndpointFailed(f"endpoint {url} timed out after {timeout:g} s") from e
         except openai.APIConnectionError as e:
@@ -201,6 +203,11 @@ def endpoint_target(url: str, opts: Mapping[str, str]) -> TurnTarget:
             return text
 
     return TurnTarget(url, turn, service_name=f"endpoint {host}", wrap=traced)
+
+
+RUN_HEADERS: ContextVar[Mapping[str, str]] = ContextVar("tracedag_replay_run_headers", default=MappingProxyType({}))
+"""Headers an endpoint target adds to the requests of the current run (``tracedag confirm``: the base URL
+of the model proxy serving the run, ``confirm_proxy``)."""
 
 
 class EndpointFailed(Exception):
