@@ -52,15 +52,22 @@ def _with_data(f: _F) -> _F:
 @click.option("--model-url", "model_url", default=None, metavar="URL",
               help="An agent behind a URL: the OpenAI-compatible base URL its model calls are forwarded to by the "
                    "check's proxy (default: $OPENAI_BASE_URL, else https://api.openai.com/v1).")
+@click.option("--judge-model", envvar="TRACEDAG_JUDGE_MODEL", default=None,
+              help="A model step with no passing run of its scenario gets a correction this judge writes "
+                   "(env TRACEDAG_JUDGE_MODEL; key as for tracedag score).")
+@click.option("--judge-base-url", envvar="TRACEDAG_JUDGE_BASE_URL", default=None,
+              help="OpenAI-compatible endpoint of the judge (env TRACEDAG_JUDGE_BASE_URL).")
 def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], conversations: tuple[str, ...],
                     where: str | None, failed_only: bool, strategy: str, times: int, replacement: Path | None,
-                    parallel: int, endpoint: str | None = None, model_url: str | None = None) -> None:
+                    parallel: int, endpoint: str | None = None, model_url: str | None = None,
+                    judge_model: str | None = None, judge_base_url: str | None = None) -> None:
     """Check root causes by counterfactual replay: re-run each failed conversation with only its root-cause
     step's output replaced.
 
     A tool root cause gets the recorded result of a passing call of the same tool with the same arguments
     (a parameter-generation failure: the corrected call of a passing run of the same scenario), else
-    --replacement; a model step gets the same step's output in a passing run of the same scenario. The
+    --replacement; a model step gets the same step's output in a passing run of the same scenario, else a
+    correction written by the judge (--judge-model). The
     tool calls before the root step are served from the recording, the rest runs live, --times times.
     Verdict: confirmed when the final failure disappears (or the downstream step scores rise by 0.30) in
     most runs, refuted when it persists, inconclusive otherwise or when no replacement exists. An agent
@@ -77,13 +84,15 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     from tracedag.pipeline.replay.confirm import plan_checks, select_checks
     from tracedag.pipeline.replay.confirm_run import default_confirm_id, judge, run_checks, write_checks
     from tracedag.pipeline.replay.confirm_scores import score_runs
+    from tracedag.pipeline.score.judge import JudgeConfig
 
     remote = agent.startswith(("http://", "https://"))
     if remote != (endpoint is not None):
         raise click.ClickException("--endpoint goes with an agent behind a URL (the collector its spans go to) "
                                    "and an agent behind a URL needs it")
     sources, causes = select_checks(data, Selection(conversations, where, None, failed_only), strategy)
-    checks = plan_checks(data, sources, causes, replacement)
+    corrector = JudgeConfig.from_env(model=judge_model, base_url=judge_base_url) if judge_model else None
+    checks = plan_checks(data, sources, causes, replacement, corrector)
     target = load_target(agent, parse_opts(agent_opts), {"example": example_target})
     replay_id = default_confirm_id()
     with _sink(data, endpoint) as url, _proxied(target, checks, agent if remote else None, model_url) as held:

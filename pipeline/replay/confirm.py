@@ -13,7 +13,8 @@ step's output replaced:
   puts it): that call is served the result of the same tool's passing call in a passing conversation of
   the same scenario, the corrected call (``paramgen``);
 - another model step: the output of the same step (step name) in a passing conversation of the same
-  scenario (``gold_step``), served to an agent that asks ``confirm_serve.replacement(step_name)``;
+  scenario (``gold_step``), else a correction the judge writes (``judge``, ``confirm_judge``), served to an
+  agent that asks ``confirm_serve.replacement(step_name)`` (an agent behind a URL: at its proxy call);
 - nothing found: no run, the check is inconclusive.
 
 The tool calls of the source that started before the root step are served from the recording
@@ -24,20 +25,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tracedag.instrument.recorded import RecordedCall, canonical
+from tracedag.pipeline.replay.confirm_judge import CorrectionFailed, FailedStep, correction
 from tracedag.pipeline.replay.source import (
     ReplaySourceError,
     Selection,
     SourceConversation,
     select_conversations,
 )
+from tracedag.pipeline.score.judge import JudgeConfig
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES = ("greedy", "full_path_min", "weighted", "agenteval")
 PARAMGEN = "invalid_tool_arguments"
@@ -95,6 +101,11 @@ where s.step_name = $step_name and cast(s.step_type as varchar) = $step_type and
 order by s.start_time_unix_nano, s.span_id
 limit 1
 """
+
+STEP_TEXT_SQL = """
+select input_text, output_text, coalesce(status_message, error_type) from spans where trace_id = $trace_id and span_id = $span_id
+"""
+"""What the judge sees of a model step it corrects."""
 
 ORDINAL_SQL = """
 select count(*) from spans
@@ -171,12 +182,13 @@ def select_checks(data: Path, selection: Selection, strategy: str) -> tuple[list
 
 
 def plan_checks(data: Path, sources: Sequence[SourceConversation], causes: Mapping[str, RootCause],
-                replacement_file: Path | None = None) -> list[PlannedCheck]:
-    """A check for every source: the tool calls before its root step, and the root's replacement."""
+                replacement_file: Path | None = None, judge: JudgeConfig | None = None) -> list[PlannedCheck]:
+    """A check for every source: the tool calls before its root step, and the root's replacement (``judge``
+    writes a model step's correction when no passing run of the scenario has the step)."""
     file_result = _read_replacement(replacement_file) if replacement_file is not None else None
     con = connect(data)
     try:
-        return [_plan_one(con, s, causes[s.conversation_id], replacement_file, file_result) for s in sources]
+        return [_plan_one(con, s, causes[s.conversation_id], (replacement_file, file_result), judge) for s in sources]
     finally:
         con.close()
 
@@ -188,8 +200,8 @@ def _read_replacement(path: Path) -> str:
         raise ConfirmError(f"--replacement {path}: cannot read it: {e}") from e
 
 
-def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file_path: Path | None,
-              file_result: str | None) -> PlannedCheck:
+def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file: tuple[Path | None, str | None],
+              judge: JudgeConfig | None) -> PlannedCheck:
     root = con.execute(ROOT_SPAN_SQL, {"trace_id": cause.root_trace_id, "span_id": cause.root_span_id}).fetchone()
     if root is None:
         return PlannedCheck(cause, source, None, "the root span is not in the store")
@@ -197,14 +209,13 @@ def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file_path:
     upstream = _upstream_calls(con, source.conversation_id, int(start_ns))
     replacement: Replacement | None
     if step_type == "tool" and tool is not None:
-        replacement = _tool_replacement(con, cause, str(tool), arguments, str(scenario), file_path, file_result)
+        replacement = _tool_replacement(con, cause, str(tool), arguments, str(scenario), *file)
         reason = "" if replacement else f"no passing call of {tool} with the same arguments, and no --replacement"
     elif step_type == "llm" and cause.taxonomy == PARAMGEN:
         replacement = _corrected_call(con, cause, str(scenario))
         reason = "" if replacement else f"no passing run of scenario {scenario} made the call {step_name} emitted"
     elif step_type == "llm":
-        replacement = _gold_step(con, cause, str(step_name), str(scenario), int(start_ns))
-        reason = "" if replacement else f"no passing conversation of scenario {scenario} has a {step_name} step"
+        replacement, reason = _model_step(con, cause, str(step_name), str(scenario), int(start_ns), judge)
     else:
         replacement, reason = None, f"a {step_type} step: only tool and model steps can be replaced"
     calls = [*upstream, replacement.call] if replacement is not None and replacement.call is not None else upstream
@@ -271,6 +282,26 @@ def _gold_step(con: Any, cause: RootCause, step_name: str, scenario: str, start_
         return None
     return Replacement("gold_step", f"{row[1]}/{row[2]}", output=str(row[0]),
                        ordinal=step_ordinal(con, cause.conversation_id, step_name, start_ns))
+
+
+def _model_step(con: Any, cause: RootCause, step_name: str, scenario: str, start_ns: int,
+                judge: JudgeConfig | None) -> tuple[Replacement | None, str]:
+    """A passing run's output of the step (gold reference), else the judge's correction; the reason when neither."""
+    gold = _gold_step(con, cause, step_name, scenario, start_ns)
+    if gold is not None:
+        return gold, ""
+    missing = f"no passing conversation of scenario {scenario} has a {step_name} step"
+    if judge is None:
+        return None, f"{missing}, and no judge to write a correction (TRACEDAG_JUDGE_MODEL)"
+    row = con.execute(STEP_TEXT_SQL, {"trace_id": cause.root_trace_id, "span_id": cause.root_span_id}).fetchone()
+    step = FailedStep(step_name, *(row if row is not None else (None, None, None)))
+    try:
+        text = correction(judge, step)
+    except CorrectionFailed as e:
+        logger.warning("conversation %s: %s", cause.conversation_id, e)
+        return None, f"{missing}; {e}"
+    return Replacement("judge", f"judge:{judge.model}", output=text,
+                       ordinal=step_ordinal(con, cause.conversation_id, step_name, start_ns)), ""
 
 
 def step_ordinal(con: Any, cid: str, step_name: str, start_ns: int) -> int:
