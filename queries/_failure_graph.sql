@@ -19,7 +19,9 @@
 --       (ties: a row with a taxonomy first, then by metric, source); recovered: a retry (a later
 --       iteration of the same step key redoing the same operation, its span name without ids but
 --       with its numbers, did not fail, and every failed tool call the step emitted, along its
---       tool_call edges, was itself retried or routed) or another route fixed it (the rule is in
+--       tool_call edges, was itself retried or routed, and no call it emitted ran nowhere with
+--       arguments that break the tool's schema: a PARAMGEN failure without a failed tool behind
+--       it) or another route fixed it (the rule is in
 --       propagation.sql), or the failure is one carried up from a recovered child (its status
 --       message holds the child's); recovered_by = that step; cancelled: the span's error type or
 --       status message names a cancellation.
@@ -212,6 +214,15 @@ unredone as (
     anti join retry r on r.trace_id = t.trace_id and r.span_id = t.span_id
     anti join route o on o.trace_id = t.trace_id and o.span_id = t.span_id
     where e.edge_kind = 'tool_call' and e.trace_id in (select trace_id from failed_step)
+    union
+    -- a model step failing on the arguments of a call that ran nowhere (no tool_call edge to a failed
+    -- step: smolagents rejects a call before running the tool); scoring already left out the calls
+    -- a later model step redid, so no later iteration recovers it
+    select f.trace_id, f.span_id from fail_node f
+    where f.step_type = 'llm' and f.metric = 'arguments' and f.source = 'rule'
+      and not exists (select 1 from dag_edges e join fail_node t
+                          on t.trace_id = e.trace_id and t.span_id = e.downstream_span_id
+                      where e.edge_kind = 'tool_call' and e.trace_id = f.trace_id and e.upstream_span_id = f.span_id)
 ),
 redone as (
     -- recovered by a retry: a later iteration fixed it, and every tool call it emitted that failed was redone

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.score.rubrics import JudgeInput
 from tracedag.pipeline.score.rules import StepFacts
-from tracedag.pipeline.score.toolschema import is_definition_key, parse_definitions
+from tracedag.pipeline.score.toolschema import EmittedCall, Entries, emitted_calls, span_definitions
 
 # The latest build of each trace, as the traces view picks it, read from two columns of
 # traces_all (the view packs whole rows): the queries below join dag_nodes_all with it instead
@@ -108,12 +108,35 @@ else false end)"""
 
 QUIET_SQL = quiet_sql()
 
-DEFINITIONS_SQL = """
-select s.trace_id, unnest(map_keys(s.attributes)) as k, unnest(map_values(s.attributes)) as v
-from spans s semi join pending p on p.trace_id = s.trace_id
-where len(list_filter(map_keys(s.attributes),
-          lambda k: k in ('gen_ai.tool.definitions', 'tool.json_schema')
-               or (k like 'llm.tools.%' and k like '%.tool.json_schema'))) > 0
+# A span's attribute entries that may hold tool definitions (``toolschema.span_definitions`` decides):
+# the definitions given to the model, and a tool span's own parameters schema with its tool's name.
+DEFINITION_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
+    if e.key in ('gen_ai.tool.definitions', 'tool.json_schema', 'tool.parameters', 'gen_ai.tool.json_schema')
+       or (e.key like 'llm.tools.%' and e.key like '%.tool.json_schema')
+       or (e.key in ('tool.name', 'gen_ai.tool.name')
+           and (s.attributes['tool.parameters'] is not null or s.attributes['gen_ai.tool.json_schema'] is not null))]"""
+
+# A span's attribute entries that may hold the tool calls of its output (``toolschema.emitted_calls``).
+CALL_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
+    if (e.key like 'llm.output_messages.%' and e.key like '%.tool_calls.%')
+       or (e.key like 'gen_ai.completion.%' and e.key like '%.tool_calls.%')
+       or (e.key = 'gen_ai.output.messages' and contains(e.value, '"tool_call"'))]"""
+
+DEFINITIONS_SQL = f"""
+select trace_id, entries from (
+    select s.trace_id, {DEFINITION_ENTRIES_SQL} as entries
+    from spans s semi join pending p on p.trace_id = s.trace_id
+) where len(entries) > 0
+"""
+
+# The tool calls in the output of the pending LLM steps (the reference's read; ``scan`` reads them in its pass).
+CALLS_SQL = f"""
+select trace_id, span_id, entries from (
+    select n.trace_id, n.span_id, {CALL_ENTRIES_SQL} as entries
+    from dag_nodes n join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
+    join spans s on s.trace_id = n.trace_id and s.span_id = n.span_id
+    where n.step_type = 'llm'
+) where len(entries) > 0
 """
 
 # Evaluations without an evaluation row for their metric on their step's latest build: those on
@@ -186,18 +209,49 @@ def done_pending(con: duckdb.DuckDBPyConnection) -> None:
 Definitions = dict[str, dict[str, dict[str, Any]]]
 """``{trace_id: {tool name: parameters schema}}``."""
 
+Calls = dict[tuple[str, str], list[EmittedCall]]
+"""``{(trace_id, span_id): the tool calls in that LLM step's output}``."""
+
 
 def tool_definitions(con: duckdb.DuckDBPyConnection) -> Definitions:
     """The tool definitions of the pending traces."""
-    return definitions_from(con.execute(DEFINITIONS_SQL).fetchall())
+    return definitions_from((t, _pairs(e)) for t, e in con.execute(DEFINITIONS_SQL).fetchall())
 
 
-def definitions_from(entries: Iterable[tuple[str, str, str | None]]) -> Definitions:
-    """Definitions from (trace_id, attribute key, value) entries, later entries winning."""
-    out: Definitions = {}
-    for trace_id, key, value in entries:
-        if is_definition_key(key) and value:
-            out.setdefault(trace_id, {}).update(parse_definitions(value))
+def emitted_tool_calls(con: duckdb.DuckDBPyConnection, defs: Definitions) -> Calls:
+    """The tool calls in the output of the pending LLM steps of the traces that define tools."""
+    return calls_from((t, s, _pairs(e)) for t, s, e in con.execute(CALLS_SQL).fetchall() if t in defs)
+
+
+def _pairs(entries: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    return [(str(e["key"]), e["value"]) for e in entries]
+
+
+def definitions_from(spans: Iterable[tuple[str, Entries]]) -> Definitions:
+    """Definitions from each span's (trace_id, attribute entries), later spans winning; a tool
+    span's own parameters schema only for a tool no definition given to the model names."""
+    given: Definitions = {}
+    bare: Definitions = {}
+    for trace_id, entries in spans:
+        mine, own = span_definitions(entries)
+        if mine:
+            given.setdefault(trace_id, {}).update(mine)
+        if own:
+            bare.setdefault(trace_id, {}).update(own)
+    for trace_id, tools in bare.items():
+        named = given.setdefault(trace_id, {})
+        for name, schema in tools.items():
+            named.setdefault(name, schema)
+    return given
+
+
+def calls_from(steps: Iterable[tuple[str, str, Entries]]) -> Calls:
+    """The emitted calls of each (trace_id, span_id, attribute entries) that has any."""
+    out: Calls = {}
+    for trace_id, span_id, entries in steps:
+        calls = emitted_calls(entries)
+        if calls:
+            out[(trace_id, span_id)] = calls
     return out
 
 

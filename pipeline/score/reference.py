@@ -28,6 +28,7 @@ def reference_rows(con: duckdb.DuckDBPyConnection, max_iterations: int | None = 
         rows = [row for batch in reader for r in batch.to_pylist()
                 for row in score_step(inputs.facts_from_row(r, defs, max_iterations))]
         # the LLM steps that emitted the tool calls whose arguments failed (paramgen)
-        return rows + paramgen.upstream_rows(con, pending, to_table(rows))
+        calls = inputs.emitted_tool_calls(con, defs)
+        return rows + paramgen.upstream_rows(con, pending, to_table(rows), calls, defs)
     finally:
         inputs.done_pending(con)

@@ -151,7 +151,7 @@ def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table
     _write_passing(writes, scan.facts, quiet, stats)  # while the other steps are scored
     rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
     rows = columnar.step_rows(rest, scan.defs, max_iterations)
-    upstream = paramgen.upstream_table(con, chunk, rows)  # the LLM steps behind rejected tool calls
+    upstream = paramgen.upstream_table(con, chunk, rows, scan.calls, scan.defs)  # the LLM steps behind rejected tool calls
     if upstream.num_rows:
         rows = pa.concat_tables([rows, upstream])
     if rows.num_rows:
@@ -186,7 +186,7 @@ def score_bucket(bucket: Bucket, pending: pa.Table, data: Path, max_iterations: 
         quiet = columnar.quiet_mask(scan)
         rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
         rows = columnar.step_rows(rest, scan.defs, max_iterations)
-        upstream = paramgen.upstream_table(con, chunk, rows)
+        upstream = paramgen.upstream_table(con, chunk, rows, scan.calls, scan.defs)
     finally:
         con.close()
     if upstream.num_rows:

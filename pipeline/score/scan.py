@@ -2,9 +2,10 @@
 
 ``read_scan(con, pending, max_iterations)`` joins the pending steps with the spans of their
 traces once: the step facts (``inputs.FACTS_COLUMNS``, without texts no rule reads) with
-three flags computed in SQL, and the tool definitions of every span of those traces (spans not
-in the DAG too, as ``inputs.DEFINITIONS_SQL`` reads them). Reading the definitions in the same
-pass spares a second scan of the ``attributes`` column, the largest one.
+three flags computed in SQL, the tool definitions of every span of those traces (spans not
+in the DAG too, as ``inputs.DEFINITIONS_SQL`` reads them) and the tool calls in the output of
+their LLM steps (kept for the traces that define tools: ``paramgen`` checks them). Reading both in
+the same pass spares more scans of the ``attributes`` column, the largest one.
 
 - ``quiet``: ``inputs.QUIET_SQL`` (calm, not a tool step, no empty-looking LLM output), a step no
   rule can fire on;
@@ -17,7 +18,8 @@ pass spares a second scan of the ``attributes`` column, the largest one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -25,8 +27,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.score.inputs import (
+    CALL_ENTRIES_SQL,
     CALM_SQL,
+    DEFINITION_ENTRIES_SQL,
+    Calls,
     Definitions,
+    calls_from,
     definitions_from,
     facts_columns,
     quiet_sql,
@@ -53,10 +59,9 @@ FLAGS_SQL = f"""
 # few that a rule reads. Together, over half of the bytes.
 _SCAN_COLUMNS = facts_columns("cast(null as varchar)")
 
-# Attribute entries that may hold tool definitions (toolschema.is_definition_key decides).
-_DEFINITION_ENTRIES = """[e for e in map_entries(s.attributes)
-    if e.key in ('gen_ai.tool.definitions', 'tool.json_schema')
-       or (e.key like 'llm.tools.%' and e.key like '%.tool.json_schema')]"""
+# Attribute entries that may hold tool definitions (toolschema.span_definitions decides), and on LLM
+# steps those that may hold the tool calls of the output (toolschema.emitted_calls).
+_CALLS = f"case when n.step_type = 'llm' then {CALL_ENTRIES_SQL} end"
 
 SCAN_SQL = f"""
 with nodes as (  -- pending holds latest builds: their nodes, without the dag_nodes view's own pick
@@ -65,7 +70,7 @@ with nodes as (  -- pending holds latest builds: their nodes, without the dag_no
     select s.* from spans_all s semi join pending p on p.trace_id = s.trace_id
     where s.received_unix_nano >= $received_from
 ), facts as (
-    select {_SCAN_COLUMNS}, s.trace_id as span_trace_id, {_DEFINITION_ENTRIES} as definitions
+    select {_SCAN_COLUMNS}, s.trace_id as span_trace_id, {DEFINITION_ENTRIES_SQL} as definitions, {_CALLS} as calls
     from nodes n full join traced s on s.trace_id = n.trace_id and s.span_id = n.span_id
 ), calmed as (
     select *, {CALM_SQL} as calm from facts
@@ -83,6 +88,7 @@ class Scan:
 
     facts: pa.Table
     defs: Definitions
+    calls: Calls = field(default_factory=dict)  # the tool calls LLM steps emitted, in traces with definitions
 
 
 def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations: int | None,
@@ -98,22 +104,29 @@ def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations:
         table = con.sql(SCAN_SQL, params=params).to_arrow_table()
     finally:
         con.unregister("pending")
-    defs = definitions_from(_definition_entries(table))
-    steps = table.drop_columns(["span_trace_id", "definitions"])
+    defs = definitions_from(_entries(table, ["span_trace_id", "definitions"]))
+    calls = calls_from(_entries(_in_traces(table, defs), ["trace_id", "span_id", "calls"])) if defs else {}
+    steps = table.drop_columns(["span_trace_id", "definitions", "calls"])
     if steps.column("span_id").null_count:  # spans of the traces that are not steps (yet)
         steps = steps.filter(pc.is_valid(steps.column("span_id")))
-    return Scan(steps, defs)
+    return Scan(steps, defs, calls)
 
 
-def _definition_entries(table: pa.Table) -> list[tuple[str, str, str | None]]:
-    """(trace_id, key, value) of every definition entry, in row order and map order."""
-    has = pc.fill_null(pc.greater(pc.list_value_length(table.column("definitions")), 0), False)
+def _in_traces(table: pa.Table, defs: Definitions) -> pa.Table:
+    """The rows of ``table`` in the traces that define tools."""
+    return table.filter(pc.is_in(table.column("trace_id"), value_set=pa.array(list(defs), pa.string())))
+
+
+def _entries(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The rows whose list column (the last of ``columns``) is not empty: the other columns, then the
+    list as (key, value) pairs in map order; rows in table order."""
+    entries = table.column(columns[-1])
+    has = pc.fill_null(pc.greater(pc.list_value_length(entries), 0), False)
     if not pc.any(has).as_py():
         return []
-    picked = table.select(["span_trace_id", "definitions"]).filter(has)
-    return [(trace_id, e["key"], e["value"])
-            for trace_id, entries in zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True)
-            for e in entries]
+    picked = table.select(columns).filter(has)
+    cols = [picked.column(c).to_pylist() for c in columns]
+    return [(*row[:-1], [(e["key"], e["value"]) for e in row[-1]]) for row in zip(*cols, strict=True)]
 
 
 # The input texts of some steps, by (trace_id, span_id) in ``wanted``.

@@ -1,9 +1,19 @@
-"""Tool definitions found in a trace, and validation of a tool call's arguments against them.
+"""Tool definitions found in a trace, the tool calls a model step emitted, and validation of a
+tool call's arguments against the definitions.
 
-Definitions come from ``gen_ai.tool.definitions`` (a JSON array; OTel GenAI form
-``{"type": "function", "name", "parameters"}`` or OpenAI form ``{"type": "function",
-"function": {"name", "parameters"}}``), OpenInference ``llm.tools.N.tool.json_schema`` and
-``tool.json_schema`` (one OpenAI-form tool each).
+Definitions the model was given (``DEFINITION_KEYS``): ``gen_ai.tool.definitions`` (a JSON array;
+OTel GenAI form ``{"type": "function", "name", "parameters"}`` or OpenAI form ``{"type":
+"function", "function": {"name", "parameters"}}``; pydantic-ai), OpenInference
+``llm.tools.N.tool.json_schema`` and ``tool.json_schema`` (one OpenAI-form tool each; smolagents,
+LlamaIndex). A tool span's own parameters schema (``BARE_SCHEMA_KEYS``: OpenInference
+``tool.parameters``, LlamaIndex; Strands' ``gen_ai.tool.json_schema``) is named by the span's
+``tool.name`` / ``gen_ai.tool.name`` and counts only for a tool no definition names, and only when
+it is a JSON schema (smolagents' ``tool.parameters`` is its own ``{"arg": {"type": "any"}}`` map).
+
+The calls a model step emitted (``emitted_calls``): OpenInference
+``llm.output_messages.I.message.tool_calls.J.tool_call.{id,function.name,function.arguments}``,
+OTel GenAI ``gen_ai.output.messages`` parts ``{"type": "tool_call", "id", "name", "arguments"}``
+and indexed ``gen_ai.completion.I.tool_calls.J.{id,name,arguments}``.
 """
 
 from __future__ import annotations
@@ -23,9 +33,46 @@ DEFINITION_KEYS = ("gen_ai.tool.definitions", "tool.json_schema")
 """Attribute keys holding tool definitions (plus every ``llm.tools.N.tool.json_schema``)."""
 
 
+BARE_SCHEMA_KEYS = ("tool.parameters", "gen_ai.tool.json_schema")
+"""Attribute keys of a tool span holding its parameters schema alone (named by ``TOOL_NAME_KEYS``)."""
+
+TOOL_NAME_KEYS = ("tool.name", "gen_ai.tool.name")
+
+Entries = Sequence[tuple[str, "str | None"]]
+"""The (key, value) attribute entries of one span."""
+
+
 def is_definition_key(key: str) -> bool:
     """True when an attribute key carries tool definitions."""
     return key in DEFINITION_KEYS or (key.startswith("llm.tools.") and key.endswith(".tool.json_schema"))
+
+
+def span_definitions(entries: Entries) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(the definitions a span gave the model, its tool's own parameters schema) from its entries."""
+    given: dict[str, dict[str, Any]] = {}
+    bare: dict[str, dict[str, Any]] = {}
+    names = [v for k, v in entries if k in TOOL_NAME_KEYS and v]
+    for key, value in entries:
+        if not value:
+            continue
+        if is_definition_key(key):
+            given.update(parse_definitions(value))
+        elif key in BARE_SCHEMA_KEYS and names:
+            schema = _bare_schema(value)
+            if schema is not None:
+                bare[names[0]] = schema
+    return given, bare
+
+
+def _bare_schema(value: str) -> dict[str, Any] | None:
+    """``value`` as a JSON schema of an object's parameters, None when it is not one."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not (doc.get("type") == "object" or isinstance(doc.get("properties"), dict)):
+        return None
+    return doc if _validator(doc) is not None else None
 
 
 def _one_tool(obj: Any) -> tuple[str, dict[str, Any]] | None:
@@ -62,6 +109,68 @@ class ArgsProblem:
 
     kind: str  # not_json | unknown_field | schema
     detail: str
+
+
+@dataclass(frozen=True)
+class EmittedCall:
+    """A tool call in a model step's output: the tool's name, its arguments as written (JSON text;
+    None when the span does not record them) and its call id."""
+
+    name: str
+    arguments: str | None
+    call_id: str | None = None
+
+
+_OI_CALL = re.compile(r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\."
+                      r"(id|function\.name|function\.arguments)$")
+_INDEXED_CALL = re.compile(r"^gen_ai\.completion\.(\d+)\.tool_calls\.(\d+)\.(id|name|arguments)$")
+_CALL_FIELD = {"id": "id", "name": "name", "function.name": "name", "arguments": "arguments",
+               "function.arguments": "arguments"}
+OUTPUT_MESSAGES_KEY = "gen_ai.output.messages"
+
+
+def emitted_calls(entries: Entries) -> list[EmittedCall]:
+    """The tool calls in a model step's output, from its attribute entries (every dialect above)."""
+    out: list[EmittedCall] = []
+    slots: dict[tuple[int, int, int], dict[str, str]] = {}
+    for key, value in entries:
+        if value is None:
+            continue
+        if key == OUTPUT_MESSAGES_KEY:
+            out.extend(_genai_calls(value))
+            continue
+        for dialect, rx in enumerate((_OI_CALL, _INDEXED_CALL)):
+            found = rx.match(key)
+            if found:
+                slots.setdefault((dialect, int(found[1]), int(found[2])), {})[_CALL_FIELD[found[3]]] = value
+    out += [EmittedCall(f["name"], f.get("arguments"), f.get("id")) for _, f in sorted(slots.items()) if f.get("name")]
+    return out
+
+
+def _genai_calls(text: str) -> list[EmittedCall]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    calls: list[EmittedCall] = []
+    for msg in doc if isinstance(doc, list) else [doc]:
+        parts = msg.get("parts") if isinstance(msg, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            if not (isinstance(part, dict) and part.get("type") == "tool_call" and isinstance(part.get("name"), str)):
+                continue
+            args = part.get("arguments")
+            text_args = args if isinstance(args, str) or args is None else json.dumps(args)
+            call_id = part.get("id")
+            calls.append(EmittedCall(part["name"], text_args, str(call_id) if call_id is not None else None))
+    return calls
+
+
+def call_problem(call: EmittedCall, schema: dict[str, Any]) -> ArgsProblem | None:
+    """Why an emitted call's arguments do not fit its tool's schema (None: they fit, or were not recorded)."""
+    args, problem = parse_arguments(call.arguments, None)
+    if problem is not None or args is None:
+        return problem
+    return check_arguments(args, schema)
 
 
 def parse_arguments(explicit: str | None, input_text: str | None) -> tuple[Any, ArgsProblem | None]:

@@ -6,7 +6,9 @@ server on 127.0.0.1 and export with the OTel SDK's OTLP/HTTP exporter to a real 
 collect``; the store is built and scored by the real pipeline (tests/normalize/frameworks/fw_capture.py).
 smolagents wraps each step of its loop in ``Step 1``, ``Step 2``, ...: the step that gives up after
 a failed tool call is not a retry of the one that failed (class 1); a tool that answers an error
-payload fails (class 2); a time the model wrote as words fails the model call that wrote it.
+payload fails (class 2); a time the model wrote as words fails the model call that wrote it, and so
+does a call smolagents rejects before running the tool, checked against the tool schema the model
+span carries (class 3).
 """
 
 from __future__ import annotations
@@ -76,12 +78,35 @@ def test_a_tool_called_again_is_a_retry_and_recovers_its_step(run: Capture) -> N
     assert failures(run.data, "smol-retry") == {"SimpleTool": (True, "retry"), "Step 1": (True, "retry")}
 
 
-# smolagents checks a call's arguments against the tool's inputs before running it: a missing
-# argument leaves no tool span, only "AgentToolCallError: Argument time is required" on the Step.
-# Naming the model call that wrote the call needs the arguments checked against the tool schema the
-# LLM span carries (issue #30 class 3), not done yet: tracedag names the Step.
-KNOWN_MISSES = ["smol-badargs-missing: want OpenAIModel.generate, got Step 1"]
+def argument_rows(data: Path, conversation: str) -> list[tuple[str, str, float, str]]:
+    """(span name, rule, score, explanation) of the failing ``arguments`` rows of a conversation's steps."""
+    con = connect(data)
+    try:
+        return con.execute("""
+            select s.name, c.rule_name, c.score, c.explanation from step_scores c
+            join spans s on s.trace_id = c.trace_id and s.span_id = c.span_id
+            where s.conversation_id = ? and c.metric = 'arguments' and c.score <= 2
+            order by s.start_time_unix_nano""", [conversation]).fetchall()
+    finally:
+        con.close()
+
+
+def test_a_call_rejected_before_the_tool_ran_fails_the_model_call_that_wrote_it(run: Capture) -> None:
+    # smolagents checks a call's arguments against the tool's inputs before running it: a missing
+    # argument leaves no tool span, only "AgentToolCallError: Argument time is required" on Step 1.
+    # The call in the model span's output is checked against the schema its llm.tools carry (#30 class 3).
+    rows = argument_rows(run.data, "smol-badargs-missing")
+    assert [(n, r, s) for n, r, s, _ in rows] == [("OpenAIModel.generate", "emitted_invalid_arguments", 2.0)]
+    assert "book_taxi: (root): 'time' is a required property; the call never ran" in rows[0][3]
+    # the model call that gave up in Step 2 is a later iteration of it that did not redo the call
+    assert failures(run.data, "smol-badargs-missing") == {"OpenAIModel.generate": (False, None),
+                                                          "Step 1": (False, None)}
+    # a call whose arguments fit the schema and that the tool ran is the tool's to judge (the tool
+    # rejected "six": the model call fails through the tool step, and the corrected call recovers it)
+    fixed = argument_rows(run.data, "smol-badargs-fixed")
+    assert fixed and not any("never ran" in e for *_, e in fixed)
+    assert failures(run.data, "smol-badargs-fixed")["OpenAIModel.generate"] == (True, "retry")
 
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
-    assert misses(run, SCENARIOS) == KNOWN_MISSES
+    assert misses(run, SCENARIOS) == []

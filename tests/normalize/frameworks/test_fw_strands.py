@@ -39,3 +39,27 @@ def test_one_llm_step_per_model_call(run: Capture) -> None:
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
     assert misses(run, SCENARIOS) == []
+
+
+def test_a_tool_span_s_own_schema_checks_its_arguments(run: Capture) -> None:
+    # Strands gives the model no tool definitions on its spans; the tool span carries its own schema
+    # (gen_ai.tool.json_schema), which checks the arguments whatever the error text says (#30 class 3)
+    from tracedag.pipeline.store.views import connect
+
+    con = connect(run.data)
+    try:
+        rows = con.execute("""
+            select s.name, c.rule_name, c.score, c.explanation from step_scores c
+            join spans s on s.trace_id = c.trace_id and s.span_id = c.span_id
+            where s.conversation_id = 'strands-badargs-missing' and c.metric = 'arguments'
+            order by s.start_time_unix_nano""").fetchall()
+        clean = con.execute("""
+            select count(*), count(*) filter (where c.score <= 2) from step_scores c
+            join spans s on s.trace_id = c.trace_id and s.span_id = c.span_id
+            where s.conversation_id like 'strands-clean%' and c.metric = 'arguments'""").fetchall()
+    finally:
+        con.close()
+    assert [(n, r, s) for n, r, s, _ in rows] == [("chat", "emitted_invalid_arguments", 2.0),
+                                                  ("execute_tool book_taxi", "tool_args_schema", 2.0)]
+    assert "(root): 'time' is a required property" in rows[1][3]
+    assert clean == [(2, 0)]  # the clean runs' tool calls fit their schemas
