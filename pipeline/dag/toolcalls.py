@@ -9,9 +9,11 @@ model call between the two). For each tool step, in this order:
    ``gen_ai.output.messages``, OpenInference ``llm.output_messages.*.tool_calls.*`` or indexed
    ``gen_ai.completion.*.tool_calls.*``): the latest one that started before the tool started, else
    (clock skew) the earliest one;
-2. **by containment and order** otherwise (no id, or ids from another namespace than the model's):
+2. **by containment and order** otherwise (no id, an id no model step emitted such as Google ADK's
+   ``<not specified>`` on a tool that raised, or ids from another namespace than the model's):
    under the same agent (nearest ``agent`` ancestor, else the trace), the LLM step that started last
-   before the tool started, among those whose finish reason, when recorded, is a tool call, leaving
+   before the tool started, among those whose output holds a call or whose finish reason, when
+   recorded, is a tool call (Google ADK through LiteLLM says ``stop`` after a tool call), leaving
    out a model call that lies wholly inside another one of them (a wrapper's inner call, a guardrail
    running while the model answers). Timing only orders the calls: a tool may start before the
    model call that emitted it ends (a streamed answer, clocks of two hosts), by any amount.
@@ -42,7 +44,8 @@ cand as (
                max(e) over (partition by grp order by s, e desc, idx
                             rows between unbounded preceding and 1 preceding) as cover
         from tc
-        where step_type = 'llm' and (finish_reason is null or regexp_matches(lower(finish_reason), $finish))
+        where step_type = 'llm' and (finish_reason is null or regexp_matches(lower(finish_reason), $finish)
+                                     or tool_call_id is not null)
     ) where cover is null or cover < e
 )"""
 
