@@ -318,10 +318,12 @@ scope as (
     select t.trace_id from turn t where t.conversation_key in (select grp from src)
 ),
 trace_edge as materialized (
+    -- dependency edges; data edges (value provenance) are not: root_causes reads them for silent producers
     select trace_id, upstream_span_id as up, downstream_span_id as down
     from dag_edges
     where trace_id in (select trace_id from scope)
       and upstream_span_id is not null and downstream_span_id is not null
+      and edge_kind is distinct from 'data'
 ),
 entry as (
     -- the steps of a trace without an upstream step in it (the root of a trace without edges)

@@ -7,7 +7,7 @@
 --          recovered, kind, root_span_id, root_step_type, root_step_name, root_score,
 --          root_taxonomy_l1, root_taxonomy_l2, root_taxonomy_l3, hops_from_root, longest_chain,
 --          failed_steps_in_trace, conversation_id, start_time, turn_index, root_trace_id,
---          root_turn_index, root_cancelled, confirmed
+--          root_turn_index, root_cancelled, confirmed, silent_producer, data_arg
 -- columns: root_step_name, root_step_type, root_taxonomy_l1, failed_step_name, hops_from_root, trace_id
 -- Params:
 --   $fail_threshold  double  = 2.0     a step fails when its score (the minimum over its step_scores rows) is <= this (scale 1..5)
@@ -61,6 +61,19 @@
 -- trace in its conversation and root_trace_id = trace_id.
 -- confirmed: the verdict of the latest counterfactual check of the root step (`tracedag confirm`):
 -- confirmed | refuted | inconclusive, null when it was never checked.
+-- Silent producers (value provenance): when the root chosen above is a failed step with data edges
+-- (dag_edges edge_kind 'data', written at score time: an argument value of the step that appeared
+-- verbatim earlier, in a step's output or a user message; per=conversation from any earlier turn, else
+-- from the same trace) and its failure says the value is unknown, invalid or not found (its status
+-- message, error type, output or rule explanation holds 404, "not found", "no such", "invalid", "does
+-- not exist", "unrecognized", "no record", "unknown" but not "unknown error", or a validation message
+-- naming the argument), the producer is the root cause although it passed: silent_producer true,
+-- data_arg the argument (the one the message names first, then the earliest producer), root_* the
+-- producer's step (root_score its lowest score, null when unscored; no taxonomy), hops_from_root one
+-- more (the data edge). A value a user typed (data_from 'user') names the user: root_step_type and
+-- root_step_name 'user', root_span_id the step that carried the user message (the turn's earliest
+-- model call, else its root span), root_trace_id and root_turn_index that turn. Otherwise
+-- silent_producer is false and data_arg null.
 -- Recursion bounds: the downstream walk (reach) is a UNION over a finite set of (failure, step)
 -- pairs, so it ends even on a cyclic edge set; the failure-DAG closure and the walks stop after
 -- $max_hops hops.
@@ -160,6 +173,48 @@ checked as (
 ),
 per_trace as (
     select trace_id, count(*) as failed_steps from fail group by all
+),
+data_in as (
+    -- value provenance: the data edges into failed steps (per=conversation from any turn of the
+    -- conversation, else from the same trace), with the producer's step
+    select e.trace_id, e.dst_span_id, coalesce(e.src_trace_id, e.trace_id) as src_trace_id, e.src_span_id,
+           e.data_arg, e.data_from, p.step_type, p.step_name, p.start_time_unix_nano as src_start
+    from dag_edges e
+    join dag_nodes p on p.trace_id = coalesce(e.src_trace_id, e.trace_id) and p.span_id = e.src_span_id
+    where e.edge_kind = 'data' and e.trace_id in (select trace_id from fail)
+      and (cast($per as varchar) = 'conversation' or coalesce(e.src_trace_id, e.trace_id) = e.trace_id)
+),
+data_text as (
+    -- what the consumer's failure says (status message, error type, output, rule explanation), lower case
+    select s.trace_id, s.span_id,
+           lower(concat_ws(' ', any_value(s.status_message), any_value(s.error_type), any_value(s.output_text),
+                           any_value(f.explanation))) as txt
+    from spans s
+    semi join data_in d on d.trace_id = s.trace_id and d.dst_span_id = s.span_id
+    join fail f on f.trace_id = s.trace_id and f.span_id = s.span_id
+    where s.trace_id in (select trace_id from data_in)
+    group by all
+),
+silent as (
+    -- a failure that says its value is unknown, invalid or not found (or a validation error naming the
+    -- argument): the producer of that value is the root cause, even though it passed (silent_producer)
+    select d.*, regexp_extract(lower(d.data_arg), '([a-z0-9_]+)[^a-z0-9_]*$', 1) as arg_leaf
+    from data_in d
+    join data_text x on x.trace_id = d.trace_id and x.span_id = d.dst_span_id
+    where regexp_matches(x.txt, '(^|[^a-z0-9])(404|not found|not_found|notfound|no such|invalid|does not exist|doesn''t exist|do not exist|nonexistent|non-existent|not recognized|unrecognized|no record|no matching)([^a-z0-9]|$)')
+       or (regexp_matches(x.txt, '(^|[^a-z0-9])unknown([^a-z0-9]|$)')
+           and not regexp_matches(x.txt, 'unknown (error|exception|failure|issue|problem)'))
+       or (regexp_matches(x.txt, 'validation|must be|should be|is required|input should|expected')
+           and contains(x.txt, regexp_extract(lower(d.data_arg), '([a-z0-9_]+)[^a-z0-9_]*$', 1)))
+    qualify row_number() over (
+        partition by d.trace_id, d.dst_span_id
+        order by contains(x.txt, regexp_extract(lower(d.data_arg), '([a-z0-9_]+)[^a-z0-9_]*$', 1)) desc,
+                 d.src_start, d.data_arg, d.src_span_id) = 1
+),
+producer_score as (
+    select s.trace_id, s.span_id, min(cast(s.score as double)) as score
+    from step_scores s semi join silent p on p.src_trace_id = s.trace_id and p.src_span_id = s.span_id
+    group by all
 )
 select f.trace_id, cast($strategy as varchar) as strategy,
        f.span_id as failed_span_id, f.step_type as failed_step_type, f.step_name as failed_step_name,
@@ -167,14 +222,24 @@ select f.trace_id, cast($strategy as varchar) as strategy,
        case when cast($strategy as varchar) = 'agenteval'
             then case when len(f.direct) = 0 then 'originating' else 'propagated' end
             when c.node is null then 'originating' else 'propagated' end as kind,
-       r.span_id as root_span_id, r.step_type as root_step_type, r.step_name as root_step_name,
-       r.score as root_score, r.taxonomy_l1 as root_taxonomy_l1, r.taxonomy_l2 as root_taxonomy_l2,
-       r.taxonomy_l3 as root_taxonomy_l3, coalesce(ch.hops, 0) as hops_from_root,
+       coalesce(sp.src_span_id, r.span_id) as root_span_id,
+       case when sp.data_from = 'user' then 'user' when sp.src_span_id is not null then sp.step_type
+            else r.step_type end as root_step_type,
+       case when sp.data_from = 'user' then 'user' when sp.src_span_id is not null then sp.step_name
+            else r.step_name end as root_step_name,
+       case when sp.src_span_id is not null then ps.score else r.score end as root_score,
+       case when sp.src_span_id is null then r.taxonomy_l1 end as root_taxonomy_l1,
+       case when sp.src_span_id is null then r.taxonomy_l2 end as root_taxonomy_l2,
+       case when sp.src_span_id is null then r.taxonomy_l3 end as root_taxonomy_l3,
+       coalesce(ch.hops, 0) + (sp.src_span_id is not null)::int as hops_from_root,
        coalesce(c.longest, 0) as longest_chain,
        p.failed_steps as failed_steps_in_trace, tf.conversation_id,
        make_timestamp(f.start_time_unix_nano // 1000) as start_time,
-       tf.turn_index, r.trace_id as root_trace_id, tr.turn_index as root_turn_index, r.cancelled as root_cancelled,
-       k.verdict as confirmed
+       tf.turn_index, coalesce(sp.src_trace_id, r.trace_id) as root_trace_id,
+       coalesce(tp.turn_index, tr.turn_index) as root_turn_index,
+       sp.src_span_id is null and r.cancelled as root_cancelled,
+       k.verdict as confirmed,
+       sp.src_span_id is not null as silent_producer, sp.data_arg as data_arg
 from fail f
 join turns tf on tf.trace_id = f.trace_id
 join per_trace p on p.trace_id = f.trace_id
@@ -182,7 +247,11 @@ left join upstream_count c on c.grp = f.grp and c.node = f.node
 left join chosen ch on ch.grp = f.grp and ch.node = f.node
 join fail r on r.grp = f.grp and r.node = coalesce(ch.root_id, f.node)
 join turns tr on tr.trace_id = r.trace_id
-left join checked k on k.root_trace_id = r.trace_id and k.root_span_id = r.span_id
+left join silent sp on sp.trace_id = r.trace_id and sp.dst_span_id = r.span_id
+left join turns tp on tp.trace_id = sp.src_trace_id
+left join producer_score ps on ps.trace_id = sp.src_trace_id and ps.span_id = sp.src_span_id
+left join checked k on k.root_trace_id = coalesce(sp.src_trace_id, r.trace_id)
+                   and k.root_span_id = coalesce(sp.src_span_id, r.span_id)
 where (case when cast($strategy as varchar) in ('greedy', 'full_path_min', 'weighted', 'agenteval')
              and cast($per as varchar) in ('trace', 'step', 'conversation') then true
             else error('strategy must be greedy|full_path_min|weighted|agenteval and per trace|step|conversation') end)

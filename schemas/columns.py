@@ -138,9 +138,14 @@ COLUMNS: dict[str, dict[str, str]] = {
         "build_id": "build",
         "src_span_id": "edge source (call tree: parent; order: earlier step)",
         "dst_span_id": "edge target",
-        "edge_kind": "parent, sequence, explicit, orphan_attach or tool_call (the LLM step that emitted a tool step's call)",
-        "upstream_span_id": "dependency direction propagation follows: the influencing step",
-        "downstream_span_id": "the influenced step (later sibling, or the parent of a child)",
+        "edge_kind": "parent, sequence, explicit, orphan_attach, tool_call (the LLM step that emitted a tool step's call) "
+                     "or data (value provenance: src wrote the argument value dst failed on; written at score time)",
+        "upstream_span_id": "dependency direction propagation follows: the influencing step (data edges: the producer; "
+                            "propagation does not follow them)",
+        "downstream_span_id": "the influenced step (later sibling, or the parent of a child; data edges: the consumer)",
+        "src_trace_id": "data edges: the producer's trace (an earlier turn's, or trace_id); null on other edges",
+        "data_arg": "data edges: the consumer's argument (JSON path without $.) whose value the producer wrote",
+        "data_from": "data edges: output (the producer's output held the value) or user (a user message did)",
     },
     "step_scores": {
         "trace_id": "trace id",

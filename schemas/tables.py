@@ -105,11 +105,16 @@ DAG_EDGES_V1 = _schema(
         pa.field("build_id", _S, nullable=False),
         pa.field("src_span_id", _S, nullable=False),
         pa.field("dst_span_id", _S, nullable=False),
-        pa.field("edge_kind", _S),  # parent | sequence | explicit | orphan_attach | tool_call
+        pa.field("edge_kind", _S),  # parent | sequence | explicit | orphan_attach | tool_call | data
         # dependency direction used for propagation: upstream influences downstream
         # (earlier sibling -> later sibling, child -> parent)
         pa.field("upstream_span_id", _S),
         pa.field("downstream_span_id", _S),
+        # data edges only (null on the others): the producer's trace (an earlier turn's, or trace_id),
+        # the consumer's argument whose value the producer wrote, and where: output | user
+        pa.field("src_trace_id", _S),
+        pa.field("data_arg", _S),
+        pa.field("data_from", _S),
     ],
 )
 

@@ -61,8 +61,9 @@ logger = logging.getLogger(__name__)
 CHUNK_SPANS = 500_000
 """Spans reconstructed together; bounds memory (about 1 KB of working set per span)."""
 
-DAG_LAYOUT = "dag=2"
-"""What the derived tables hold (2: ``dag_nodes.step_role``, ``tool_call`` edges, remote clock skew). A
+DAG_LAYOUT = "dag=3"
+"""What the derived tables hold (2: ``dag_nodes.step_role``, ``tool_call`` edges, remote clock skew; 3:
+``dag_edges.src_trace_id``, ``data_arg``, ``data_from`` for the score's ``data`` edges). A
 store built by another layout is rebuilt in full once, and the collection after that build deletes
 every older file, so no view mixes the two column sets."""
 

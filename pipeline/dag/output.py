@@ -19,7 +19,8 @@ from tracedag.schemas.tables import DAG_EDGES_V1, DAG_NODES_V1, TRACES_V1
 
 logger = logging.getLogger(__name__)
 
-EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit", "tool_call"])
+EDGE_KINDS = pa.array(["parent", "orphan_attach", "sequence", "explicit", "tool_call", "data"])
+"""Edge kinds by code; ``data`` edges (value provenance) are written at score time (``score.provenance``)."""
 
 
 def _ids(prep: pa.Table, rows: IntArray) -> pa.Array:
@@ -102,6 +103,7 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
             pa.DictionaryArray.from_arrays(pa.array(kinds), EDGE_KINDS).cast(pa.string()),
             up,
             down,
+            *(pa.nulls(n, pa.string()) for _ in range(3)),  # src_trace_id, data_arg, data_from: data edges only
         ],
         schema=DAG_EDGES_V1,
     )

@@ -38,6 +38,7 @@ from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
 from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge_cache import JudgeCache
 from tracedag.pipeline.score.materialize import MaterializeStats, materialize
+from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.scan import read_scan, with_input_texts
@@ -74,6 +75,7 @@ class ScoreStats:
     engine: str = "local"  # where the rule pass ran: local | ray
     tasks: int = 0  # engine tasks run (one per trace-id bucket; 0: local)
     materialized: MaterializeStats | None = None  # the named queries' results written for the traces scored
+    data_edges: int = 0  # value-provenance edges stored into dag_edges (score.provenance)
 
     def count_table(self, table: pa.Table, source: str, steps: int) -> None:
         """Add ``table`` (``STEP_SCORES_V1`` rows of ``source``, covering ``steps`` steps) to the counters."""
@@ -340,6 +342,7 @@ class LiveRound:
 
     build_id: str | None = None
     received_from: int | None = None
+    materialize: bool = True  # False: the collector's own thread materializes the traces later
 
 
 LIVE_OVERLAP_NS = 60 * 10**9
@@ -395,7 +398,18 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
                 score_judge(data, con, judge, stats, advance)
     finally:
         con.close()
-    _materialize(data, stats)
+    _provenance(data, stats)
+    if live is None or live.materialize:
+        _materialize(data, stats)
+
+
+def _provenance(data: Path, stats: ScoreStats) -> None:
+    """Store the ``data`` edges into the failed tool steps just scored (``score.provenance``), before the
+    named queries are materialized; a failure loses nothing but those edges (logged)."""
+    try:
+        stats.data_edges = provenance_round(data, stats.files)
+    except (duckdb.Error, OSError, pa.ArrowException):
+        logger.exception("storing the data edges (value provenance) failed")
 
 
 def _materialize(data: Path, stats: ScoreStats) -> None:

@@ -56,7 +56,7 @@ def test_wide_prints_every_column_and_columns_picks_them(query_store: Path) -> N
     code, out = run(query_store, "query", "root_causes", "--wide")
     assert code == 0, out
     cols = header(out)
-    assert len(cols) == 25 and cols[:3] == ["trace_id", "strategy", "failed_span_id"]
+    assert len(cols) == 27 and cols[:3] == ["trace_id", "strategy", "failed_span_id"]  # + silent_producer, data_arg
     assert "more columns" not in out
     code, out = run(query_store, "query", "root_causes", "--columns", "trace_id, root_span_id,longest_chain")
     assert code == 0, out
@@ -68,7 +68,7 @@ def test_wide_prints_every_column_and_columns_picks_them(query_store: Path) -> N
     assert code == 0, out
     assert json.loads(out) == [{"failed_span_id": "j", "hops_from_root": 2}]
     code, out = run(query_store, "query", "root_causes", "--format", "json", "-p", "trace_id=t2-converge")
-    assert len(json.loads(out)[0]) == 25  # root_causes: 24 columns and confirmed
+    assert len(json.loads(out)[0]) == 27  # root_causes: 24 columns, confirmed, silent_producer, data_arg
 
 
 def test_an_unknown_column_is_a_clear_error_listing_the_columns(query_store: Path) -> None:
@@ -109,7 +109,7 @@ def test_a_piped_table_is_whole_not_cut_to_80_columns(query_store: Path) -> None
     widths = {len(line) for line in out.splitlines() if line.startswith(("┃", "│"))}
     assert len(widths) == 1 and widths.pop() > 200  # one natural width, far wider than 80
     assert "…" not in out
-    assert len(header(out)) == 25
+    assert len(header(out)) == 27
     assert body(out)[1][:3] == ["t2-converge", "greedy", "j"]
     assert "2023-11-14 22:13:21.032000" in out
     # a long cell is whole (a terminal table caps cells at 60 characters)
