@@ -342,7 +342,6 @@ class LiveRound:
 
     build_id: str | None = None
     received_from: int | None = None
-    materialize: bool = True  # False: the collector's own thread materializes the traces later
 
 
 LIVE_OVERLAP_NS = 60 * 10**9
@@ -399,8 +398,7 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
     finally:
         con.close()
     _provenance(data, stats)
-    if live is None or live.materialize:
-        _materialize(data, stats)
+    _materialize(data, stats)
 
 
 def _provenance(data: Path, stats: ScoreStats) -> None:
