@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracedag import queries
+from tracedag.pipeline.dag import dataflow
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
 
@@ -70,6 +71,8 @@ class Cause:
     path: tuple[str, ...]  # span ids from the root cause to the failure, both included
     hops_from_root: int
     longest_chain: int
+    data: tuple[dataflow.DataEdge, ...] = ()  # value provenance: data edges into the trace's steps
+    silent: dataflow.Silent | None = None  # the root is a step that passed but wrote the value that failed
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,9 @@ def _cause(con: duckdb.DuckDBPyConnection, trace_id: str) -> Cause | None:
         return None
     steps = {r["node"]: r for r in rows}
     path = _walk(final["node"], final["greedy_root_id"], steps)
-    return Cause(final["greedy_root_id"], final["node"], tuple(path), int(final["greedy_hops"]),
-                 int(final["longest_chain"]))
+    found: Cause = dataflow.attach(con, trace_id, Cause(final["greedy_root_id"], final["node"], tuple(path),
+                                                        int(final["greedy_hops"]), int(final["longest_chain"])))
+    return found
 
 
 def _walk(failed: str, root: str, steps: dict[str, dict[str, Any]]) -> list[str]:
@@ -185,12 +189,34 @@ def _header(trace: dict[str, Any]) -> Text:
 def _mark(span_id: str, cause: Cause | None) -> Text:
     """The cause column: the root cause, the failing steps it propagated through, the trace's failure."""
     if cause is None or span_id not in cause.path:
-        return Text("")
+        return _data_mark(span_id, cause)
+    return _path_mark(span_id, cause) + _data_mark(span_id, cause, " ")
+
+
+def _path_mark(span_id: str, cause: Cause) -> Text:
+    if cause.silent is not None and span_id == cause.root_span_id:
+        return Text("◆ root cause: " + ("the user's message" if cause.silent.user else "silent producer"),
+                    style="bold red")
     if span_id == cause.root_span_id:
         return Text("◆ root cause" + (" = failure" if span_id == cause.failed_span_id else ""), style="bold red")
     if span_id == cause.failed_span_id:
         return Text(f"✖ failure ({cause.path.index(span_id)})", style="bold red")
     return Text(f"↓ path ({cause.path.index(span_id)})", style="red")
+
+
+def _data_mark(span_id: str, cause: Cause | None, sep: str = "") -> Text:
+    """A step a data edge enters: the arguments whose values came from an earlier step or the user."""
+    args = [e.data_arg for e in (cause.data if cause else ()) if e.dst_span_id == span_id]
+    return Text(sep + "← data " + ", ".join(args), style="magenta") if args else Text("")
+
+
+def _silent_line(cause: Cause, name: Any) -> Text:
+    """Why a step that passed is the root cause: the value it wrote is the one the failure rejected."""
+    s = cause.silent
+    assert s is not None
+    who = "the user typed" if s.user else f"{name(s.producer_span_id)} wrote"
+    return Text(f"\nsilent producer: {who} the value of {s.data_arg}, which {name(s.consumer_span_id)} failed on "
+                "as unknown, invalid or not found (dag_edges edge_kind 'data')", style="magenta")
 
 
 def _cause_line(cause: Cause, nodes: list[dict[str, Any]]) -> Text:
@@ -204,13 +230,16 @@ def _cause_line(cause: Cause, nodes: list[dict[str, Any]]) -> Text:
     root = by_span.get(cause.root_span_id) or {}
     score = "" if root.get("score") is None else f", score {root['score']:.1f}"
     t = Text("root cause: ", style="bold")
-    t.append(f"{name(cause.root_span_id)} ({root.get('step_type') or '?'}{score})", style="bold red")
+    if cause.silent is not None and cause.silent.user:
+        t.append(f"the user's message (carried by {name(cause.root_span_id)})", style="bold red")
+    else:
+        t.append(f"{name(cause.root_span_id)} ({root.get('step_type') or '?'}{score})", style="bold red")
     if len(cause.path) > 1:
         t.append(" → " + " → ".join(name(s) for s in cause.path[1:]) + " (the trace's failure)")
     hops = f"{cause.hops_from_root} hop" + ("" if cause.hops_from_root == 1 else "s")
     t.append(f"; {hops} from the root, longest failure chain {cause.longest_chain} (tracedag query root_causes)",
              style="dim")
-    return t
+    return t + _silent_line(cause, name) if cause.silent is not None else t
 
 
 def render_trace(trace: dict[str, Any], nodes: list[dict[str, Any]], cause: Cause | None = None) -> RenderableType:
