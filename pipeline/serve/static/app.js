@@ -138,10 +138,12 @@
               ? ` → final failure <b>${esc(rc.failed_step_name)}</b>, ${Math.max(0, (doc.propagation_path || []).length - 1)} hops`
               : ", itself the final failure") : "");
     if (doc.root_cause_check) $("#title").insertAdjacentHTML("beforeend", checkHtml(doc.root_cause_check));
+    if (rc && rc.silent_producer) $("#title").insertAdjacentHTML("beforeend", silentHtml(rc));
     const cross = doc.cross_turn_cause || (INLINE && (INLINE.conversation_causes || {})[t.trace_id]);
     if (cross && cross.root_trace_id && cross.root_trace_id !== t.trace_id) {
       $("#title").insertAdjacentHTML("beforeend", ` · cause across turns: <b>${esc(cross.root_step_name)}</b> in ` +
-        `<a href="#" id="cross-turn" data-open="${esc(cross.root_trace_id)}">turn ${esc(cross.root_turn_index)}</a>`);
+        `<a href="#" id="cross-turn" data-open="${esc(cross.root_trace_id)}">turn ${esc(cross.root_turn_index)}</a>` +
+        (cross.silent_producer ? silentHtml(cross) : ""));
     }
     // data-painted: the first view is drawn; data-trace: every step is in the graph
     const dag = $("#dag");
@@ -167,6 +169,12 @@
     const hover = `${c.reason || ""}${c.replacement_source ? " · replaced by " + c.replacement_source : ""}`;
     return ` · <span id="rc-check" class="check check-${esc(c.verdict)}" data-verdict="${esc(c.verdict)}" title="${esc(hover)}">` +
       `check: <b>${esc(c.verdict)}</b> (${by}, ${esc(c.runs)} runs, failed again in ${esc(c.failures_after)}${delta})</span>`;
+  }
+
+  // value provenance: the root passed but wrote (or the user typed) the value the failure rejected
+  function silentHtml(r) {
+    return ` <span class="silent" title="the failed step's ${esc(r.data_arg)} came from here (dag_edges edge_kind data)">` +
+      `(${r.root_step_type === "user" ? "the user typed" : "silent producer of"} ${esc(r.data_arg)})</span>`;
   }
 
   const STATUS_CODE = { 0: "unset", 1: "ok", 2: "error" };

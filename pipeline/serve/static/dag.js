@@ -148,6 +148,7 @@
   // bends over the steps in between instead of crossing them
   function edgeClasses(el, onPath, parentOnly, tree, pos) {
     const c = onPath ? ["chain"] : [];
+    if (el.data.kind.split(",").includes("data")) c.push("data"); // value provenance: drawn dashed
     const a = tree.byId.get(el.data.source), b = tree.byId.get(el.data.target);
     const src = pos[el.data.source], dst = pos[el.data.target];
     if (parentOnly) {
@@ -180,6 +181,9 @@
     { selector: "node.final", style: { "border-width": 6, "border-style": "double", "border-color": "#111" } },
     { selector: "node.root", style: { "border-width": 5, "border-style": "solid", "border-color": "#6a00a8",
                                       "font-weight": "bold" } },
+    { selector: "edge.data", style: { width: 2, "line-style": "dashed", "line-color": "#c2185b",
+                                      "target-arrow-color": "#c2185b", "curve-style": "unbundled-bezier",
+                                      "control-point-distances": -40, "control-point-weights": 0.5 } },
     { selector: "edge.chain", style: { width: 4, "line-color": "#6a00a8", "target-arrow-color": "#6a00a8",
                                        "arrow-scale": 1.1, "z-index": 1000 } },
     { selector: "edge.arc", style: { "curve-style": "unbundled-bezier", "control-point-distances": "data(cpd)",
