@@ -13,15 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tracedag import queries
-from tracedag.pipeline.dag import dataflow
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.dag import dataflow, show_stored
+from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.views import connect, create_views, latest_by_id, restrict_to_trace
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
 
 BAR_WIDTH = 24
-
-_TRACE_SQL = "select * from traces where trace_id like $p || '%' order by trace_id limit 2"
 
 _NODES_SQL = """
 select n.*, s.score, s.metric_count
@@ -96,20 +95,57 @@ order by node
 
 def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
     """The trace matching ``trace_id`` (id or unique prefix), its nodes and, when asked, its root cause
-    and propagation path, read on one connection."""
+    and propagation path, read on one connection.
+
+    Only the trace's own row groups are read: its latest build comes from ``traces_all`` by id, then
+    the views are restricted to that trace and build (``views.restrict_to_trace``) and the same SQL
+    runs over them. A garbage collection or a new build between two reads makes it read again.
+    """
     con = connect(data)
     con.execute("set enable_progress_bar = false")
     try:
-        found = con.sql(_TRACE_SQL, params={"p": trace_id.lower()}).to_arrow_table().to_pylist()
-        if not found:
-            raise _missing(con, data, trace_id)
-        if len(found) > 1 and found[0]["trace_id"] != trace_id:
-            raise TraceNotFound(trace_id, "matches several traces: give more of the id")
-        trace = found[0]
-        nodes = con.sql(_NODES_SQL, params={"t": trace["trace_id"]}).to_arrow_table().to_pylist()
-        return Shown(trace, nodes, _cause(con, trace["trace_id"]) if cause else None)
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                return _read_shown(con, data, trace_id, cause)
+            except (duckdb.IOException, _Superseded) as e:
+                if attempt == _ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
+                    raise
+                logger.info("trace %s: read again (%s)", trace_id, e)
+                create_views(con, data)
+        raise AssertionError("unreachable")
     finally:
         con.close()
+
+
+_ATTEMPTS = 3
+
+
+class _Superseded(Exception):
+    """The trace's latest build changed while it was read (a build, then its garbage collection)."""
+
+
+def _found(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> dict[str, Any]:
+    """The latest ``traces`` row of the one trace ``trace_id`` names (id or unique prefix)."""
+    found = latest_by_id(con, trace_id.lower())
+    if not found:
+        raise _missing(con, data, trace_id)
+    if len(found) > 1 and found[0]["trace_id"] != trace_id:
+        raise TraceNotFound(trace_id, "matches several traces: give more of the id")
+    trace: dict[str, Any] = found[0]
+    return trace
+
+
+def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause: bool) -> Shown:
+    trace = _found(con, data, trace_id)
+    tid, build = str(trace["trace_id"]), str(trace["build_id"])
+    restrict_to_trace(con, tid, build)
+    nodes = con.sql(_NODES_SQL, params={"t": tid}).to_arrow_table().to_pylist()
+    found = _cause(con, tid) if cause else None
+    # A build of this trace after the first read, then a collection of the superseded build, may have
+    # removed rows read above: the build still being the latest afterwards means nothing was removed.
+    if [r["build_id"] for r in latest_by_id(con, tid, 1)] != [build]:
+        raise _Superseded(f"build {build} was superseded")
+    return Shown(trace, nodes, found)
 
 
 def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -123,7 +159,9 @@ def _cause(con: duckdb.DuckDBPyConnection, trace_id: str) -> Cause | None:
     defaults = {p.name: p.default for p in queries.describe("root_causes").params}
     params = {"t": trace_id, "fail_threshold": float(defaults["fail_threshold"]),
               "max_hops": int(defaults["max_hops"])}
-    rows = con.sql(_CAUSE_SQL, params=params).to_arrow_table().to_pylist()
+    rows = show_stored.cause_rows(con, trace_id)  # the rows stored at score time, else computed
+    if rows is None:
+        rows = con.sql(_CAUSE_SQL, params=params).to_arrow_table().to_pylist()
     final = next((r for r in rows if r["final"]), None)
     if final is None:
         return None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from tracedag import queries
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.queries import macros
 
 if TYPE_CHECKING:  # store.gc imports this module in the converters, which must not load DuckDB
@@ -128,7 +129,7 @@ def labels_signature(data: Path) -> str:
 
 
 _STALE_SQL = f"""
-select (select count(*) from traces t
+select (select count(*) from ({LATEST_BUILDS_SQL}) t
         where not exists (select 1 from {STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)),
        (select arg_max(signature, mat_round) from {STATE})
 """
@@ -175,7 +176,7 @@ def _fresh_now(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
 _ALL_CUR = f"""cur as (
     -- the newest round of each trace's latest build
     select m.trace_id, max(m.mat_round) as mat_round
-    from {STATE} m semi join traces t on t.trace_id = m.trace_id and t.build_id = m.build_id
+    from {STATE} m semi join ({LATEST_BUILDS_SQL}) t on t.trace_id = m.trace_id and t.build_id = m.build_id
     group by m.trace_id
 )"""
 _ALL_WIN = "select trace_id from trace_window($since_ns, $trace_id)"

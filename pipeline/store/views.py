@@ -85,6 +85,51 @@ _LATEST = {
 }
 
 
+def literal(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+# One trace's latest build, read by id (or id prefix) from traces_all alone: the comparison reaches the
+# scan, so DuckDB skips every row group whose trace_id statistics cannot hold it (build files are
+# sorted by trace id). ``$lo``/``$hi`` bound the prefix ('\U0010ffff' sorts after any character).
+LATEST_BY_ID_SQL = """
+select * from traces_all
+where trace_id >= $lo and trace_id < $hi and starts_with(trace_id, $lo)
+qualify row_number() over (partition by trace_id order by built_unix_nano desc, build_id desc) = 1
+order by trace_id limit $n
+"""
+
+
+def latest_by_id(con: duckdb.DuckDBPyConnection, prefix: str, limit: int = 2) -> list[dict[str, object]]:
+    """The ``traces`` rows (latest build) of the traces whose id starts with ``prefix``, by id, at most ``limit``."""
+    params = {"lo": prefix, "hi": prefix + "\U0010ffff", "n": limit}
+    rows: list[dict[str, object]] = con.sql(LATEST_BY_ID_SQL, params=params).to_arrow_table().to_pylist()
+    return rows
+
+
+def restrict_to_trace(con: duckdb.DuckDBPyConnection, trace_id: str, build_id: str) -> None:
+    """Make ``con``'s refined views (``spans``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``) hold
+    only ``trace_id`` at its build ``build_id``: every query and macro then reads that trace's row groups only.
+
+    The rows are those the whole-store views give for the trace when ``build_id`` is its latest build
+    (``latest_by_id``); per-trace results (``failure_dag_roots`` within a trace) are unchanged.
+    """
+    t, b = literal(trace_id), literal(build_id)
+    one = f"trace_id = {t} and build_id = {b}"
+    spans = _LATEST["spans"].replace("from spans_all", f"from (select * from spans_all where trace_id = {t}) spans_all")
+    bodies = {
+        "spans": spans,  # the conversation id window is per trace: filtering first changes nothing
+        "traces": f"select * from traces_all where {one} limit 1",
+        "dag_nodes": f"select * from dag_nodes_all where {one}",
+        "dag_edges": f"select * from dag_edges_all where {one}",
+        "step_scores": f"select * from step_scores_all where trace_id = {t} and (build_id is null or build_id = {b})",
+    }
+    assert set(bodies) == set(_LATEST) and spans != _LATEST["spans"]
+    for table, body in bodies.items():
+        con.execute(f"create or replace view {table} as {body}")
+
+
 def _empty_sql(schema: pa.Schema) -> str:
     cols = ", ".join(f'cast(null as {_duck_type(f.type)}) as "{f.name}"' for f in schema)
     return f"select {cols} where false"
