@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.collector import faults
@@ -35,7 +36,9 @@ from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
 
 logger = logging.getLogger(__name__)
 
-ROW_GROUP = 64 * 1024
+ROW_GROUP = 16 * 1024
+"""Rows per row group of the files a collection writes, sorted by trace id like a build's
+(``dag.build.TRACE_ROW_GROUP``): a reader of one trace skips the row groups whose statistics do not hold it."""
 
 
 def collect(data: Path, settings: GcSettings | None = None, compact: bool = False) -> GcStats:
@@ -144,8 +147,15 @@ def _rewrite(src: Path, dst: Path, lv: Liveness) -> int:
     t = pq.read_table(src)
     live = t.filter(live_mask(t, lv))
     if live.num_rows:
-        _write(live, dst)
+        _write(by_trace(live), dst)
     return int(t.num_rows - live.num_rows)
+
+
+def by_trace(t: pa.Table) -> pa.Table:
+    """``t`` sorted by trace id (stable: a trace's rows keep their order)."""
+    if t.num_rows < 2 or "trace_id" not in t.column_names:
+        return t
+    return t.take(pc.sort_indices(t, sort_keys=[("trace_id", "ascending")]))
 
 
 def _write(t: pa.Table, path: Path) -> None:
@@ -160,14 +170,17 @@ def _fsync(path: Path) -> None:
 
 
 class Merger:
-    """Streams the live rows of small files into new files of at most ``target_rows`` rows."""
+    """Merges the live rows of small files into new files of about ``target_rows`` rows, each sorted by trace id.
+
+    A file's rows are held until it is full (at most ``target_rows`` plus one input's): files merged in
+    turn, each sorted, would otherwise give row groups spanning every trace id.
+    """
 
     def __init__(self, out_dir: Path, target_rows: int) -> None:
         self.out_dir = out_dir
         self.target_rows = target_rows
         self.count = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._path: Path | None = None
+        self._held: list[pa.Table] = []
         self._rows = 0
 
     def add(self, f: Path, lv: Liveness) -> int:
@@ -179,21 +192,19 @@ class Merger:
         return int(t.num_rows - live.num_rows)
 
     def _append(self, t: pa.Table) -> None:
-        if self._writer is None or self._rows >= self.target_rows or not self._writer.schema.equals(t.schema):
+        if self._held and (self._rows >= self.target_rows or not self._held[0].schema.equals(t.schema)):
             self._finish()
-            self._path = self.out_dir / f"compact-{time.time_ns():020d}-{self.count:04d}.parquet"
-            self.count += 1
-            self._writer = pq.ParquetWriter(self._path, t.schema, compression="zstd")
-        self._writer.write_table(t, row_group_size=ROW_GROUP)
+        self._held.append(t)
         self._rows += t.num_rows
 
     def _finish(self) -> None:
-        if self._writer is None or self._path is None:
+        if not self._held:
             return
-        self._writer.close()
-        _fsync(self._path)
-        self._writer, self._rows = None, 0
+        path = self.out_dir / f"compact-{time.time_ns():020d}-{self.count:04d}.parquet"
+        self.count += 1
+        _write(by_trace(pa.concat_tables(self._held)), path)
+        self._held, self._rows = [], 0
 
     def close(self) -> None:
-        """Finish the last output file."""
+        """Write the last output file."""
         self._finish()
