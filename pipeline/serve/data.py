@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
+from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import file_vanished
 from tracedag.pipeline.store.manifests import cached_listing
-from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.querying import bind_params, query_doc, run_named, to_arrow
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed, TracedagError
@@ -125,7 +126,24 @@ class Store:
         if whole is not None and "trace_id" in params:
             table: pa.Table = whole.filter(pc.equal(whole["trace_id"], params["trace_id"]))
             return table
+        if "trace_id" in params:
+            stored = self._stored(name, params)
+            if stored is not None:
+                return stored
         return run_named(self.data, name, params) if params or whole is None else whole
+
+    def _stored(self, name: str, params: Mapping[str, str]) -> pa.Table | None:
+        """One trace's materialized rows of ``name``, read on this build state's connection (None: not stored)."""
+        values = bind_params(query_doc(name), params)
+
+        def read() -> pa.Table | None:
+            cur = self._cursor(self.state())
+            try:
+                stored = materialized.named_statement(cur, self.data, name, values)
+                return None if stored is None else to_arrow(cur.sql(stored[0], params=stored[1]))
+            finally:
+                cur.close()
+        return rerun_if_vanished(read)
 
     def warm(self) -> None:
         """Compute the whole-store results the list, a trace and /metrics read (once per build state)."""

@@ -27,14 +27,18 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+import duckdb
 import pyarrow as pa
 
-from tracedag.pipeline.serve.data import Store
-from tracedag.pipeline.serve.tracelist import agent_names
-from tracedag.pipeline.store.querying import run_named
+from tracedag import queries
+from tracedag.pipeline.serve.data import Store, rerun_if_vanished
+from tracedag.pipeline.serve.tracelist import AGENTS_SQL
+from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
+from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect
-from tracedag.schemas.errors import QueryFailed
 
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -87,16 +91,46 @@ def _who(agents: Mapping[str, str], trace_id: str, service: str | None) -> tuple
 
 
 def compute(data: Path) -> str:
-    """The whole exposition text for the store at ``data`` (a full pass: call it once per build state)."""
+    """The whole exposition text for the store at ``data`` (a full pass: call it once per build state).
+
+    Every family is read on one connection, each named query narrowed to the columns a family needs
+    (from its stored rows when the store has them, ``store.materialized``), so that a cold scrape costs
+    one connection and a few column scans instead of a connection and a full result per query.
+    """
+    def once() -> str:
+        con = connect(data)
+        try:
+            return _compute(con, data)
+        finally:
+            con.close()
+    text: str = rerun_if_vanished(once)
+    return text
+
+
+def _named(con: duckdb.DuckDBPyConnection, data: Path, name: str, columns: str, tail: str = "") -> list[dict[str, Any]]:
+    """``select <columns> from <name's result> <tail>`` (defaults): its stored rows when current, else its SQL."""
+    values = bind_params(query_doc(name), {})
+    sql, params = materialized.named_statement(con, data, name, values) or (queries.load(name), values)
+    rows: list[dict[str, Any]] = con.sql(f"select {columns} from ({sql.strip().rstrip(';')}) {tail}",
+                                         params=params or None).to_arrow_table().to_pylist()
+    return rows
+
+
+def _compute(con: duckdb.DuckDBPyConnection, data: Path) -> str:
     t0 = time.perf_counter()
-    summary = run_named(data, "trace_summary", {}).to_pylist()
-    failures = run_named(data, "failures", {}).to_pylist()
-    agents = agent_names(data)
+    summary = _named(con, data, "trace_summary", "trace_id, service_name, root_cause_span_id, root_cause_type, "
+                                                 "root_cause_category, workflow_score")
+    failures = _named(con, data, "failures", "trace_id, service_name, step_type, taxonomy_l1, count(*) as n",
+                      "where not coalesce(recovered, false) group by all")
+    agents = {str(tid): str(agent or "") for tid, agent in con.sql(AGENTS_SQL).fetchall()}
     lines = _family("tracedag_traces_built", "gauge", "Built traces (latest build of each).")
     lines.append(f"tracedag_traces_built {len(summary)}")
+    failed: Counter[tuple[str, str, str, str]] = Counter()
+    for f in failures:
+        failed[(*_who(agents, f["trace_id"], f["service_name"]), f["step_type"] or "",
+                f["taxonomy_l1"] or "unclassified")] += int(f["n"])
     lines += _counts("tracedag_failures", "Failed steps not recovered, by agent, service, step type and taxonomy category.",
-                     Counter((*_who(agents, f["trace_id"], f["service_name"]), f["step_type"] or "",
-                              f["taxonomy_l1"] or "unclassified") for f in failures if not f["recovered"]))
+                     failed)
     lines += _counts("tracedag_root_causes", "Failed traces by agent, service, and their root cause's step type and category.",
                      Counter((*_who(agents, s["trace_id"], s["service_name"]), s["root_cause_type"] or "",
                               s["root_cause_category"] or "") for s in summary if s["root_cause_span_id"]))
@@ -106,10 +140,10 @@ def compute(data: Path) -> str:
             agent, service = _who(agents, s["trace_id"], s["service_name"])
             scores.setdefault((("agent", agent), ("service", service)), []).append(float(s["workflow_score"]))
     lines += _histogram("tracedag_workflow_score", "Workflow score of each built trace (1..5).", scores, SCORE_BUCKETS)
-    lines += _determinism(data, _services(agents, summary))
-    lines += _step_latency(data)
+    lines += _determinism(con, data, _services(agents, summary))
+    lines += _step_latency(con)
     lines += _histogram("tracedag_build_lag_seconds", "Last span received to trace built, per trace (seconds).",
-                        _lags(data, agents), LAG_BUCKETS)
+                        _lags(con, agents), LAG_BUCKETS)
     lines += _family("tracedag_metrics_compute_seconds", "gauge", "Seconds the last recomputation of these figures took.")
     lines.append(f"tracedag_metrics_compute_seconds {time.perf_counter() - t0:.6f}")
     return "\n".join(lines) + "\n"
@@ -125,14 +159,14 @@ def _services(agents: Mapping[str, str], summary: list[dict[str, object]]) -> di
     return {a: ",".join(sorted(v)) for a, v in found.items()}
 
 
-def _determinism(data: Path, services: Mapping[str, str]) -> list[str]:
+def _determinism(con: duckdb.DuckDBPyConnection, data: Path, services: Mapping[str, str]) -> list[str]:
     lines = _family("tracedag_determinism", "gauge",
                     "Consistency across runs of a scenario (0..1): kind = node, action or action-input consistency.")
     response = _family("tracedag_response_consistency", "gauge",
                        "Agreement of the responses across runs of a scenario (1..4 scale).")
     try:
-        rows = run_named(data, "determinism_agent", {}).to_pylist()
-    except QueryFailed:
+        rows = _named(con, data, "determinism_agent", "*")
+    except duckdb.CatalogException:  # no determinism table yet (tracedag determinism writes it)
         return lines + response
     for r in rows:
         labels = {"agent": r.get("agent"), "service": services.get(str(r.get("agent") or ""), ""),
@@ -145,8 +179,20 @@ def _determinism(data: Path, services: Mapping[str, str]) -> list[str]:
     return lines + response
 
 
-def _step_latency(data: Path) -> list[str]:
-    rows = [r for r in run_named(data, "step_stats", {}).to_pylist() if r["grain"] == "step"]
+# step_stats' 'step' rows narrowed to their latency (its p50_ms/p90_ms: quantile_cont of the duration over
+# the steps of every latest build); the whole query also joins scores, tokens and costs (4.5 s of a
+# 5 s scrape on 1M spans). tests/serve/test_metrics_cold.py checks both give the same figures.
+_LATENCY_SQL = f"""
+select cast(n.step_type as varchar) as step_type, n.step_name,
+       quantile_cont(n.duration_ns / 1e6, 0.5) as p50_ms, quantile_cont(n.duration_ns / 1e6, 0.9) as p90_ms
+from dag_nodes_all n semi join ({LATEST_BUILDS_SQL}) t using (trace_id, build_id)
+group by all
+order by count(*) desc, step_type, step_name  -- step_stats' order
+"""
+
+
+def _step_latency(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.sql(_LATENCY_SQL).to_arrow_table().to_pylist()
     lines: list[str] = []
     for q in ("p50", "p90"):
         name = f"tracedag_step_latency_{q}_seconds"
@@ -158,14 +204,16 @@ def _step_latency(data: Path) -> list[str]:
     return lines
 
 
-def _lags(data: Path, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
-    con = connect(data)
-    try:
-        table: pa.Table = con.sql(
-            "select trace_id, service_name, (built_unix_nano - last_received_unix_nano) / 1e9 as lag from traces "
-            "where last_received_unix_nano is not null").to_arrow_table()
-    finally:
-        con.close()
+# the traces view keeps each trace's whole latest row: three of its columns cost a third
+_LAGS_SQL = """
+select trace_id, arg_max(service_name, (built_unix_nano, build_id)) as service_name,
+       arg_max((built_unix_nano - last_received_unix_nano) / 1e9, (built_unix_nano, build_id)) as lag
+from traces_all group by trace_id
+"""
+
+
+def _lags(con: duckdb.DuckDBPyConnection, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
+    table: pa.Table = con.sql(f"select * from ({_LAGS_SQL}) where lag is not null order by trace_id").to_arrow_table()
     out: dict[Labels, list[float]] = {}
     for tid, service, lag in zip(table["trace_id"].to_pylist(), table["service_name"].to_pylist(),
                                  table["lag"].to_pylist(), strict=True):

@@ -27,13 +27,16 @@ SORTS = ("start_time", "trace_id", "agent", "conversation_id", "status", "root_c
 MAX_PAGE = 1000
 
 # One row per trace: its agent name (the earliest agent_name of its spans, else its service name).
-_AGENTS_SQL = """
-select t.trace_id,
-       coalesce((select arg_min(s.agent_name, s.start_time_unix_nano) from spans s
-                 where s.trace_id = t.trace_id and s.agent_name is not null),
-                t.service_name) as agent
+AGENTS_SQL = """
+select t.trace_id, coalesce(a.agent, t.service_name) as agent
 from traces t
+left join (
+    -- from the raw spans: the spans view's conversation id window costs a pass over every span
+    select trace_id, arg_min(agent_name, start_time_unix_nano) as agent
+    from spans_all where agent_name is not null group by trace_id
+) a using (trace_id)
 """
+"""Each built trace's agent name: the earliest ``agent_name`` of its spans, else its service name."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ def agent_names(data: Path) -> dict[str, str]:
     """trace id -> agent name, for every built trace of the store at ``data``."""
     con = connect(data)
     try:
-        rows = con.sql(_AGENTS_SQL).fetchall()
+        rows = con.sql(AGENTS_SQL).fetchall()
     finally:
         con.close()
     return {str(tid): str(agent or "") for tid, agent in rows}
