@@ -13,7 +13,9 @@ error payload ``{"status": "error", "error": "order ... not found"}`` instead of
   rejects, then apologises or the run ends (root: the model call that wrote them);
 - ``clean``: nothing fails;
 - ``multi-turn``: two turns, the second fails on its own (root: the tool in turn 2), or a recovered
-  retry then a clean turn (no failure).
+  retry then a clean turn (no failure), or (Agents SDK, ADK) turn 1's ``lookup_order`` passes with a
+  stale tracking number the model quotes, and turn 2's ``track_shipment`` fails on it with a 404
+  (root: the producer, turn 1's ``lookup_order``; issue #30 class 5).
 """
 
 from __future__ import annotations
@@ -217,6 +219,9 @@ def openai_agents_scenarios() -> list[Scenario]:
         Scenario("oai-multi-fail", "multi-turn", ["Weather in Paris?", "And in Atlantis?"],
                  [t("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny"),
                   t("c2", "get_weather", {"city": "Atlantis"}), reply(sorry)], (2, "get_weather", 0)),
+        Scenario("oai-multi-stale", "multi-turn", ["Where is order A-2002?", "Where is that parcel now?"],
+                 [t("c1", "lookup_order", {"order_id": "A-2002"}), reply("Order A-2002 shipped: TRK-31337."),
+                  t("c2", "track_shipment", {"tracking_no": "TRK-31337"}), reply(sorry)], (1, "lookup_order", 0)),
         Scenario("oai-multi-ok", "multi-turn", ["Weather in Lyon?", "Where is order A-1001?"],
                  [t("c1", "get_weather", {"city": "Lyon"}), t("c2", "get_weather", {"city": "Lyon"}),
                   reply("Lyon: 21C and sunny"), t("c3", "lookup_order", {"order_id": "A-1001"}),
@@ -268,6 +273,9 @@ def google_adk_scenarios() -> list[Scenario]:
         Scenario("adk-multi-fail", "multi-turn", ["Weather in Paris?", "And in Atlantis?"],
                  [t("c1", "get_weather", {"city": "Paris"}), reply("Paris: 21C and sunny"),
                   t("c2", "get_weather", atlantis), reply(sorry)], (2, weather, 0), rr),
+        Scenario("adk-multi-stale", "multi-turn", ["Where is order A-2002?", "Where is that parcel now?"],
+                 [t("c1", "lookup_order", {"order_id": "A-2002"}), reply("Order A-2002 shipped: TRK-31337."),
+                  t("c2", "track_shipment", {"tracking_no": "TRK-31337"})], (1, order, 0)),
         Scenario("adk-multi-ok", "multi-turn", ["Weather in Lyon?", "Book a taxi in Paris at 18:00"],
                  [t("c1", "get_weather", {"city": "Lyon"}), t("c2", "get_weather", {"city": "Lyon"}),
                   reply("Lyon: 21C and sunny"), t("c3", "book_taxi", {"city": "Paris", "time": "18:00"}),
