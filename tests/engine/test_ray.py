@@ -174,7 +174,7 @@ def test_an_unreachable_cluster_is_a_one_line_error_in_seconds(spans, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens on it
     started = time.monotonic()
-    done = subprocess.run([shutil.which("tracedag") or "tracedag", "build", "--data", str(data), "--idle", "0",
+    done = subprocess.run([str(Path(sys.executable).parent / "tracedag"), "build", "--data", str(data), "--idle", "0",
                            "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and time.monotonic() - started < 30

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -46,8 +46,7 @@ def _free_port():
 
 @pytest.mark.slow
 def test_replay_and_gate_steps_run_as_written(tmp_path):
-    tracedag = shutil.which("tracedag")
-    assert tracedag, "tracedag is installed (pip install -e .)"
+    tracedag = str(Path(sys.executable).parent / "tracedag")  # this interpreter's, not PATH's
     env = {**os.environ, "DATA": str(tmp_path / "data"), "PORT": str(_free_port()), "REPLAYS": "2",
            "TRACEDAG": tracedag, "TRACEDAG_BASELINE": tracedag, "GITHUB_WORKSPACE": str(ROOT),
            "GITHUB_OUTPUT": str(tmp_path / "out"), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary")}
