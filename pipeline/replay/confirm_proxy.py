@@ -18,8 +18,10 @@ context and the run labels as baggage), and the agent, for that request:
   ``tracedag.tool.recorded = true`` as in-process recorded tools do;
 - exports its spans, with the propagated trace context, to the collector ``--endpoint`` names.
 
-A request without the header is ordinary traffic: the agent uses its own model. After the runs the
-check waits for the agent's spans to reach the store (``wait_for_agent``) before judging them.
+A request without the header is ordinary traffic: the agent uses its own model. A run during which the
+proxy could not reach the model is stopped (not counted: the agent failed for want of its model, which
+says nothing about the root cause). After the runs the check waits for the agent's spans to reach the
+store (``wait_for_agent``) before judging them.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ProxiedRun:
     output: str | None = None
     ordinal: int = 1  # the root step's place among the run's calls with that name
     seen: int = 0
+    unreachable: str | None = None  # why a forwarded call found no model: the run does not count
 
 
 class ModelProxy:
@@ -108,11 +111,12 @@ class ModelProxy:
                 hit = run.seen == run.ordinal
             if hit:
                 return _replaced(str(body.get("model")), run.output, bool(body.get("stream")))
-        return self._forward(raw, authorization)
+        return self._forward(run, raw, authorization)
 
-    def _forward(self, raw: bytes, authorization: str | None) -> tuple[int, str, bytes]:
+    def _forward(self, run: ProxiedRun, raw: bytes, authorization: str | None) -> tuple[int, str, bytes]:
         if self.upstream is None:
-            return _error(502, "tracedag confirm's proxy has no model to forward to: give --model-url")
+            run.unreachable = "tracedag confirm's proxy has no model to forward to: give --model-url"
+            return _error(502, run.unreachable)
         headers = {"Content-Type": _JSON, **({"Authorization": authorization} if authorization else {})}
         request = urllib.request.Request(f"{self.upstream}/chat/completions", data=raw, headers=headers, method="POST")
         try:
@@ -121,7 +125,8 @@ class ModelProxy:
         except urllib.error.HTTPError as e:
             return e.code, e.headers.get("Content-Type", _JSON), e.read()
         except (urllib.error.URLError, OSError) as e:
-            return _error(502, f"tracedag confirm's proxy cannot reach the model at {self.upstream}: {e}")
+            run.unreachable = f"tracedag confirm's proxy cannot reach the model at {self.upstream}: {e}"
+            return _error(502, run.unreachable)
 
     @staticmethod
     def tool(run: ProxiedRun, raw: bytes) -> tuple[int, str, bytes]:
@@ -199,13 +204,17 @@ class ProxiedTarget:
 
     def converse(self, turns: Sequence[str], run: RunInfo) -> Outcome:
         """The inner target's conversation, its requests carrying this run's proxy base URL."""
-        token, base = self.proxy.open_run(self._proxied(run.conversation_id))
+        proxied = self._proxied(run.conversation_id)
+        token, base = self.proxy.open_run(proxied)
         reset = RUN_HEADERS.set({PROXY_HEADER: base})
         try:
-            return self.inner.converse(turns, run)
+            outcome = self.inner.converse(turns, run)
         finally:
             RUN_HEADERS.reset(reset)
             self.proxy.close_run(token)
+        if proxied.unreachable is not None:  # the agent failed for want of its model: not a result
+            return Outcome(outcome.replies, proxied.unreachable, stopped=True)
+        return outcome
 
     def _proxied(self, conversation_id: str) -> ProxiedRun:
         check = self.checks.get(conversation_id)

@@ -130,9 +130,10 @@ class World:
     model: Model
     model_url: str
 
-    def confirm(self, *args: str, agent: str | None = None) -> Any:
+    def confirm(self, *args: str, agent: str | None = None, model_url: str | None = None) -> Any:
         return CliRunner().invoke(cli, ["confirm", "--data", str(self.data), "--agent", agent or self.agent,
-                                        "--endpoint", self.otlp, "--model-url", self.model_url, "--times", "2", *args])
+                                        "--endpoint", self.otlp, "--model-url", model_url or self.model_url,
+                                        "--times", "2", *args])
 
 
 def test_agent_behind_a_url_root_cause_confirmed_and_decoy_refuted(world: World) -> None:
@@ -177,4 +178,12 @@ def test_unreachable_agent_and_missing_endpoint_are_clear_errors(world: World) -
     out = CliRunner().invoke(cli, ["confirm", "--data", str(data), "--agent", "http://127.0.0.1:9/v1"])
     assert out.exit_code == 1 and "an agent behind a URL needs it" in out.output
     assert _checks(data) == before  # nothing stored
+
+
+def test_a_model_the_proxy_cannot_reach_leaves_the_check_inconclusive(world: World) -> None:
+    out = world.confirm("--conversation", "u-search", model_url="http://127.0.0.1:9/v1")
+    assert out.exit_code == 0, out.output
+    check = _checks(world.data)["u-search"]  # the agent failed for want of its model: no run counts
+    assert (check["verdict"], check["runs"]) == ("inconclusive", 0)
+    assert "none of 2 runs ran to its end" in str(check["reason"])
 
