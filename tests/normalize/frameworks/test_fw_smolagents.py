@@ -110,3 +110,13 @@ def test_a_call_rejected_before_the_tool_ran_fails_the_model_call_that_wrote_it(
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
     assert misses(run, SCENARIOS) == []
+
+
+def test_the_columnar_pass_writes_the_reference_rows(run: Capture, tmp_path: Path) -> None:
+    # the emitted calls and tool schemas are read in the scan's one pass and by the per-step reference alike
+    from tests.normalize.frameworks.test_fw_toolcall_links import build, read
+    from tests.score.test_columnar import assert_same_as_reference
+
+    build(tmp_path / "data", read(run.data, "select * from spans"))
+    stats = assert_same_as_reference(tmp_path / "data")
+    assert sum(n for (_, _, l3), n in stats.failures_by_category.items() if l3 == "invalid_tool_arguments") >= 1
