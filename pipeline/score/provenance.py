@@ -115,34 +115,43 @@ def appears(value: str, text: str) -> bool:
     return re.search(r"(?<![A-Za-z0-9])" + re.escape(value) + r"(?![A-Za-z0-9])", text) is not None
 
 
+# Read from the raw views with the latest build of each trace in scope picked first (the refined
+# views pick the latest build of every trace in the store before any filter applies).
 _CONSUMERS_SQL = f"""
-with failed as (
-    select trace_id, span_id from step_scores
-    where trace_id in (select trace_id from __prov_scope) and score is not null
-    group by all having min(cast(score as double)) <= {FAIL_THRESHOLD}
+with latest as materialized (
+    select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
+           arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conv,
+           arg_max(start_time_unix_nano, (built_unix_nano, build_id)) as trace_start
+    from traces_all where trace_id in (select trace_id from __prov_scope) group by trace_id
 ),
-tools as (
-    select n.trace_id, n.span_id, n.build_id, n.start_time_unix_nano from dag_nodes n
+failed as (
+    select s.trace_id, s.span_id from step_scores_all s
+    where s.trace_id in (select trace_id from latest) and s.score is not null
+      and (s.build_id is null or exists (select 1 from latest l where l.trace_id = s.trace_id and l.build_id = s.build_id))
+    group by all having min(cast(s.score as double)) <= {FAIL_THRESHOLD}
+),
+tools as materialized (
+    select n.trace_id, n.span_id, n.build_id, n.start_time_unix_nano from dag_nodes_all n
+    semi join latest l on l.trace_id = n.trace_id and l.build_id = n.build_id
     semi join failed f on f.trace_id = n.trace_id and f.span_id = n.span_id
     where n.trace_id in (select trace_id from failed) and cast(n.step_type as varchar) = 'tool'
 ),
 inputs as (
-    select s.trace_id, s.span_id, any_value(s.input_text) as input_text from spans s
+    select s.trace_id, s.span_id, any_value(s.input_text) as input_text from spans_all s
     semi join tools k on k.trace_id = s.trace_id and k.span_id = s.span_id
     where s.trace_id in (select trace_id from tools)
     group by all
 ),
 emitters as (
-    select e.trace_id, e.downstream_span_id as span_id, list(e.upstream_span_id) as emitters from dag_edges e
-    semi join tools k on k.trace_id = e.trace_id and k.span_id = e.downstream_span_id
+    select e.trace_id, e.downstream_span_id as span_id, list(e.upstream_span_id) as emitters from dag_edges_all e
+    semi join tools k on k.trace_id = e.trace_id and k.span_id = e.downstream_span_id and k.build_id = e.build_id
     where e.trace_id in (select trace_id from tools) and e.edge_kind = 'tool_call'
     group by all
 )
-select k.trace_id, k.span_id, k.build_id, k.start_time_unix_nano as start_ns,
-       coalesce(t.conversation_id, t.trace_id) as conv, t.start_time_unix_nano as trace_start,
+select k.trace_id, k.span_id, k.build_id, k.start_time_unix_nano as start_ns, l.conv, l.trace_start,
        i.input_text, m.emitters
 from tools k
-join traces t on t.trace_id = k.trace_id
+join latest l on l.trace_id = k.trace_id
 left join inputs i on i.trace_id = k.trace_id and i.span_id = k.span_id
 left join emitters m on m.trace_id = k.trace_id and m.span_id = k.span_id
 order by k.trace_id, k.start_time_unix_nano, k.span_id
@@ -150,6 +159,8 @@ order by k.trace_id, k.start_time_unix_nano, k.span_id
 
 # Every step of the consumers' conversations that could have written a value: its output, and each
 # trace's user message (the earliest model call's input, else the root span's: replay.source's rule).
+# spans_all, not spans: the conversation comes from traces, and the spans view's window over every
+# trace would be computed before the filter.
 _SOURCES_SQL = """
 with conv_traces as (
     select trace_id, coalesce(conversation_id, trace_id) as conv, start_time_unix_nano as trace_start from traces
@@ -158,7 +169,7 @@ with conv_traces as (
 s as (
     select s.trace_id, s.span_id, s.parent_span_id, cast(s.step_type as varchar) as step_type, s.input_text,
            s.output_text, s.start_time_unix_nano, s.end_time_unix_nano, c.conv, c.trace_start
-    from spans s join conv_traces c using (trace_id)
+    from spans_all s join conv_traces c using (trace_id)
 ),
 users as (
     select trace_id, coalesce(
@@ -191,7 +202,8 @@ class Source:
 def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table) -> pa.Table:
     """The ``data`` edges into the failed tool steps of ``trace_ids`` (a one-column table), on ``con``'s views."""
     con.register("__prov_scope", trace_ids)
-    consumers = to_arrow(con.sql(_CONSUMERS_SQL)).to_pylist()
+    # only a step with a value worth tracing needs its conversation's texts read
+    consumers = [c for c in to_arrow(con.sql(_CONSUMERS_SQL)).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
         con.register("__prov_convs", pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())}))
