@@ -8,7 +8,9 @@ processes exactly as a user runs them, ``--runs`` times each:
 - queries: ``tracedag query NAME`` for a few named queries, each from a fresh work directory, three ways:
   with the local object cache off (``TRACEDAG_CACHE_SIZE=0``: every byte comes from the store, as before
   the cache), cold (an empty cache directory: the query fills it) and warm (the same query again over
-  the filled cache, from another fresh work directory).
+  the filled cache, from another fresh work directory); each as a fresh ``tracedag query`` process (which
+  also pays for importing s3fs and probing the store) and as ``run_named`` alone in a process that has
+  bound the store (what a long-running ``tracedag serve`` pays per query).
 
 The local store is the baseline, measured in the same run; the table gives medians and the S3/local
 ratio. SeaweedFS runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
@@ -82,16 +84,49 @@ def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[st
     return out
 
 
+INPROC = """
+import sys, time
+from pathlib import Path
+from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.remote import bind_store, is_url
+data, name, work = sys.argv[1:4]
+store = bind_store(data, Path(work), None, False) if is_url(data) else Path(data)
+t0 = time.perf_counter()
+run_named(store, name)
+print(time.perf_counter() - t0)
+"""
+
+
+def in_process(data: str, name: str, work: Path, env: dict[str, str]) -> float:
+    """Seconds of ``run_named`` alone (connect, listing, views, query), as a long-running server pays it."""
+    r = subprocess.run([sys.executable, "-c", INPROC, data, name, str(work)], capture_output=True, text=True,
+                       env={**os.environ, **env})
+    if r.returncode != 0:
+        raise SystemExit(f"run_named {name} on {data} failed:\n{r.stderr}")
+    shutil.rmtree(work, ignore_errors=True)
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+WAYS = (("off", {"TRACEDAG_CACHE_SIZE": "0"}), ("cold", {}), ("warm", {}))
+
+
 def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[float, ...]:
-    """(local, S3 cache off, S3 cold cache, S3 warm cache) seconds of ``tracedag query name``."""
-    cache = tmp / f"qcache-{run}-{name}"
+    """(local, S3 cache off, S3 cold cache, S3 warm cache) seconds of ``tracedag query name``, then the same
+    four of ``run_named`` alone in a process that has imported and bound the store."""
     times = [timed("query", name, "--data", str(local), "--format", "csv")]
-    for label, env in (("off", {"TRACEDAG_CACHE_SIZE": "0"}), ("cold", {"TRACEDAG_CACHE_DIR": str(cache)}),
-                       ("warm", {"TRACEDAG_CACHE_DIR": str(cache)})):
-        reader = tmp / f"r-{run}-{name}-{label}"  # a fresh work directory each time: only the cache is kept
-        times.append(timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv", env=env))
-        shutil.rmtree(reader, ignore_errors=True)
-    shutil.rmtree(cache, ignore_errors=True)
+    for how in ("cli", "inproc"):
+        cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"qcache-{run}-{name}-{how}")}
+        if how == "inproc":
+            times.append(in_process(str(local), name, tmp / "unused", {}))
+        for label, env in WAYS:
+            reader = tmp / f"r-{run}-{name}-{how}-{label}"  # a fresh work directory each time: only the cache is kept
+            if how == "cli":
+                times.append(timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv",
+                                   env={**cache, **env}))
+            else:
+                times.append(in_process(url, name, reader, {**cache, **env}))
+            shutil.rmtree(reader, ignore_errors=True)
+        shutil.rmtree(cache["TRACEDAG_CACHE_DIR"], ignore_errors=True)
     return tuple(times)
 
 
@@ -136,19 +171,20 @@ def steps_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespa
 
 
 def queries_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
-    """Named queries: local vs S3 without the cache (before), cold cache and warm cache (after), medians."""
+    """Named queries: local vs S3 without the cache (before), cold cache and warm cache (after), medians;
+    each as a fresh ``tracedag query`` process and as ``run_named`` alone (what ``tracedag serve`` pays)."""
     table = Table(title=f"named queries, {args.spans:,} spans: local vs S3, object cache off / cold / warm, "
-                        f"median of {args.runs} runs, fresh processes and work directories")
-    for col in ("query", "local s", "S3 off s", "×", "S3 cold s", "×", "S3 warm s", "×"):
-        table.add_column(col, justify="right" if col != "query" else "left")
+                        f"median of {args.runs} runs, fresh work directories")
+    for col in ("query", "how", "local s", "S3 off s", "×", "S3 cold s", "×", "S3 warm s", "×"):
+        table.add_column(col, justify="right" if col not in ("query", "how") else "left")
     for step in (k for k in runs[0] if k.startswith("query ")):
-        med = [statistics.median(r[step][k] for r in runs) for k in range(4)]
-        cells = [f"{med[0]:.2f}"]
-        for value in med[1:]:
-            cells += [f"{value:.2f}", f"×{value / med[0]:.2f}"]
-        table.add_row(step.removeprefix("query "), *cells)
+        for how, base in (("tracedag query", 0), ("run_named", 4)):
+            med = [statistics.median(r[step][base + k] for r in runs) for k in range(4)]
+            cells = [f"{med[0]:.2f}"]
+            for value in med[1:]:
+                cells += [f"{value:.2f}", f"×{value / med[0]:.2f}"]
+            table.add_row(step.removeprefix("query "), how, *cells)
     return table
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -95,14 +96,14 @@ class ObjectCache:
         self.limit = limit
         self.counters = Counters()
 
-    def open(self, entry: Entry, fetch: Any) -> IO[bytes]:
+    def open(self, entry: Entry, fetch: Any) -> PositionalReader:
         """The cached copy of ``entry`` opened for reading; ``fetch(dest)`` downloads it on a miss."""
         found = self._open_valid(entry)
         if found is not None:
             self.counters.hits += 1
-            return found
+            return PositionalReader(found)
         local = self.fill(entry, fetch)
-        return open(local, "rb")
+        return PositionalReader(open(local, "rb"))
 
     def fill(self, entry: Entry, fetch: Any) -> Path:
         """Download ``entry`` (``fetch(dest)``), check it and move it into place; evict past the bound."""
@@ -149,6 +150,66 @@ class ObjectCache:
             removed += 1
         self.counters.evicted += removed
         return removed
+
+
+class PositionalReader:
+    """A read-only file whose position is per thread, read with ``pread``.
+
+    DuckDB reads a registered filesystem's file from several threads at once, each as ``seek`` then
+    ``read`` (two calls, the GIL released between them): on one shared position a thread would read at
+    another's offset (a Parquet footer then fails to decode, "invalid TType").
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._file = f
+        self._fd = f.fileno()
+        self.size = os.fstat(self._fd).st_size
+        self._where = threading.local()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._file.closed
+
+    def _pos(self) -> int:
+        return int(getattr(self._where, "pos", 0))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move this thread's position."""
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos(), os.SEEK_END: self.size}[whence]
+        self._where.pos = max(0, base + offset)
+        return int(self._where.pos)
+
+    def tell(self) -> int:
+        """This thread's position."""
+        return self._pos()
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left when negative) from this thread's position."""
+        pos = self._pos()
+        want = self.size - pos if n is None or n < 0 else n
+        data = os.pread(self._fd, max(0, want), pos)
+        self._where.pos = pos + len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+    def __enter__(self) -> PositionalReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _entries(root: Path) -> tuple[list[tuple[float, int, Path]], int]:
