@@ -194,10 +194,19 @@ def plan_checks(data: Path, sources: Sequence[SourceConversation], causes: Mappi
 
 
 def _read_replacement(path: Path) -> str:
+    """The file's text; an unreadable or empty file, or one that starts as JSON and does not parse, is an error."""
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfirmError(f"--replacement {path}: cannot read it: {e}") from e
+    if not text.strip():
+        raise ConfirmError(f"--replacement {path}: the file is empty")
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            json.loads(text)
+        except ValueError as e:
+            raise ConfirmError(f"--replacement {path}: starts as JSON but does not parse: {e}") from e
+    return text
 
 
 def _plan_one(con: Any, source: SourceConversation, cause: RootCause, file: tuple[Path | None, str | None],

@@ -142,6 +142,17 @@ def test_bad_input_is_a_clear_error(travel_data: Path) -> None:
     assert out.exit_code == 1 and "none of the selected conversations failed with a root cause" in out.output
     out = runner.invoke(cli, ["confirm", "--data", str(travel_data), "--agent", "no_such_module:f"])
     assert out.exit_code == 1 and "cannot import no_such_module" in out.output
+    out = runner.invoke(cli, ["confirm", "--data", str(travel_data), "--agent", "tests.replay.confirm_agents:travel",
+                              "--conversation", "no-such-conversation"])
+    assert out.exit_code == 1 and "conversation no-such-conversation: not found in the store" in out.output
+    bad, empty = travel_data.parent / "bad.json", travel_data.parent / "empty.json"
+    bad.write_text('{"flights": [')
+    empty.write_text("\n")
+    for path, said in ((bad, "starts as JSON but does not parse"), (empty, "the file is empty")):
+        out = runner.invoke(cli, ["confirm", "--data", str(travel_data), "--agent",
+                                  "tests.replay.confirm_agents:travel", "--replacement", str(path)])
+        assert out.exit_code == 1 and f"--replacement {path}: {said}" in out.output, out.output
+        assert len(out.output.strip().splitlines()) == 1  # one line
     assert not _checks(travel_data)
 
 
