@@ -16,6 +16,11 @@ shape of ``SHAPES`` that a tool's result text matches (None: no error payload). 
 - ``error_text``: plain text that starts like an error report (``Error: ...``,
   ``ValueError: ...``, ``Exception: ...``, ``Failed: ...``, a Python traceback).
 
+``error_message(text)`` is what a failing result says about its failure, for the rules that read
+error text: the ADK payload's error type and details only (its ``reflection_guidance`` asks the model
+generic questions, "are one or more arguments incorrect, badly formatted, or missing?", that no
+rule may read as the tool's error), any other result as is.
+
 A JSON object is also read one level down, under the keys frameworks wrap a tool's return value
 in (``result``, ``response``, ``output``, ``raw_output``, ``structuredContent``, ``content``), so
 ADK's ``{"response": {...}}``, LlamaIndex's ``ToolOutput`` (the tool's own value in ``raw_output``)
@@ -95,3 +100,16 @@ def result_error(text: str | None) -> str | None:
         return found
     inner = [doc[k] for k in WRAPPER_KEYS if isinstance(doc.get(k), dict)]
     return next((s for s in map(_shape_of, inner) if s is not None), None)
+
+
+def error_message(text: str | None) -> str:
+    """What a tool result says about its failure: an ADK reflect-and-retry payload's ``error_type: error_details``
+    (the plugin's guidance left out), else ``text`` as is."""
+    doc = _object(text or "")
+    if doc is None:
+        return text or ""
+    inner = [doc, *(v for k in WRAPPER_KEYS if isinstance(v := doc.get(k), dict))]
+    payload = next((d for d in inner if _adk_reflect_retry(d)), None)
+    if payload is None:
+        return text or ""
+    return f"{payload.get('error_type') or ''}: {payload.get('error_details') or ''}"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracedag.pipeline.score.result_errors import KEY_HINTS, result_error
+from tracedag.pipeline.score.result_errors import KEY_HINTS, error_message, result_error
 from tracedag.pipeline.score.rows import ScoreRow, categorize
 from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, parse_arguments
 
@@ -105,7 +105,7 @@ def error_text(f: StepFacts) -> str:
         if failed_signal(f):
             parts = [f.error_type or "", f.status_message or "", *f.exceptions]
             if tool_result_reports_error(f):
-                parts.append(f.output_text or "")
+                parts.append(error_message(f.output_text))
         f.memo["error_text"] = "\n".join(parts).lower()
     text: str = f.memo["error_text"]
     return text
@@ -118,7 +118,7 @@ def error_detail(f: StepFacts) -> str:
         return ""
     parts = [f.error_type or "", f.status_message or "", *f.exceptions]
     if tool_result_reports_error(f):
-        parts.append(f.output_text or "")
+        parts.append(error_message(f.output_text))
     parts = list(dict.fromkeys(" | ".join(x.strip() for x in p.strip().splitlines() if x.strip()) for p in parts))
     kept = [p for i, p in enumerate(parts)
             if p and not any(p.lower() in q.lower() for j, q in enumerate(parts) if j != i and len(q) > len(p))]

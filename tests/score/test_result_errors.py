@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tracedag.pipeline.score.result_errors import ADK_REFLECT_RETRY, SHAPES, result_error
+from tracedag.pipeline.score.result_errors import ADK_REFLECT_RETRY, SHAPES, error_message, result_error
 from tracedag.pipeline.score.rules import StepFacts, score_step
 
 # Google ADK's ReflectAndRetryToolPlugin answer, as its ToolFailureResponse model serialises it
@@ -82,3 +82,38 @@ def test_the_adk_payload_carries_its_error_into_the_explanation() -> None:
 def test_an_llm_step_is_never_read_for_payloads() -> None:
     rows = score_step(StepFacts("t", "s", step_type="llm", status_code=0, output_text='{"error": "x"}'))
     assert min(r.score for r in rows) == 5.0
+
+
+# the plugin's reflection guidance as ADK 2.13 writes it (tests/normalize/frameworks/test_fw_google_adk.py captures it)
+GUIDANCE = ("The call to tool `get_weather` failed.\n\n**Error Details:**\n```\nTimeoutError: weather backend timed out"
+            " after 10s\n```\n\n**Reflection Guidance:**\nThis is retry attempt **1 of 2**. Analyze the error and the"
+            " arguments you provided.\n\n1.  **Invalid Parameters**: Does the error suggest that one or more arguments"
+            " are incorrect, badly formatted, or missing? Review the tool's schema and your arguments.")
+TIMEOUT = {**ADK, "error_type": "TimeoutError", "error_details": "weather backend timed out after 10s",
+           "reflection_guidance": GUIDANCE}
+
+
+@pytest.mark.parametrize("text", [json.dumps(TIMEOUT), json.dumps({"response": TIMEOUT})])
+def test_an_adk_payload_says_its_error_type_and_details_only(text: str) -> None:
+    assert error_message(text) == "TimeoutError: weather backend timed out after 10s"
+
+
+@pytest.mark.parametrize("text", ['{"status": "error", "error": "order B-9 not found"}', "Error: boom", "", None])
+def test_any_other_result_is_its_own_error_message(text: str | None) -> None:
+    assert error_message(text) == (text or "")
+
+
+def test_the_plugins_guidance_is_not_read_as_rejected_arguments() -> None:
+    rows = score_step(StepFacts("t", "s", step_type="tool", step_name="get_weather", status_code=0,
+                                output_text=json.dumps(TIMEOUT)))
+    failing = {r.metric: (r.category and r.category.l3, r.explanation) for r in rows if r.failed}
+    assert set(failing) == {"execution"}
+    assert failing["execution"][0] == "timeout"
+    assert failing["execution"][1].startswith("the call timed out: TimeoutError: weather backend timed out after 10s")
+    assert "Guidance" not in failing["execution"][1]
+
+
+def test_arguments_the_adk_payload_says_were_rejected_still_are() -> None:
+    rows = score_step(StepFacts("t", "s", step_type="tool", step_name="book_taxi", status_code=0,
+                                output_text=json.dumps({**ADK, "reflection_guidance": GUIDANCE})))
+    assert {r.metric: r.category and r.category.l3 for r in rows if r.failed}["arguments"] == "malformed_arguments"
