@@ -15,7 +15,13 @@ from rich.text import Text
 from tracedag import queries
 from tracedag.pipeline.dag import dataflow, show_stored
 from tracedag.pipeline.store.files import file_vanished
-from tracedag.pipeline.store.views import connect, create_views, latest_by_id, restrict_to_trace
+from tracedag.pipeline.store.views import (
+    connect,
+    create_shared_macros,
+    create_views,
+    latest_by_id,
+    restrict_to_trace,
+)
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)
@@ -101,7 +107,7 @@ def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
     the views are restricted to that trace and build (``views.restrict_to_trace``) and the same SQL
     runs over them. A garbage collection or a new build between two reads makes it read again.
     """
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # made only when the cause is computed (_needs_macros)
     con.execute("set enable_progress_bar = false")
     try:
         for attempt in range(1, _ATTEMPTS + 1):
@@ -111,7 +117,7 @@ def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
                 if attempt == _ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
                     raise
                 logger.info("trace %s: read again (%s)", trace_id, e)
-                create_views(con, data)
+                create_views(con, data, shared_macros=False)
         raise AssertionError("unreachable")
     finally:
         con.close()
@@ -135,11 +141,22 @@ def _found(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> dict[st
     return trace
 
 
+def _needs_macros(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
+    """Whether the cause is computed by the shared macros: the store has no current stored rows, or the trace
+    has data edges (``dataflow.attach`` asks ``root_causes`` for a silent producer)."""
+    if not show_stored.answers(con):
+        return True
+    return bool(con.sql("select 1 from dag_edges where trace_id = $t and edge_kind = 'data' limit 1",
+                        params={"t": trace_id}).fetchall())
+
+
 def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause: bool) -> Shown:
     trace = _found(con, data, trace_id)
     tid, build = str(trace["trace_id"]), str(trace["build_id"])
     restrict_to_trace(con, tid, build)
     nodes = con.sql(_NODES_SQL, params={"t": tid}).to_arrow_table().to_pylist()
+    if cause and _needs_macros(con, tid):
+        create_shared_macros(con)
     found = _cause(con, tid) if cause else None
     # A build of this trace after the first read, then a collection of the superseded build, may have
     # removed rows read above: the build still being the latest afterwards means nothing was removed.

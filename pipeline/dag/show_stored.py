@@ -30,6 +30,12 @@ order by node
 """
 
 
+def answers(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``cause_rows`` answers on ``con``'s store (its stored rows are current)."""
+    data = data_of(con)
+    return data is not None and materialized.fresh(con, data)
+
+
 def cause_rows(con: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]] | None:
     """``failure_dag_roots``' rows for ``trace_id`` (``node, score, nearest, greedy_root_id, greedy_hops,
     final, longest_chain``) from the stored ``propagation`` rows; None when they are not current."""

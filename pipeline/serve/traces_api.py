@@ -43,9 +43,13 @@ def trace_view(store: Store, trace_id: str) -> dict[str, Any]:
 
 
 def cross_turn_causes(store: Store) -> dict[str, dict[str, Any]]:
-    """trace id -> the root cause of its conversation's failure (``root_causes`` per conversation)."""
-    rows = store.named("root_causes", {"per": "conversation"}, None).to_pylist()
-    return {r["trace_id"]: r for r in rows}
+    """trace id -> the root cause of its conversation's failure (``root_causes`` per conversation), once per
+    build state (turning the whole table into rows took 0.2 s of each trace view on 1M spans)."""
+    def compute() -> dict[str, dict[str, Any]]:
+        rows = store.named("root_causes", {"per": "conversation"}, None).to_pylist()
+        return {r["trace_id"]: r for r in rows}
+    causes: dict[str, dict[str, Any]] = store.cache.get(store.state(), "cross_turn_causes", compute)
+    return causes
 
 
 def with_path(doc: dict[str, Any], agent: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from tracedag.pipeline.store.gc import (
     remove_staging,
     staging_root,
 )
+from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
 from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
 
@@ -159,7 +160,7 @@ def by_trace(t: pa.Table) -> pa.Table:
 
 
 def _write(t: pa.Table, path: Path) -> None:
-    with pq.ParquetWriter(path, t.schema, compression="zstd") as w:
+    with pq.ParquetWriter(path, t.schema, **parquet_options(t)) as w:
         w.write_table(t, row_group_size=ROW_GROUP)
     _fsync(path)
 

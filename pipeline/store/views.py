@@ -209,8 +209,9 @@ def _derived_tables(data: Path) -> list[str]:
     return sorted(n for n in names if n not in reserved and _DERIVED_NAME.match(n) and parquet_files(data, n))
 
 
-def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
-    """(Re)create every view on ``con`` over the files now in ``data``, then the shared query macros."""
+def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool = True) -> None:
+    """(Re)create every view on ``con`` over the files now in ``data``, then (``shared_macros``) the shared
+    query macros (``create_shared_macros``)."""
     for table in SCHEMAS:
         raw = f"{table}_all" if table in _LATEST else table
         con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
@@ -227,9 +228,15 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path) -> None:
             f"create or replace view {table} as select * from read_parquet('{pattern}', "
             "union_by_name = true, hive_partitioning = false)"
         )
+    if shared_macros:
+        create_shared_macros(con)
+    con.execute(f"set variable {DATA_VARIABLE} = ?", [str(data)])
+
+
+def create_shared_macros(con: duckdb.DuckDBPyConnection) -> None:
+    """The table macros of ``queries/_*.sql`` the named queries call (binding them costs ~0.15 s CPU)."""
     for name in queries.macro_files():
         con.execute(queries.load(name))
-    con.execute(f"set variable {DATA_VARIABLE} = ?", [str(data)])
 
 
 DATA_VARIABLE = "__tracedag_data"
@@ -336,11 +343,12 @@ VANISHED_ATTEMPTS = 3
 
 
 def connect(data: Path | str, threads: int | None = None, query_macros: bool = False,
-            declare_macros: bool = False) -> duckdb.DuckDBPyConnection:
+            declare_macros: bool = False, shared_macros: bool = True) -> duckdb.DuckDBPyConnection:
     """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string).
 
     ``query_macros``: also make every named query a table macro (``create_query_macros``; ~0.1 s CPU).
     ``declare_macros``: only their wrappers, bodies to come (``declare_query_macros``).
+    ``shared_macros``: False leaves out the macros of ``queries/_*.sql`` (``create_shared_macros`` makes them).
     """
     con = duckdb.connect(":memory:")
     if threads:
@@ -350,7 +358,7 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
         con.register_filesystem(remote.reading_fs())  # through fsspec and the local object cache
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
-            create_views(con, Path(data))  # the shared macros bind over the views: they open files
+            create_views(con, Path(data), shared_macros)  # the shared macros bind over the views: they open files
             break
         except duckdb.IOException as e:  # a GC or compaction swap removed one meanwhile: list again
             if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
