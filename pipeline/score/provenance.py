@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 FAIL_THRESHOLD = 2.0
 """A tool step whose lowest score is at most this failed (root_causes' default ``fail_threshold``)."""
 MAX_VALUE = 512
+ROW_GROUP = 16 * 1024
+"""Rows per row group of a data-edges file, sorted by trace id as the build's files are (one trace is found by
+its row groups' statistics)."""
 
 STOP_WORDS = frozenset({
     "utf-8", "utf8", "utf-16", "ascii", "base64", "sha256", "sha1", "md5", "iso8601", "iso-8601", "x86_64",
@@ -260,7 +263,7 @@ def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.T
                                  schema=DAG_EDGES_V1)
     # the build lock: a build's collection swaps the dag_edges directory, which must not lose this file
     with file_lock(state_file(data, BUILD_LOCK)):
-        write_parquet_atomic(table, table_dir(data, "dag_edges"))
+        write_parquet_atomic(table, table_dir(data, "dag_edges"), row_group_size=ROW_GROUP)
     logger.info("stored %d data edges", table.num_rows)
     return int(table.num_rows)
 
