@@ -18,7 +18,15 @@ from typing import Any
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses
+from tests.normalize.frameworks.fw_capture import (
+    Capture,
+    Scenario,
+    answered_turns,
+    call,
+    captured,
+    misses,
+    reply,
+)
 from tests.normalize.frameworks.fw_scenarios import smolagents_scenarios
 from tracedag.pipeline.store.views import connect
 
@@ -120,3 +128,20 @@ def test_the_columnar_pass_writes_the_reference_rows(run: Capture, tmp_path: Pat
     build(tmp_path / "data", read(run.data, "select * from spans"))
     stats = assert_same_as_reference(tmp_path / "data")
     assert sum(n for (_, _, l3), n in stats.failures_by_category.items() if l3 == "invalid_tool_arguments") >= 1
+
+
+# The model forgets an argument (smolagents rejects the call, no tool span), then writes the call
+# again with it (the tool runs), then answers: the model redid its call.
+REDONE = Scenario("smol-missing-redone", "retry recovered", ["Book a taxi in Paris at six"],
+                  [reply(None, [call("c1", "book_taxi", {"city": "Paris"})]),
+                   reply(None, [call("c2", "book_taxi", {"city": "Paris", "time": "18:00"})]),
+                   reply(None, [call("c3", "final_answer", {"answer": "Taxi booked at 18:00."})])], None)
+
+
+def test_a_rejected_call_the_model_wrote_again_fails_no_model_call(tmp_path: Path) -> None:
+    run = captured("smolagents", [REDONE], tmp_path)
+    assert '"answer": "Taxi booked at 18:00."' in answered_turns(run)[0]
+    assert argument_rows(run.data, REDONE.conversation) == []
+    # (Step 1 still fails on its own AgentToolCallError: the framework's rejection is not carried
+    # to the model call it comes from when that call is not failed)
+    assert set(failures(run.data, REDONE.conversation)) == {"Step 1"}
