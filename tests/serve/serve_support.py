@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -54,22 +57,28 @@ class Server:
 
 @contextmanager
 def running_server(data: Path, *args: str, token: str | None = None, tmp: Path | None = None) -> Iterator[Server]:
-    """``tracedag serve --data DATA ARGS`` on a free loopback port, until the block ends."""
-    port = free_port()
+    """``tracedag serve --data DATA ARGS`` on loopback port 0, until the block ends.
+
+    The server binds a port the kernel picks (no other test can take it between a probe and the bind) and
+    prints its URL once it listens; the test reads that line and then its first /healthz, waiting on the
+    process, not on a deadline a loaded machine can miss (pytest-timeout is the backstop).
+    """
     cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "serve", "--data", str(data),
-           "--port", str(port), *args]
+           "--port", "0", *args]
     if token is not None:
         assert tmp is not None
         token_file = tmp / "token"
         token_file.write_text(token + "\n")
         cmd += ["--token-file", str(token_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    output: list[str] = []
     try:
-        _wait_ready(url, proc)
+        url = _announced_url(proc, output)
+        _wait_ready(url, proc, output)
         yield Server(url, proc, token)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with suppress(ProcessLookupError):  # it may have exited on its own (the test then says why)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -77,16 +86,34 @@ def running_server(data: Path, *args: str, token: str | None = None, tmp: Path |
             proc.wait()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            raise AssertionError(f"tracedag serve exited with {proc.returncode}: {out}")
+_ANNOUNCED = re.compile(r"tracedag serve: (http://\S+?)/ ")
+
+
+def _announced_url(proc: subprocess.Popen[bytes], output: list[str]) -> str:
+    """The URL of the server's ``tracedag serve: http://HOST:PORT/ ...`` line (printed once the port is bound);
+    its later output goes on into ``output`` from a thread, so a full pipe never blocks the server."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:  # ends when the process exits without having printed it
+        output.append(raw.decode(errors="replace"))
+        found = _ANNOUNCED.search(output[-1])
+        if found:
+            threading.Thread(target=_drain, args=(proc.stdout, output), daemon=True).start()
+            return found.group(1)
+    raise AssertionError(f"tracedag serve exited with {proc.wait()}: {''.join(output)}")
+
+
+def _drain(stream: IO[bytes], output: list[str]) -> None:
+    for raw in stream:
+        output.append(raw.decode(errors="replace"))
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], output: list[str]) -> None:
+    """Until /healthz answers (the port is bound before the server listens) or the server exits."""
+    while proc.poll() is None:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=None).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("tracedag serve did not answer /healthz within 30 s")
+        except httpx.TransportError:
+            time.sleep(0.05)
+    proc.wait()
+    raise AssertionError(f"tracedag serve exited with {proc.returncode}: {''.join(output)}")
