@@ -36,16 +36,27 @@ def server(store: Path) -> Iterator[Server]:
         yield s
 
 
-def _same_turn(server: Server) -> dict[str, Any]:
+def _view(server: Server, conversation: str, turn: int = 1) -> dict[str, Any]:
     with server.client() as c:
-        rows = c.get("/api/traces", params={"conversation": "conv-same-turn"}).json()
+        rows = c.get("/api/traces", params={"conversation": conversation}).json()
         rows = rows.get("traces", rows) if isinstance(rows, dict) else rows
-        view: dict[str, Any] = c.get(f"/api/traces/{rows[0]['trace_id']}/view").json()
+        rows = sorted(rows, key=lambda r: str(r["start_time"]))
+        view: dict[str, Any] = c.get(f"/api/traces/{rows[turn - 1]['trace_id']}/view").json()
     return view
 
 
+def _open(page: Any, server: Server, conversation: str, trace_id: str) -> None:
+    page.goto(server.url + "/")
+    page.wait_for_selector("#traces tbody[data-loaded]", timeout=20_000)
+    page.fill("#filters input[name=conversation]", conversation)
+    page.click("#filters button")
+    page.click(f'#traces tr[data-trace-id="{trace_id}"]')
+    page.wait_for_selector(f'#dag[data-trace="{trace_id}"]', timeout=20_000)
+
+
 def test_the_data_edge_is_drawn_dashed_and_the_producer_is_the_root(server: Server, tmp_path: Path) -> None:
-    view = _same_turn(server)
+    view = _view(server, "conv-same-turn")
+    later = _view(server, "conv-stale-tracking", turn=2)
     names = {n["span_id"]: n["step_name"] for n in view["nodes"]}
     data = [e for e in view["edges"] if e["edge_kind"] == "data"]
     assert [(names[e["source"]], names[e["target"]]) for e in data] == [("lookup_order", "track_shipment")]
@@ -55,13 +66,7 @@ def test_the_data_edge_is_drawn_dashed_and_the_producer_is_the_root(server: Serv
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url + "/")
-            page.wait_for_selector("#traces tbody[data-loaded]", timeout=20_000)
-            tid = view["trace"]["trace_id"]
-            page.fill("#filters input[name=conversation]", "conv-same-turn")
-            page.click("#filters button")
-            page.click(f'#traces tr[data-trace-id="{tid}"]')
-            page.wait_for_selector(f'#dag[data-trace="{tid}"]', timeout=20_000)
+            _open(page, server, "conv-same-turn", view["trace"]["trace_id"])
             page.screenshot(path=str(tmp_path / "provenance.png"))
             drawn = page.evaluate("""() => window.tracedagCy.edges('.data').map((e) => ({
                 source: e.data('source'), target: e.data('target'), dash: e.style('line-style'),
@@ -71,6 +76,8 @@ def test_the_data_edge_is_drawn_dashed_and_the_producer_is_the_root(server: Serv
             root = page.evaluate("() => document.querySelector('#dag').dataset.root")
             title = page.inner_text("#title")
             legend = page.inner_text("#legend")
+            _open(page, server, "conv-stale-tracking", later["trace"]["trace_id"])
+            across = page.inner_text("#title")
         finally:
             browser.close()
     assert errors == []
@@ -80,3 +87,5 @@ def test_the_data_edge_is_drawn_dashed_and_the_producer_is_the_root(server: Serv
     assert names[root] == "lookup_order"
     assert "silent producer of tracking_no" in title
     assert "data (the value a step failed on came from there)" in legend
+    # turn 2's 404: the cause across turns is turn 1's lookup, a silent producer
+    assert "cause across turns: lookup_order in turn 1 (silent producer of tracking_no)" in across
