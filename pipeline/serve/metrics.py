@@ -38,7 +38,7 @@ from tracedag.pipeline.serve.tracelist import AGENTS_SQL
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.pipeline.store.querying import bind_params, query_doc
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, create_shared_macros
 
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -98,8 +98,10 @@ def compute(data: Path) -> str:
     one connection and a few column scans instead of a connection and a full result per query.
     """
     def once() -> str:
-        con = connect(data)
+        con = connect(data, shared_macros=False)
         try:
+            if not materialized.fresh(con, data):  # the named queries compute from their SQL, which calls them
+                create_shared_macros(con)
             return _compute(con, data)
         finally:
             con.close()
