@@ -15,15 +15,27 @@ Each figure is the median over the traces. The ``traces`` view's lookup of one i
 timed alone too, beside the view before #31 (an unnest of an arg_max row: the filter never reached the scan).
 
     python bench/trace_by_id.py --data /tmp/tracedag-bench-queries/spans-1000000 --traces 9
+
+With ``--before CHECKOUT`` (a checkout of the code to compare with, e.g. ``git worktree add /tmp/base
+HEAD~3``) it instead times, on the one store given, the code of CHECKOUT against this checkout in the
+same run (one child process each, ``bench/trace_by_id_child.py``, asked in alternating order): ``show``'s
+first view, serve's first view (``/api/traces/{id}/view`` on a warm server, the page's first request;
+``/api/traces/{id}`` on a store just opened), an unknown id and ``/metrics`` cold; medians of ``--runs``
+runs, each run on traces not read before, and the ratios after / before.
+
+    python bench/trace_by_id.py --data /tmp/store-1m --before /tmp/base --runs 5
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -86,14 +98,128 @@ def _lookup(data: Path, trace_id: str, view: str = "traces") -> None:
         con.close()
 
 
+PACKAGES = {"collector": "collector", "pipeline": "pipeline", "queries": "queries", "schemas": "schemas",
+            "instrument": "pipeline/instrument", "testing": "pipeline/testing"}
+"""The ``tracedag`` import package's parts and where they live in a checkout (pyproject's package-dir)."""
+
+
+def _shim(checkout: Path, where: Path) -> Path:
+    """A directory to put first on ``PYTHONPATH`` so that ``import tracedag`` loads ``checkout``'s code."""
+    pkg = where / "tracedag"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").touch()
+    for name, sub in PACKAGES.items():
+        if not (pkg / name).exists():
+            (pkg / name).symlink_to(checkout.resolve() / sub)
+    return where
+
+
+class _Child:
+    """``bench/trace_by_id_child.py`` over ``data`` with the tracedag of ``pythonpath`` (None: this checkout's)."""
+
+    def __init__(self, data: Path, pythonpath: Path | None) -> None:
+        env = dict(os.environ)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
+        script = Path(__file__).with_name("trace_by_id_child.py")
+        self.proc = subprocess.Popen([sys.executable, str(script), str(data)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        self._line()  # ready: its warm Store is made
+
+    def _line(self) -> dict[str, float]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the child exited ({self.proc.wait()})")
+        answer: dict[str, float] = json.loads(line)
+        return answer
+
+    def ask(self, command: str) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._line()["seconds"]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def files_as_written_now(src: Path, dst: Path) -> Path:
+    """``dst``: ``src`` with its table files rewritten with the writer options of now
+    (``store.parquet.parquet_options``: since #31 a trace id Bloom filter per row group; spans as the
+    converters write them), same rows and row groups; other files hard-linked. ``--before`` reads ``src``."""
+    from tracedag.pipeline.store.parquet import parquet_options
+
+    if dst.exists():
+        return dst
+    for f in src.rglob("*"):
+        out = dst / f.relative_to(src)
+        if f.is_dir():
+            out.mkdir(parents=True, exist_ok=True)
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if f.suffix != ".parquet" or f.relative_to(src).parts[0] != "tables":
+            os.link(f, out)
+            continue
+        pf = pq.ParquetFile(f)
+        fast = f.relative_to(src).parts[1] == "spans"
+        with pq.ParquetWriter(out, pf.schema_arrow, **parquet_options(pf.schema_arrow.empty_table(), fast=fast)) as w:
+            for g in range(pf.num_row_groups):
+                w.write_table(pf.read_row_group(g))
+    return dst
+
+
+READS = {"show first view": "show", "serve first view (/view, warm)": "view",
+         "serve /api/traces/{id}, cold": "cold", "unknown id": "unknown", "/metrics cold": "metrics"}
+
+
+def before_after(data: Path, before: Path, runs: int, after: Path | None = None) -> int:
+    """Time ``READS`` with the code of ``before`` on ``data`` and of ``after`` (None: this checkout) on
+    ``data`` with its spans files as written now, alternating, and print medians."""
+    stores = {"before": data, "after": files_as_written_now(data, data.with_name(data.name + "-after"))}
+    con = connect(data)
+    ids = [str(r[0]) for r in con.execute("select trace_id from traces order by trace_id").fetchall()]
+    spans = con.execute("select count(*) from spans").fetchall()[0][0]
+    con.close()
+    picked = random.Random(31).sample(ids, runs * 2)
+    with tempfile.TemporaryDirectory(prefix="bench-byid-") as tmp:
+        shims = {k: None if c is None else _shim(c, Path(tmp) / k) for k, c in (("before", before), ("after", after))}
+        children = {k: _Child(stores[k], shim) for k, shim in shims.items()}
+        times: dict[str, dict[str, list[float]]] = {k: {r: [] for r in READS} for k in children}
+        try:
+            for run in range(runs):
+                order = list(children) if run % 2 == 0 else list(reversed(children))
+                for label in order:
+                    for read, command in READS.items():
+                        tid = picked[2 * run + (read == "serve /api/traces/{id}, cold")]
+                        times[label][read].append(children[label].ask(f"{command} {tid}"))
+        finally:
+            for c in children.values():
+                c.close()
+    print(f"{spans} spans, {len(ids)} traces, {runs} runs, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'read (median ms)':<34}{'before':>10}{'after':>10}{'ratio':>8}")
+    for read in READS:
+        b, a = (statistics.median(times[k][read]) * 1000 for k in ("before", "after"))
+        print(f"{read:<34}{b:>10.1f}{a:>10.1f}{a / b:>8.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Copy the store both ways, time the reads of one trace on each, print medians and ratios."""
+    """Copy the store both ways, time the reads of one trace on each, print medians and ratios
+    (``--before``: time two code versions on one store instead)."""
     ap = argparse.ArgumentParser(description="#31 one trace by id: sorted build files vs unsorted")
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--traces", type=int, default=9)
     ap.add_argument("--unknown", type=int, default=50)
     ap.add_argument("--dir", type=Path, default=None, help="where the two copies go (default: beside --data)")
+    ap.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare with")
+    ap.add_argument("--after", type=Path, default=None, help="with --before: the checkout to time (default: this one)")
+    ap.add_argument("--runs", type=int, default=5, help="runs of each read (--before)")
     args = ap.parse_args(argv)
+    if args.before is not None:
+        return before_after(args.data, args.before, args.runs, args.after)
     base = args.dir or args.data.parent
     stores = {"unsorted": base / f"{args.data.name}-unsorted", "sorted": base / f"{args.data.name}-sorted"}
     for label, path in stores.items():

@@ -1,0 +1,90 @@
+"""Child of ``bench/trace_by_id.py --before``: times one trace's reads with whichever tracedag it imports.
+
+The parent starts one child per code version (``PYTHONPATH`` picks the checkout) and sends it one
+command a line on stdin; the child answers one line of JSON with the seconds it took:
+
+- ``show ID``: ``tracedag show``'s reads (``dag.show.load_shown``: a connection of its own);
+- ``view ID``: the web UI's first request for a trace, ``GET /api/traces/{id}/view``
+  (``traces_api.trace_view``), on the warm Store (its whole-store results computed, as the server's
+  warm-up and the trace list page leave them; nothing of this trace cached);
+- ``cold ID``: ``GET /api/traces/{id}`` (``Store.trace_json``) on a Store just opened (only its id set read);
+- ``unknown``: an unknown id on the warm Store (404);
+- ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
+  freshness answers forgotten too).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _forget_freshness() -> None:
+    try:
+        from tracedag.pipeline.store import materialized
+    except ImportError:
+        return
+    getattr(materialized, "_FRESH", {}).clear()
+
+
+def main() -> int:
+    """Answer the parent's commands until stdin closes."""
+    from tracedag.pipeline.dag.show import load_shown
+    from tracedag.pipeline.serve import tracelist, traces_api
+    from tracedag.pipeline.serve.data import NotFound, Store
+    from tracedag.pipeline.serve.metrics import Metrics
+
+    data = Path(sys.argv[1])
+    warm = Store(data)
+    warm.warm()
+    tracelist.page(warm, tracelist.query_from({}))
+    traces_api.cross_turn_causes(warm)
+    warm.trace_ids()
+
+    def unknown() -> float:
+        t0 = time.perf_counter()
+        try:
+            warm.trace_json(uuid.uuid4().hex)
+        except NotFound:
+            return time.perf_counter() - t0
+        raise AssertionError("a random id was found")
+
+    def cold(tid: str) -> float:
+        store = Store(data)
+        store.trace_ids()
+        t0 = time.perf_counter()
+        store.trace_json(tid)
+        return time.perf_counter() - t0
+
+    def metrics() -> float:
+        _forget_freshness()
+        t0 = time.perf_counter()
+        Metrics(Store(data)).text()
+        return time.perf_counter() - t0
+
+    commands: dict[str, Callable[[str], float]] = {
+        "show": lambda tid: _seconds(lambda: load_shown(data, tid)),
+        "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
+        "cold": cold,
+        "unknown": lambda _: unknown(),
+        "metrics": lambda _: metrics(),
+    }
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        what, _, arg = line.strip().partition(" ")
+        print(json.dumps({"seconds": commands[what](arg)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
