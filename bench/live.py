@@ -102,10 +102,11 @@ def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[
 class Collector:
     """A ``tracedag collect`` process with continuous build and score."""
 
-    def __init__(self, data: Path, interval: float) -> None:
+    def __init__(self, data: Path, interval: float, tree: str = "") -> None:
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0",
                "--grpc-port", "0", "--data", str(data), "--build", "--build-interval", str(interval)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env = {**os.environ, "PYTHONPATH": tree} if tree else None  # tree: a directory holding another tracedag/
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             m = re.search(r"http_port=(\d+)", line)
@@ -154,10 +155,10 @@ def settle(poller: Poller, quiet: float) -> None:
             last, count = time.monotonic(), len(poller.seen)
 
 
-def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts) -> dict[str, float]:
-    """One paced run at ``rate`` spans/s; return the latency figures."""
+def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "") -> dict[str, float]:
+    """One paced run at ``rate`` spans/s (the collector from ``tree`` when given); return the latency figures."""
     data = Path(tempfile.mkdtemp(prefix="bench-live-"))
-    col = Collector(data, args.interval)
+    col = Collector(data, args.interval, tree)
     poller = Poller(data, args.poll)
     try:
         poller.start()
@@ -222,18 +223,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between root_causes polls")
     ap.add_argument("--settle", type=float, default=15.0,
                     help="after the load, stop once no new root cause appeared for this many seconds")
+    ap.add_argument("--baseline-tree", default="",
+                    help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
+                         "also run with the collector from it, alternating, as the baseline of the same run")
     args = ap.parse_args(argv)
     bodies, ids, counts = bodies_and_ids(args.spans, 0)
-    console.print(f"{len(bodies)} requests of whole traces, {sum(counts)} spans; {os.cpu_count()} CPUs")
+    console.print(f"{len(bodies)} requests of whole traces, {sum(counts)} spans; {os.cpu_count()} CPUs; "
+                  f"load average {os.getloadavg()[0]:.1f}")
     table = Table(title="span ack -> root cause queryable (tracedag collect with continuous build and score)")
-    for col in ("offered spans/s", "paced at", "traces with a root cause", "missing", "p50 s", "p99 s",
-                "ack p50 ms", "ack p99 ms", "poll s", "errors"):
+    for col in ("code", "offered spans/s", "paced at", "traces with a root cause", "missing", "p50 s", "p99 s",
+                "ack p50 ms", "ack p99 ms", "poll s", "errors", "load"):
         table.add_column(col, justify="right")
+    trees = [("baseline", args.baseline_tree), ("this tree", "")] if args.baseline_tree else [("this tree", "")]
     for rate in args.rates:
-        f = run_rate(rate, args, bodies, ids, counts)
-        table.add_row(f"{f['offered']:,.0f}", f"{rate:,.0f}", str(f["traces"]), str(f["missing"]),
-                      f"{f['p50']:.2f}", f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}",
-                      f"{f['poll']:.2f}", str(f["errors"]))
+        for label, tree in trees:
+            f = run_rate(rate, args, bodies, ids, counts, tree)
+            table.add_row(label, f"{f['offered']:,.0f}", f"{rate:,.0f}", str(f["traces"]), str(f["missing"]),
+                          f"{f['p50']:.2f}", f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}",
+                          f"{f['poll']:.2f}", str(f["errors"]), f"{os.getloadavg()[0]:.1f}")
     console.print(table)
     console.print("latency = first root_causes poll that returns the trace - ack of the request that completed it; "
                   "it includes up to one poll interval and one poll's duration ('poll s', median).")
