@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import duckdb
 
 from tracedag import queries
 from tracedag.pipeline.store.querying import bind_params
 
-if TYPE_CHECKING:
-    from tracedag.pipeline.dag.show import Cause
+
+class _Shown(Protocol):
+    """What ``attach`` reads of show's ``Cause`` (a dataclass; named here, not imported: show imports us)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def path(self) -> tuple[str, ...]: ...
+
+
+C = TypeVar("C", bound=_Shown)
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ def silent_producer(con: duckdb.DuckDBPyConnection, trace_id: str) -> Silent | N
     return Silent(str(root), str(failed), str(arg), step_type == "user")
 
 
-def attach(con: duckdb.DuckDBPyConnection, trace_id: str, cause: Cause) -> Cause:
+def attach(con: duckdb.DuckDBPyConnection, trace_id: str, cause: C) -> C:
     """``cause`` with the trace's data edges and, when ``root_causes`` names one, its silent producer as the
     root (the path then starts at the producer, one hop more)."""
     edges = data_edges(con, trace_id)
