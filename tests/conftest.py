@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tests.analysis.analysis_support import store
 from tests.collector.collector_support import collector, small_collector
+from tests.demo.demo_support import demo_newcomer
 from tests.ingest.ingest_support import data
 from tests.queries.query_store import query_store
 from tests.queries.rca_store import rca_store
@@ -19,7 +20,7 @@ from tests.score.score_support import builder
 from tests.serve.serve_support import serve_store
 from tests.store.s3_server import s3
 
-__all__ = ["builder", "collector", "data", "query_store", "rca_store", "s3", "serve_store", "small_collector", "store"]
+__all__ = ["builder", "collector", "data", "demo_newcomer", "query_store", "rca_store", "s3", "serve_store", "small_collector", "store"]
 
 
 def pytest_configure(config):

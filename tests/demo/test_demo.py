@@ -9,19 +9,19 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from tests.demo.demo_support import DemoRun, private_demo
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.demo import run as demo_mod
 from tracedag.pipeline.demo.config import DemoConfig
 from tracedag.pipeline.store.querying import run_named, run_sql
 
-SEED = 7
-
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    data = tmp_path_factory.mktemp("demo") / "tracedag-demo"
-    result = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", str(SEED)])
-    return data, result
+def demo_run(demo_newcomer: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, DemoRun]:
+    """The demo's store and what it printed: ``tracedag demo`` (seed 7, exit 0) run once per test run by
+    tests/demo/demo_support.py, copied here (the validate and regress lines' commands run on it)."""
+    run = private_demo(demo_newcomer, tmp_path_factory.mktemp("demo") / "newcomer")
+    return run.data, run
 
 
 def _sql(data: Path, sql: str) -> list[dict]:
@@ -36,7 +36,6 @@ def _number(pattern: str, text: str) -> int:
 
 def test_demo_runs_every_stage(demo_run):
     data, result = demo_run
-    assert result.exit_code == 0, result.output
     for label in ("start the collector", "simulate conversations", "build execution DAGs", "score steps",
                   "root causes, propagation, step stats", "determinism, utility, picture"):
         assert label in result.output
@@ -124,8 +123,9 @@ def test_pictures_graphs_and_next_commands(demo_run):
     assert shown.exit_code == 0 and "calendar_search" in shown.output
 
 
-def test_validation_line_matches_the_validations_table(demo_run):
+def test_validation_line_matches_the_validations_table(demo_run, monkeypatch):
     data, result = demo_run
+    monkeypatch.chdir(data.parent)  # the line names paths as the user sees them, relative to the demo's directory
     rows = run_named(data, "validations").to_pylist()
     judged = [r for r in rows if r["passed"] is not None]
     assert judged and {r["agent"] for r in rows} == {"court_booking.constrained"}
@@ -175,11 +175,12 @@ def test_data_dir_safety(tmp_path):
     assert not (old / "tables").exists()
 
 
-def test_regress_line_matches_the_gate(demo_run):
+def test_regress_line_matches_the_gate(demo_run, monkeypatch):
     import json
     import shlex
 
     data, result = demo_run
+    monkeypatch.chdir(data.parent)  # the printed command names --data tracedag-demo, relative to where it ran
     line = re.search(r"regression gate, permissive vs constrained agent: (PASS|FAIL)\b.*?(\d+) of (\d+) metrics "
                      r"compared on both sides regressed.*; try: (tracedag regress .*)$", result.output, re.MULTILINE)
     assert line, result.output

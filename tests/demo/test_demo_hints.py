@@ -12,21 +12,19 @@ server; ``tracedag sql`` without a statement gets a statement on its standard in
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.demo.demo_support import DemoRun, newcomer_env, private_demo
 from tests.score.test_judge import FakeJudge, serve
 
 HINT = re.compile(r"(?:^|[\s;,(])(?:try|next|or)\b[^:\n]*?: (tracedag .+)$")
-BIN = Path(sys.executable).parent
 TIMEOUT = 300
 
 
@@ -60,8 +58,7 @@ def test_hint_parser_reads_every_form():
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEDAG_")}
-    return {**env, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "200", **extra}
+    return newcomer_env(**extra)
 
 
 def _run(command: str, cwd: Path, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -102,14 +99,12 @@ def _same_step(body: dict) -> str:
     return json.dumps({"same": False, "confidence": 0.9, "reason": "different actions"})
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo run as a user runs it: an empty directory, the default data directory."""
-    cwd = tmp_path_factory.mktemp("newcomer")
-    done = subprocess.run([str(BIN / "tracedag"), "demo"], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return cwd, done.stdout
+@pytest.fixture
+def demo(demo_newcomer: DemoRun, tmp_path: Path) -> tuple[Path, str]:
+    """The demo run as a user runs it (an empty directory, the default data directory; run once per test run by
+    tests/demo/demo_support.py), copied here: the printed commands write into its store."""
+    run = private_demo(demo_newcomer, tmp_path / "newcomer")
+    return run.cwd, run.output
 
 
 def _check(command: str, cwd: Path, env: dict[str, str]) -> str:

@@ -12,11 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
+from tests.demo.demo_support import DemoRun, private_demo
 from tests.score.score_support import StoreBuilder, span
 from tracedag import queries
-from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
 from tracedag.pipeline.score.runner import score_store
@@ -94,10 +93,8 @@ def test_fixture_stores_materialized_rows_equal_the_sql(fixture: str, request: p
     assert_materialized_equal(data)
 
 
-def test_demo_store_is_materialized_by_its_scoring_and_equals_the_sql(tmp_path: Path) -> None:
-    data = tmp_path / "demo"
-    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
-    assert done.exit_code == 0, done.output
+def test_demo_store_is_materialized_by_its_scoring_and_equals_the_sql(demo_newcomer: DemoRun, tmp_path: Path) -> None:
+    data = private_demo(demo_newcomer, tmp_path / "newcomer").data  # tracedag demo, run once per test run
     assert materialized.has_rounds(data)
     assert_materialized_equal(data)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.demo.demo_support import DemoRun, private_demo
 from tests.serve.serve_support import Server, built_store, free_port, running_server
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.serve.metrics import compute
@@ -152,15 +153,12 @@ def _series(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 @pytest.fixture(scope="module")
-def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's store: agents with a name other than their service, determinism over replays and variants."""
-    from click.testing import CliRunner
+def demo_store(demo_newcomer: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's store: agents with a name other than their service, determinism over replays and variants.
 
-    from tracedag.pipeline.cli import cli
-    data = tmp_path_factory.mktemp("metrics-demo") / "demo"
-    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
-    assert done.exit_code == 0, done.output
-    return data
+    ``tracedag demo`` (seed 7) runs once per test run (tests/demo/demo_support.py); this module reads a copy.
+    """
+    return private_demo(demo_newcomer, tmp_path_factory.mktemp("serve-demo") / "newcomer").data
 
 
 def test_one_sample_per_label_set_and_agent_is_the_agent_name_everywhere(serve_store: Path, demo_store: Path) -> None:

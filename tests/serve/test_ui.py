@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.demo.demo_support import DemoRun, private_demo
 from tests.serve.regress_reports import regress_report_store
 from tests.serve.serve_support import Server, running_server
 from tracedag.pipeline.cli import cli
@@ -107,12 +108,12 @@ def test_the_report_is_one_file_that_works_offline(browser: Any, serve_store: Pa
 
 
 @pytest.fixture(scope="module")
-def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's store: its agents have node and edge utility (tracedag determinism ran)."""
-    data = tmp_path_factory.mktemp("serve-demo") / "demo"
-    done = CliRunner().invoke(cli, ["demo", "--data", str(data), "--seed", "7"])
-    assert done.exit_code == 0, done.output
-    return data
+def demo_store(demo_newcomer: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's store: its agents have node and edge utility (tracedag determinism ran).
+
+    ``tracedag demo`` (seed 7) runs once per test run (tests/demo/demo_support.py); this module reads a copy.
+    """
+    return private_demo(demo_newcomer, tmp_path_factory.mktemp("serve-demo") / "newcomer").data
 
 
 def test_the_agent_graph_draws_utility_as_sizes_and_widths(browser: Any, demo_store: Path) -> None:
