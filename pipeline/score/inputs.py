@@ -109,11 +109,11 @@ else false end)"""
 QUIET_SQL = quiet_sql()
 
 # A span's attribute entries that may hold tool definitions (``toolschema.span_definitions`` decides):
-# the definitions given to the model, and a tool span's own parameters schema with its tool's name.
+# the definitions given to the model, and a tool span's own parameters schema with its tool's name and description.
 DEFINITION_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
     if e.key in ('gen_ai.tool.definitions', 'tool.json_schema', 'tool.parameters', 'gen_ai.tool.json_schema')
        or (e.key like 'llm.tools.%' and e.key like '%.tool.json_schema')
-       or (e.key in ('tool.name', 'gen_ai.tool.name')
+       or (e.key in ('tool.name', 'gen_ai.tool.name', 'tool.description', 'gen_ai.tool.description')
            and (s.attributes['tool.parameters'] is not null or s.attributes['gen_ai.tool.json_schema'] is not null))]"""
 
 # A span's attribute entries that may hold the tool calls of its output (``toolschema.emitted_calls``).

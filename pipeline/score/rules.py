@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracedag.pipeline.score.format_hints import broken_arguments, says_nothing
 from tracedag.pipeline.score.result_errors import KEY_HINTS, error_message, result_error
 from tracedag.pipeline.score.rows import ScoreRow, categorize
 from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, parse_arguments
@@ -166,16 +167,28 @@ def tool_output_empty(f: StepFacts) -> bool:
 
 
 def args_problem(f: StepFacts) -> ArgsProblem | None:
-    """The problem with a tool step's arguments (not JSON, or failing the tool's schema), if any."""
+    """The problem with a tool step's arguments (not JSON, failing the tool's schema, or, on a
+    failed step whose error says nothing, breaking a format the schema states in words), if any."""
     if f.step_type != "tool":
         return None
     if "args" not in f.memo:
         args, problem = parse_arguments(f.tool_args, f.input_text)
         if problem is None and f.tool_schema is not None and args is not None:
-            problem = check_arguments(args, f.tool_schema)
+            problem = check_arguments(args, f.tool_schema) or _format_problem(f, args, f.tool_schema)
         f.memo["args"] = problem
     found: ArgsProblem | None = f.memo["args"]
     return found
+
+
+def _format_problem(f: StepFacts, args: Any, schema: dict[str, Any]) -> ArgsProblem | None:
+    """A string argument breaking its parameter's stated format (``format_hints``), on a failed
+    step whose error says nothing else (redacted, generic): the tool is taken to have rejected it."""
+    if not failed_signal(f) or not says_nothing(error_text(f), (f.tool_name, f.step_name)):
+        return None
+    broken = broken_arguments(args, schema)
+    if broken is None:
+        return None
+    return ArgsProblem("format", f"{broken.param}: {broken.value[:80]!r} is not {broken.hint}")
 
 
 def _args(kind: str) -> Callable[[StepFacts], bool]:
@@ -261,6 +274,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tool_args_unknown_field","arguments",  2,     "hallucinated_arguments", _args("unknown_field"), "the arguments name a field the tool does not have"),
     Rule("tool_args_schema",       "arguments",  2,     "malformed_arguments",    _args("schema"), "the arguments fail the tool's JSON schema"),
     F(   "tool_args_rejected",     "arguments",  2,     "malformed_arguments",    tool_rejected_arguments, "the tool rejected its arguments"),
+    F(   "tool_args_format",       "arguments",  2,     "malformed_arguments",    _args("format"), "an argument breaks the format the tool's description states, and the error says nothing else"),
     Rule("iteration_bound",        "termination",2,     "loop_limit_reached",     over_iteration_bound, "the loop reached --max-iterations"),
 )  # fmt: skip
 
@@ -285,7 +299,8 @@ def metrics_for(f: StepFacts) -> list[str]:
 
 
 def _detail(rule: Rule, f: StepFacts) -> str:
-    problem = args_problem(f) if rule.metric == "arguments" and not rule.needs_failure else None
+    own = not rule.needs_failure or rule.name == "tool_args_format"  # the problem, not the (redacted) error
+    problem = args_problem(f) if rule.metric == "arguments" and own else None
     if problem is not None:
         return f"{rule.explain}: {problem.detail}"
     text = error_detail(f)

@@ -9,6 +9,9 @@ LlamaIndex). A tool span's own parameters schema (``BARE_SCHEMA_KEYS``: OpenInfe
 ``tool.parameters``, LlamaIndex; Strands' ``gen_ai.tool.json_schema``) is named by the span's
 ``tool.name`` / ``gen_ai.tool.name`` and counts only for a tool no definition names, and only when
 it is a JSON schema (smolagents' ``tool.parameters`` is its own ``{"arg": {"type": "any"}}`` map).
+The tool's description (a definition's ``description``; beside a bare schema, OpenInference
+``tool.description`` or GenAI ``gen_ai.tool.description``) is kept as the schema's top-level
+``description`` when the schema has none, for the formats it states (``format_hints``).
 
 The calls a model step emitted (``emitted_calls``): OpenInference
 ``llm.output_messages.I.message.tool_calls.J.tool_call.{id,function.name,function.arguments}``,
@@ -38,6 +41,8 @@ BARE_SCHEMA_KEYS = ("tool.parameters", "gen_ai.tool.json_schema")
 
 TOOL_NAME_KEYS = ("tool.name", "gen_ai.tool.name")
 
+TOOL_DESCRIPTION_KEYS = ("tool.description", "gen_ai.tool.description")
+
 Entries = Sequence[tuple[str, "str | None"]]
 """The (key, value) attribute entries of one span."""
 
@@ -52,6 +57,7 @@ def span_definitions(entries: Entries) -> tuple[dict[str, dict[str, Any]], dict[
     given: dict[str, dict[str, Any]] = {}
     bare: dict[str, dict[str, Any]] = {}
     names = [v for k, v in entries if k in TOOL_NAME_KEYS and v]
+    about = next((v for k, v in entries if k in TOOL_DESCRIPTION_KEYS and v), None)
     for key, value in entries:
         if not value:
             continue
@@ -60,8 +66,15 @@ def span_definitions(entries: Entries) -> tuple[dict[str, dict[str, Any]], dict[
         elif key in BARE_SCHEMA_KEYS and names:
             schema = _bare_schema(value)
             if schema is not None:
-                bare[names[0]] = schema
+                bare[names[0]] = _described(schema, about)
     return given, bare
+
+
+def _described(schema: dict[str, Any], description: Any) -> dict[str, Any]:
+    """``schema`` with the tool's ``description`` as its own, when it has none."""
+    if not isinstance(description, str) or not description.strip() or "description" in schema:
+        return schema
+    return {**schema, "description": description}
 
 
 def _bare_schema(value: str) -> dict[str, Any] | None:
@@ -83,7 +96,7 @@ def _one_tool(obj: Any) -> tuple[str, dict[str, Any]] | None:
     name = inner.get("name")
     params = inner.get("parameters", inner.get("input_schema"))
     if isinstance(name, str) and isinstance(params, dict):
-        return name, params
+        return name, _described(params, inner.get("description"))
     return None
 
 
@@ -107,7 +120,7 @@ def parse_definitions(value: str) -> dict[str, dict[str, Any]]:
 class ArgsProblem:
     """Why a tool call's arguments do not fit the tool's schema."""
 
-    kind: str  # not_json | unknown_field | schema
+    kind: str  # not_json | unknown_field | schema | format (rules.args_problem, format_hints)
     detail: str
 
 

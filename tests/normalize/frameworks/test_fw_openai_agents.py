@@ -11,6 +11,8 @@ reads a generic apology, the tool's span says "Tool execution failed. Error deta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses, step_types
@@ -69,13 +71,39 @@ def test_the_default_handler_redacts_the_tool_error_and_a_custom_one_shows_it(ru
 
 # Made-up arguments behind a redacted error (issue #30 class 3): the arguments are checked against the
 # schema the tool's span carries (tool.parameters), so a missing or mistyped argument fails the model
-# call that wrote it. oai-badargs' "around six" is a string, as the schema asks: only the tool's own
-# check (and its description's "HH:MM") says it is wrong, and the message is redacted: the tool is named.
+# call that wrote it. oai-badargs' "around six" is a string, as the schema asks, but breaks the HH:MM its
+# tool's description (tool.description, the docstring "... at a time, HH:MM.") states, and the tool's
+# error says nothing else (redacted): the model call that wrote it is named (format_hints).
 # agenteval also names the agent whose run the raised tool error ended (its status carries the error).
-BAD_TIME = "oai-badargs: want generation, got book_taxi"
-MISSES = {"greedy": [BAD_TIME], "full_path_min": [BAD_TIME], "weighted": [BAD_TIME],
-          "agenteval": ["oai-raise: want get_weather, got assistant", BAD_TIME]}
+MISSES = {"greedy": [], "full_path_min": [], "weighted": [],
+          "agenteval": ["oai-raise: want get_weather, got assistant"]}
+
+
+def test_a_redacted_error_and_a_time_that_breaks_the_stated_hh_mm_fail_the_model_call(run: Capture) -> None:
+    con = connect(run.data)
+    try:
+        rows = con.execute("select s.name, r.rule_name, r.explanation from step_scores r join spans s "
+                           "on s.trace_id = r.trace_id and s.span_id = r.span_id where s.conversation_id = "
+                           "'oai-badargs' and r.metric = 'arguments' and r.score <= 2 order by s.name").fetchall()
+    finally:
+        con.close()
+    assert [(n, rule) for n, rule, _ in rows] == [("book_taxi", "tool_args_format"),
+                                                  (OAI_LLM, "emitted_invalid_arguments")]
+    assert "time: 'around six' is not HH:MM" in rows[0][2]
 
 
 def test_every_conversation_gets_the_root_cause_a_person_names(run: Capture) -> None:
     assert {strategy: misses(run, SCENARIOS, strategy) for strategy in MISSES} == MISSES
+
+
+def test_the_columnar_pass_writes_the_reference_rows(run: Capture, tmp_path: Path) -> None:
+    # the tool's description (tool.description) reaches both: the format rule fires in each alike
+    from tests.normalize.frameworks.test_fw_toolcall_links import build, read
+    from tests.score.test_columnar import assert_same_as_reference
+
+    build(tmp_path / "data", read(run.data, "select * from spans"))
+    assert_same_as_reference(tmp_path / "data")
+    found = read(tmp_path / "data", "select distinct s.conversation_id from step_scores r join spans s on "
+                 "s.trace_id = r.trace_id and s.span_id = r.span_id where r.rule_name = 'tool_args_format'")
+    # "around six", and "six" the model then wrote again as "18:00" (recovered: no root cause)
+    assert sorted(found.column("conversation_id").to_pylist()) == ["oai-badargs", "oai-badargs-fixed"]
