@@ -98,6 +98,23 @@ def roles_line(result: DemoResult) -> str:
             f"try: tracedag sql --data {data} \"{ROLES_HINT_SQL}\"")
 
 
+def provenance_line(result: DemoResult) -> str:
+    """One line: data edges (argument values of failed steps traced to where they were first written) and
+    the root causes that moved to a silent producer (a step that passed but wrote the value that failed)."""
+    rows = _rows(result, "data_edges")
+    edges = sum(int(r["edges"]) for r in rows)
+    args = ", ".join(f"{r['data_arg']} {r['edges']}x" for r in rows[:3]) or "none"
+    silent = sum(1 for r in _rows(result, "root_causes_conversation") if r.get("silent_producer"))
+    return (f"value provenance: {edges} data edges from the step output or user message that first held a failed "
+            f"step's argument ({args}); {silent} root causes are silent producers (a step that passed but wrote "
+            f"the value that failed); try: tracedag sql --data {shlex.quote(str(result.data))} "
+            f"\"{PROVENANCE_HINT_SQL}\"")
+
+
+PROVENANCE_HINT_SQL = ("select trace_id, src_span_id, dst_span_id, data_arg, data_from from dag_edges "
+                       "where edge_kind = 'data' limit 10")
+
+
 # The roles line's hint: mean step score per role, a step's score being the minimum over its step_scores rows.
 ROLES_HINT_SQL = ("select step_role, count(*) as steps, avg(score) as mean_step_score from dag_nodes join "
                   "(select trace_id, span_id, min(score) as score from step_scores group by all) "
@@ -235,6 +252,8 @@ def print_demo(console: Console, result: DemoResult) -> None:
         console.print(macros_line(result), soft_wrap=True, highlight=False, markup=False)
         if "step_roles" in result.tables:
             console.print(roles_line(result), soft_wrap=True, highlight=False)
+        if "data_edges" in result.tables:
+            console.print(provenance_line(result), soft_wrap=True, highlight=False, markup=False)
         console.print(amplification_table(result))
     if result.ok("determinism"):
         console.print(determinism_table(result))

@@ -110,7 +110,15 @@ def named_queries(data: Path) -> dict[str, pa.Table]:
     out["step_roles"] = run_sql(data, ROLES_SQL)
     out["failures"] = run_named(data, "failures")
     out["root_causes_conversation"] = run_named(data, "root_causes", {"per": "conversation"})
+    out["data_edges"] = run_sql(data, DATA_EDGES_SQL)
     return out
+
+
+# Value provenance: data edges (an argument value of a failed step traced to the output that first held it).
+DATA_EDGES_SQL = """
+select data_arg, data_from, count(*) as edges, count(distinct trace_id) as traces
+from dag_edges where edge_kind = 'data' group by all order by edges desc, data_arg
+"""
 
 
 # Steps per AgentEval role with their mean lowest score, tool-call edges and re-timed remote spans.

@@ -218,6 +218,16 @@ def test_step_roles_line_matches_the_store(demo_run):
     assert "step_role" in line and "tracedag sql --data" in line
 
 
+def test_value_provenance_line_matches_the_store(demo_run):
+    data, result = demo_run
+    line = next(x for x in result.output.splitlines() if x.startswith("value provenance:"))
+    edges = _sql(data, "select count(*) as n from dag_edges where edge_kind = 'data'")[0]["n"]
+    assert edges > 0 and _number(r"(\d+) data edges", line) == edges
+    silent = sum(1 for r in run_named(data, "root_causes", {"per": "conversation"}).to_pylist() if r["silent_producer"])
+    assert _number(r"(\d+) root causes are silent producers", line) == silent
+    assert "edge_kind = 'data'" in line and "tracedag sql --data" in line
+
+
 def test_object_storage_line_matches_the_local_store(demo_run):
     """The demo publishes its spans from two writers to an in-memory object store, builds and reads them back."""
     data, result = demo_run
