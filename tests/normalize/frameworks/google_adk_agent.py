@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm reads n
 # ADK 2's spans (OTel GenAI semconv aligned) carry messages, tool arguments and results only with this switch
 os.environ.setdefault("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
 
+from fw_tools import (  # the shared tools (this script's folder is on sys.path)
+    CALLS,
+    SHIPMENTS,
+    book_taxi,
+    get_weather,
+    lookup_order,
+)
 from google.adk.agents import LlmAgent
 from google.adk.models.lite_llm import LiteLlm
 from google.adk.plugins import ReflectAndRetryToolPlugin
@@ -41,39 +47,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"},
-          "A-2002": {"order_id": "A-2002", "status": "shipped", "tracking_no": "TRK-31337"}}  # stale: no carrier knows it
-SHIPMENTS = {"TRK-77123": "in transit, arriving Friday"}
-
-
-def get_weather(city: str) -> str:
-    """The weather of a city today."""
-    CALLS[city] = CALLS.get(city, 0) + 1
-    if city == "Atlantis":
-        raise TimeoutError("weather backend timed out after 10s")
-    if city == "Lyon" and CALLS[city] == 1:
-        raise ConnectionError("weather backend connection reset")
-    return f"{city}: 21C and sunny"
-
-
-def lookup_order(order_id: str) -> dict[str, Any]:
-    """An order's status and tracking number."""
-    return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
-
 
 def track_shipment(tracking_no: str) -> str:
     """Where a shipment is now, by its tracking number."""
     if tracking_no not in SHIPMENTS:
         raise LookupError(f"404 Not Found: no shipment with tracking number {tracking_no}")
     return SHIPMENTS[tracking_no]
-
-
-def book_taxi(city: str, time: str) -> str:
-    """Book a taxi in a city at a time, HH:MM."""
-    if not re.fullmatch(r"\d\d:\d\d", time):
-        raise ValueError(f"time must be HH:MM, got {time!r}")
-    return f"taxi booked in {city} at {time}"
 
 
 async def run_conversation(model: LiteLlm, sc: dict[str, Any]) -> None:

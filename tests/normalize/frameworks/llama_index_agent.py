@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from fw_tools import (  # the shared tools (this script's folder is on sys.path)
+    CALLS,
+    book_taxi,
+    get_weather,
+    lookup_order,
+)
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.workflow import Context
 from llama_index.llms.openai import OpenAI
@@ -26,31 +31,6 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
-CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"}}
-
-
-def get_weather(city: str) -> str:
-    """The weather of a city today."""
-    CALLS[city] = CALLS.get(city, 0) + 1
-    if city == "Atlantis":
-        raise TimeoutError("weather backend timed out after 10s")
-    if city == "Lyon" and CALLS[city] == 1:
-        raise ConnectionError("weather backend connection reset")
-    return f"{city}: 21C and sunny"
-
-
-def lookup_order(order_id: str) -> dict[str, Any]:
-    """An order's status and tracking number."""
-    return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
-
-
-def book_taxi(city: str, time: str) -> str:
-    """Book a taxi in a city at a time, HH:MM."""
-    if not re.fullmatch(r"\d\d:\d\d", time):
-        raise ValueError(f"time must be HH:MM, got {time!r}")
-    return f"taxi booked in {city} at {time}"
 
 
 async def conversation(llm: OpenAI, sc: dict[str, Any]) -> None:

@@ -19,7 +19,6 @@ failed. Error details are redacted."), unless the scenario asks for ``"tool_erro
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,13 @@ from agents import (
     set_trace_processors,
 )
 from agents.tracing import get_trace_provider
+from fw_tools import (  # the shared tools (this script's folder is on sys.path)
+    CALLS,
+    SHIPMENTS,
+    book_taxi,
+    get_weather,
+    lookup_order,
+)
 from openai import AsyncOpenAI
 from openinference.instrumentation import using_session
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
@@ -41,39 +47,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"},
-          "A-2002": {"order_id": "A-2002", "status": "shipped", "tracking_no": "TRK-31337"}}  # stale: no carrier knows it
-SHIPMENTS = {"TRK-77123": "in transit, arriving Friday"}
-
-
-def get_weather(city: str) -> str:
-    """The weather of a city today."""
-    CALLS[city] = CALLS.get(city, 0) + 1
-    if city == "Atlantis":
-        raise TimeoutError("weather backend timed out after 10s")
-    if city == "Lyon" and CALLS[city] == 1:
-        raise ConnectionError("weather backend connection reset")
-    return f"{city}: 21C and sunny"
-
-
-def lookup_order(order_id: str) -> dict[str, Any]:
-    """An order's status and tracking number."""
-    return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
-
 
 def track_shipment(tracking_no: str) -> dict[str, Any]:
     """Where a shipment is now, by its tracking number."""
     if tracking_no not in SHIPMENTS:
         return {"status": 404, "error": f"404 Not Found: no shipment with tracking number {tracking_no}"}
     return {"tracking_no": tracking_no, "status": SHIPMENTS[tracking_no]}
-
-
-def book_taxi(city: str, time: str) -> str:
-    """Book a taxi in a city at a time, HH:MM."""
-    if not re.fullmatch(r"\d\d:\d\d", time):
-        raise ValueError(f"time must be HH:MM, got {time!r}")
-    return f"taxi booked in {city} at {time}"
 
 
 def shown(ctx: RunContextWrapper[Any], error: Exception) -> str:

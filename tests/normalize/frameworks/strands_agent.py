@@ -12,11 +12,11 @@ a conversation: its turns run in order on one agent (its messages are the memory
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import fw_tools  # the shared tools (this script's folder is on sys.path)
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -25,33 +25,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from strands import Agent, tool
 from strands.models.openai import OpenAIModel
 
-CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"}}
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather of a city today."""
-    CALLS[city] = CALLS.get(city, 0) + 1
-    if city == "Atlantis":
-        raise TimeoutError("weather backend timed out after 10s")
-    if city == "Lyon" and CALLS[city] == 1:
-        raise ConnectionError("weather backend connection reset")
-    return f"{city}: 21C and sunny"
-
-
-@tool
-def lookup_order(order_id: str) -> dict[str, Any]:
-    """An order's status and tracking number."""
-    return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
-
-
-@tool
-def book_taxi(city: str, time: str) -> str:
-    """Book a taxi in a city at a time, HH:MM."""
-    if not re.fullmatch(r"\d\d:\d\d", time):
-        raise ValueError(f"time must be HH:MM, got {time!r}")
-    return f"taxi booked in {city} at {time}"
+CALLS = fw_tools.CALLS
+get_weather = tool(fw_tools.get_weather)
+lookup_order = tool(fw_tools.lookup_order)
+book_taxi = tool(fw_tools.book_taxi)
 
 
 def main(collector: str, model_url: str, scenarios: list[dict[str, Any]]) -> None:
