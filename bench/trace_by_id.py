@@ -51,8 +51,9 @@ from tracedag.pipeline.store.views import connect
 BUILD_TABLES = ("traces", "dag_nodes", "dag_edges")
 
 
-def _copy(src: Path, dst: Path, sort: bool) -> None:
-    """``dst``: ``src`` with its build tables rewritten (sorted or not), every other file hard-linked."""
+def _tables_copy(src: Path, dst: Path, rewrite: Callable[[Path, Path], bool]) -> None:
+    """``dst``: a copy of ``src`` whose files ``rewrite(file, out)`` wrote (it returns True), every other
+    file hard-linked. Nothing is done when ``dst`` exists."""
     if dst.exists():
         return
     for f in src.rglob("*"):
@@ -61,14 +62,28 @@ def _copy(src: Path, dst: Path, sort: bool) -> None:
             out.mkdir(parents=True, exist_ok=True)
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
-        table = f.relative_to(src).parts[1] if f.relative_to(src).parts[0] == "tables" else ""
-        if table not in BUILD_TABLES or f.suffix != ".parquet":
+        if not rewrite(f, out):
             os.link(f, out)
-            continue
+
+
+def _table_of(f: Path, src: Path) -> str:
+    """The table a file of ``src`` belongs to ("" when it is not a table file)."""
+    parts = f.relative_to(src).parts
+    return parts[1] if parts[0] == "tables" and f.suffix == ".parquet" else ""
+
+
+def _copy(src: Path, dst: Path, sort: bool) -> None:
+    """``dst``: ``src`` with its build tables rewritten (sorted or not), every other file hard-linked."""
+    def rewrite(f: Path, out: Path) -> bool:
+        if _table_of(f, src) not in BUILD_TABLES:
+            return False
         rows = pq.read_table(f)
         meta = pq.read_schema(f).metadata
         rows = (by_trace(rows) if sort else rows).replace_schema_metadata(meta)
         pq.write_table(rows, out, compression="zstd", row_group_size=TRACE_ROW_GROUP if sort else 64 * 1024)
+        return True
+
+    _tables_copy(src, dst, rewrite)
 
 
 def _seconds(fn: Callable[..., object], *args: object) -> float:
@@ -152,22 +167,18 @@ def files_as_written_now(src: Path, dst: Path) -> Path:
     converters write them), same rows and row groups; other files hard-linked. ``--before`` reads ``src``."""
     from tracedag.pipeline.store.parquet import parquet_options
 
-    if dst.exists():
-        return dst
-    for f in src.rglob("*"):
-        out = dst / f.relative_to(src)
-        if f.is_dir():
-            out.mkdir(parents=True, exist_ok=True)
-            continue
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if f.suffix != ".parquet" or f.relative_to(src).parts[0] != "tables":
-            os.link(f, out)
-            continue
+    def rewrite(f: Path, out: Path) -> bool:
+        table = _table_of(f, src)
+        if not table:
+            return False
         pf = pq.ParquetFile(f)
-        fast = f.relative_to(src).parts[1] == "spans"
-        with pq.ParquetWriter(out, pf.schema_arrow, **parquet_options(pf.schema_arrow.empty_table(), fast=fast)) as w:
+        options = parquet_options(pf.schema_arrow.empty_table(), fast=table == "spans")
+        with pq.ParquetWriter(out, pf.schema_arrow, **options) as w:
             for g in range(pf.num_row_groups):
                 w.write_table(pf.read_row_group(g))
+        return True
+
+    _tables_copy(src, dst, rewrite)
     return dst
 
 

@@ -27,6 +27,7 @@ step emitted a call that breaks its tool's schema).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -78,14 +79,19 @@ def _behind_tools(con: duckdb.DuckDBPyConnection, pending: pa.Table, rows: pa.Ta
     bad = failing_arguments(rows).select(["trace_id", "span_id", "build_id", "score", "explanation"])
     if bad.num_rows == 0:
         return []
-    con.register("paramgen_bad", bad)
-    con.register("paramgen_pending", pending.select(["trace_id", "build_id"]))
-    try:
-        found = con.execute(_SQL).fetchall()
-    finally:
-        con.unregister("paramgen_bad")
-        con.unregister("paramgen_pending")
+    found = _fetch(con, _SQL, {"paramgen_bad": bad, "paramgen_pending": pending.select(["trace_id", "build_id"])})
     return [_row(*r) for r in found]
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, tables: dict[str, pa.Table]) -> list[tuple[Any, ...]]:
+    """``sql``'s rows, with ``tables`` registered under their names for that query only."""
+    for name, table in tables.items():
+        con.register(name, table)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        for name in tables:
+            con.unregister(name)
 
 
 def _row(trace_id: str, span_id: str, build_id: str, score: float, calls: int, detail: str) -> ScoreRow:
@@ -155,13 +161,7 @@ def _bad_calls(trace_id: str, calls: list[EmittedCall], defs: Definitions) -> li
 def _llm_steps(con: duckdb.DuckDBPyConnection, pending: pa.Table, keys: set[tuple[str, str]]) -> dict[tuple[str, str], _Llm]:
     wanted = pa.table({"trace_id": [t for t, _ in keys], "span_id": [s for _, s in keys]},
                       schema=pa.schema([("trace_id", pa.string()), ("span_id", pa.string())]))
-    con.register("paramgen_llm", wanted)
-    con.register("paramgen_pending", pending.select(["trace_id", "build_id"]))
-    try:
-        found = con.execute(_LLM_SQL).fetchall()
-    finally:
-        con.unregister("paramgen_llm")
-        con.unregister("paramgen_pending")
+    found = _fetch(con, _LLM_SQL, {"paramgen_llm": wanted, "paramgen_pending": pending.select(["trace_id", "build_id"])})
     return {(t, s): _Llm(b, int(start or 0), frozenset(ran or [])) for t, s, b, start, ran in found}
 
 
