@@ -97,17 +97,29 @@ class S3Server:
                 *([f"-metricsPort={self.metrics_port}"] if self.metrics_port else [])]
 
     def start(self) -> S3Server:
+        for _ in range(3):
+            if self._start_once():
+                return self
+            # a port probed free was bound by another process (an xdist worker) first: new ports, again
+            self.port, self.ports = free_port_pair(), {}
+        raise AssertionError(f"{self.kind} did not start: its ports were taken three times")
+
+    def _start_once(self) -> bool:
+        """True when the server answers; False when it exited because a port was taken."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root.parent / f"{self.root.name}.log").open("ab") as log:  # beside the data: kept for a failure
+        path = self.root.parent / f"{self.root.name}.log"  # beside the data: kept for a failure
+        with path.open("ab") as log:
             self.proc = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self._answers():
-                return self
+                return True
+            if self.proc.poll() is not None and "address already in use" in path.read_text(errors="replace"):
+                self.proc = None
+                return False
             time.sleep(0.2)
         self.kill()
-        log = (self.root.parent / f"{self.root.name}.log").read_text(errors="replace")[-2000:]
-        raise AssertionError(f"{self.kind} did not start:\n{log}")
+        raise AssertionError(f"{self.kind} did not start:\n{path.read_text(errors='replace')[-2000:]}")
 
     def _answers(self) -> bool:
         """An object can be written and read back (SeaweedFS opens its port before its volume server is up)."""
