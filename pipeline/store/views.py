@@ -15,6 +15,7 @@ and ``create_query_macros`` makes named queries table macros of their own names 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import re
 import weakref
@@ -237,6 +238,23 @@ def create_shared_macros(con: duckdb.DuckDBPyConnection) -> None:
     """The table macros of ``queries/_*.sql`` the named queries call (binding them costs ~0.15 s CPU)."""
     for name in queries.macro_files():
         con.execute(queries.load(name))
+
+
+_SHARED_MACRO = re.compile(r"\bmacro\s+([A-Za-z_]\w*)\s*\(", re.IGNORECASE)
+
+
+@functools.cache
+def shared_macro_names() -> frozenset[str]:
+    """The names of the table macros ``create_shared_macros`` makes (read from ``queries/_*.sql``)."""
+    texts = (macros.code_only(queries.load(n), keep_strings=False) for n in queries.macro_files())
+    return frozenset(m.group(1).lower() for text in texts for m in _SHARED_MACRO.finditer(text))
+
+
+def calls_shared_macros(sql: str) -> bool:
+    """Whether ``sql`` calls a shared macro (outside strings and comments): only then must a connection
+    made with ``shared_macros=False`` bind them (``create_shared_macros``) before running it."""
+    called = {m.group(1).lower() for m in _CALLED.finditer(macros.code_only(sql, keep_strings=False))}
+    return not called.isdisjoint(shared_macro_names())
 
 
 DATA_VARIABLE = "__tracedag_data"
