@@ -84,7 +84,7 @@ def confirm_command(data: Path, agent: str, agent_opts: tuple[str, ...], convers
     from tracedag.pipeline.replay.confirm import plan_checks, select_checks
     from tracedag.pipeline.replay.confirm_run import default_confirm_id, judge, run_checks, write_checks
     from tracedag.pipeline.replay.confirm_scores import score_runs
-    from tracedag.pipeline.score.judge import JudgeConfig
+    from tracedag.pipeline.score.judge.config import JudgeConfig
 
     remote = agent.startswith(("http://", "https://"))
     if remote != (endpoint is not None):

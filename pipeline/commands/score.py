@@ -61,8 +61,8 @@ def labels_group() -> None:
 def labels_import(data: Path, file: Path, annotator: str | None, strict: bool) -> None:
     """Import human labels from FILE (.csv or .parquet); bad rows are listed with their line numbers."""
 
-    from tracedag.pipeline.score.labels import import_labels
-    from tracedag.pipeline.score.labels_report import import_renderable
+    from tracedag.pipeline.score.labels.human import import_labels
+    from tracedag.pipeline.score.labels.report import import_renderable
 
     result = import_labels(data, file, annotator=annotator, strict=strict)
     print_whole(import_renderable(result, strict))
@@ -76,8 +76,8 @@ def labels_import(data: Path, file: Path, annotator: str | None, strict: bool) -
 def labels_agreement(data: Path, metric: str | None) -> None:
     """Cohen's kappa, confusion matrix and failure recall of each source against the human labels."""
 
-    from tracedag.pipeline.score.agreement import agreement_report
-    from tracedag.pipeline.score.labels_report import agreement_renderable
+    from tracedag.pipeline.score.labels.agreement import agreement_report
+    from tracedag.pipeline.score.labels.report import agreement_renderable
 
     results, labelled = agreement_report(data, metric)
     print_whole(agreement_renderable(results, labelled))

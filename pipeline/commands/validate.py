@@ -15,7 +15,7 @@ from tracedag.schemas.errors import TracedagError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from tracedag.pipeline.score.same_step import SameStepJudge
+    from tracedag.pipeline.score.judge.same_step import SameStepJudge
     from tracedag.pipeline.validate import Learned
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -117,7 +117,7 @@ def learn_command(data: Path, selection: str | None, by: str | None, state: str,
 
 
 def _semantic_asker(data: Path, model: str | None, base_url: str | None) -> SameStepJudge:
-    from tracedag.pipeline.score.same_step import same_step_judge
+    from tracedag.pipeline.score.judge.same_step import same_step_judge
 
     return same_step_judge(data, model=model, base_url=base_url)
 

@@ -39,7 +39,7 @@ from tracedag.pipeline.replay.source import (
     SourceConversation,
     select_conversations,
 )
-from tracedag.pipeline.score.judge import JudgeConfig
+from tracedag.pipeline.score.judge.config import JudgeConfig
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 

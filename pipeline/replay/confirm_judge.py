@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tracedag.pipeline.score.judge import JudgeConfig
+from tracedag.pipeline.score.judge.config import JudgeConfig
 
 logger = logging.getLogger(__name__)
 

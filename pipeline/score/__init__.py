@@ -5,7 +5,7 @@ scored yet; ``JudgeConfig.from_env()`` configures the judge; ``stats_renderable(
 final rich tables (steps by source, failures by category, judge tokens and cost).
 """
 
-from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats
+from tracedag.pipeline.score.judge.config import JudgeConfig, JudgeStats
 from tracedag.pipeline.score.report import stats_renderable
 from tracedag.pipeline.score.runner import ScoreStats, score_store
 

@@ -1,10 +1,10 @@
-"""The rule pass over a whole scan at once, with the same rows as ``rules.score_step`` step by step.
+"""The rule pass over a whole scan at once, with the same rows as ``rules.table.score_step`` step by step.
 
 - Quiet steps (``scan.Scan``: the ``quiet`` flag, or a calm tool step whose result neither
   reports an error nor is empty, whose arguments parse and whose tool has no schema in the
   trace) cannot make a rule fire: their passing rows (one per
-  base metric of the step type, ``rules.BASE_METRICS``) are built column-wise.
-- The others go through ``rules.score_step``, once per distinct set of facts: steps that differ
+  base metric of the step type, ``rules.table.BASE_METRICS``) are built column-wise.
+- The others go through ``rules.table.score_step``, once per distinct set of facts: steps that differ
   only in their keys, or in tool arguments that cannot matter (no schema, and they parse), get
   the same rows. Failures repeat (the same timeout of the same tool), so this runs the rule table
   a few times per distinct error instead of once per failing step.
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.score.inputs import Definitions, facts_from_row, step_tool, tool_schema
 from tracedag.pipeline.score.rows import ScoreRow, passing_table, to_table
-from tracedag.pipeline.score.rules import (
+from tracedag.pipeline.score.rules.table import (
     BASE_METRICS,
     DEFAULT_METRICS,
     PASS_EXPLANATION,
@@ -32,8 +32,8 @@ from tracedag.pipeline.score.rules import (
     tool_output_empty,
     tool_result_reports_error,
 )
+from tracedag.pipeline.score.rules.toolschema import arguments_are_json, arguments_are_json_all
 from tracedag.pipeline.score.scan import Scan
-from tracedag.pipeline.score.toolschema import arguments_are_json, arguments_are_json_all
 
 KEY_COLUMNS = ["trace_id", "span_id", "build_id"]
 
@@ -98,7 +98,7 @@ def _has_schema(tools: pa.Table, defs: Definitions) -> np.ndarray:
 
 def quiet_keys(facts: pa.Table, quiet: np.ndarray) -> pa.Table:
     """(trace_id, span_id, build_id, metric) of the passing rows of the quiet steps: one per base
-    metric of the step type (``rules.metrics_for``; no quiet step has a tool schema)."""
+    metric of the step type (``rules.table.metrics_for``; no quiet step has a tool schema)."""
     codes, base = _base_metrics(facts)
     keys = facts.select(KEY_COLUMNS)
     parts = []
@@ -161,7 +161,7 @@ def _expand(keys: pa.Table, templates: list[list[ScoreRow]], members: np.ndarray
 def signature(f: StepFacts) -> tuple[object, ...]:
     """Every fact ``score_step`` reads, bar the keys; arguments only where they can matter.
 
-    A step's arguments (``tool_args``, ``input_text``) only feed ``rules.args_problem``, which is
+    A step's arguments (``tool_args``, ``input_text``) only feed ``rules.table.args_problem``, which is
     None for a non-tool step, and for a tool step without a schema whose arguments parse.
     """
     args_matter = f.step_type == "tool" and (f.tool_schema is not None or not arguments_are_json(f.tool_args))

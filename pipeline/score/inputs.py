@@ -15,9 +15,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.score.rubrics import JudgeInput
-from tracedag.pipeline.score.rules import StepFacts
-from tracedag.pipeline.score.toolschema import EmittedCall, Entries, emitted_calls, span_definitions
+from tracedag.pipeline.score.judge.rubrics import JudgeInput
+from tracedag.pipeline.score.rules.table import StepFacts
+from tracedag.pipeline.score.rules.toolschema import EmittedCall, Entries, emitted_calls, span_definitions
 
 # The latest build of each trace, as the traces view picks it, read from two columns of
 # traces_all (the view packs whole rows): the queries below join dag_nodes_all with it instead
@@ -108,7 +108,7 @@ else false end)"""
 
 QUIET_SQL = quiet_sql()
 
-# A span's attribute entries that may hold tool definitions (``toolschema.span_definitions`` decides):
+# A span's attribute entries that may hold tool definitions (``rules.toolschema.span_definitions`` decides):
 # the definitions given to the model, and a tool span's own parameters schema with its tool's name and description.
 DEFINITION_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
     if e.key in ('gen_ai.tool.definitions', 'tool.json_schema', 'tool.parameters', 'gen_ai.tool.json_schema')
@@ -116,7 +116,7 @@ DEFINITION_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
        or (e.key in ('tool.name', 'gen_ai.tool.name', 'tool.description', 'gen_ai.tool.description')
            and (s.attributes['tool.parameters'] is not null or s.attributes['gen_ai.tool.json_schema'] is not null))]"""
 
-# A span's attribute entries that may hold the tool calls of its output (``toolschema.emitted_calls``).
+# A span's attribute entries that may hold the tool calls of its output (``rules.toolschema.emitted_calls``).
 CALL_ENTRIES_SQL = """[e for e in map_entries(s.attributes)
     if (e.key like 'llm.output_messages.%' and e.key like '%.tool_calls.%')
        or (e.key like 'gen_ai.completion.%' and e.key like '%.tool_calls.%')

@@ -1,7 +1,7 @@
 """Arguments the model made up: the LLM step that emitted a rejected tool call fails too (PARAMGEN).
 
 A tool step whose ``arguments`` row fails (the arguments are not JSON, break the tool's schema, or
-the tool rejected them: ``rules.RULES`` ``tool_args_*``) ran a call whose arguments an LLM step
+the tool rejected them: ``rules.table.RULES`` ``tool_args_*``) ran a call whose arguments an LLM step
 wrote. The build links the two with a ``tool_call`` edge (``dag.toolcalls``: by the call id the
 dialect records, else by time). That LLM step gets a failing ``arguments`` row of its own, rule
 ``emitted_invalid_arguments``, taxonomy ``generation / output_form / invalid_tool_arguments``
@@ -10,7 +10,7 @@ upstream of the tool step, so propagation makes it the root cause and the tool s
 
 A call no tool step ran (the framework rejected it before running the tool: smolagents checks a
 call's arguments against the tool's inputs first) is checked where it was written: each tool call
-in an LLM step's output (``toolschema.emitted_calls``) whose tool is defined in the trace and that
+in an LLM step's output (``rules.toolschema.emitted_calls``) whose tool is defined in the trace and that
 no tool step linked to that LLM step by a ``tool_call`` edge ran (same tool name) is validated
 against the tool's schema; arguments that are not JSON score 1, that break the schema 2, unless a
 later LLM step of the trace emitted a call of the same tool that fits (the model corrected the call:
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.score.inputs import Calls, Definitions
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, categorize, to_table
-from tracedag.pipeline.score.toolschema import ArgsProblem, EmittedCall, call_problem
+from tracedag.pipeline.score.rules.toolschema import ArgsProblem, EmittedCall, call_problem
 from tracedag.schemas.tables import STEP_SCORES_V1
 
 RULE = "emitted_invalid_arguments"

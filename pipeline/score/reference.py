@@ -1,4 +1,4 @@
-"""The per-step rule pass, kept as the reference: ``rules.score_step`` on every pending step, then
+"""The per-step rule pass, kept as the reference: ``rules.table.score_step`` on every pending step, then
 ``paramgen`` on the rows it made.
 
 ``score_store`` reads the steps with ``scan`` and scores them with ``columnar`` (quiet steps
@@ -13,7 +13,7 @@ import duckdb
 
 from tracedag.pipeline.score import inputs, paramgen
 from tracedag.pipeline.score.rows import ScoreRow, to_table
-from tracedag.pipeline.score.rules import score_step
+from tracedag.pipeline.score.rules.table import score_step
 
 BATCH_ROWS = 50_000
 

@@ -6,7 +6,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tracedag.pipeline.score.judge import JudgeStats
+from tracedag.pipeline.score.judge.config import JudgeStats
 from tracedag.pipeline.score.runner import ScoreStats
 
 

@@ -22,7 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,23 +34,22 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.engine import Bucket, Engine, bucket_target, plan_buckets
 from tracedag.pipeline.score import columnar, inputs, paramgen
-from tracedag.pipeline.score.evaluations_map import MapStats, map_evaluations
-from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, model_family
-from tracedag.pipeline.score.judge_cache import JudgeCache
+from tracedag.pipeline.score.evaluations import MapStats, map_evaluations
+from tracedag.pipeline.score.judge.cache import JudgeCache
+from tracedag.pipeline.score.judge.config import JudgeConfig, JudgeStats, model_family
+from tracedag.pipeline.score.judge.rubrics import load_rubrics
 from tracedag.pipeline.score.materialize import MaterializeStats, materialize
 from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
-from tracedag.pipeline.score.rubrics import load_rubrics
 from tracedag.pipeline.score.scan import read_scan, with_input_texts
-from tracedag.pipeline.score.writes import Writes, background_writes
+from tracedag.pipeline.score.writes import Writes, background_writes, score_lock
 from tracedag.pipeline.store.files import new_file_name
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
-from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
+from tracedag.schemas.layout import state_file, table_dir
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
-    from tracedag.pipeline.score.judge_client import JudgeTask
+    from tracedag.pipeline.score.judge.client import JudgeTask
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +292,7 @@ def _save_scored_through(data: Path, newest: int) -> None:
 
 
 def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list[JudgeTask], list[str]]:
-    from tracedag.pipeline.score.judge_client import JudgeTask
+    from tracedag.pipeline.score.judge.client import JudgeTask
 
     rubrics = {(rb.step_type, rb.metric): rb for group in load_rubrics(cfg.rubric_dir).values() for rb in group}
     tasks: list[JudgeTask] = []
@@ -310,7 +309,7 @@ def _judge_tasks(con: duckdb.DuckDBPyConnection, cfg: JudgeConfig) -> tuple[list
 def score_judge(data: Path, con: duckdb.DuckDBPyConnection, cfg: JudgeConfig, stats: ScoreStats,
                 advance: Advance) -> None:
     """Pass 2: grade every latest-build step whose rubric metric has no judge row on that build."""
-    from tracedag.pipeline.score.judge_client import Judge, run_judge
+    from tracedag.pipeline.score.judge.client import Judge, run_judge
 
     jstats = stats.judge = JudgeStats(model=cfg.model)
     tasks, models = _judge_tasks(con, cfg)
@@ -371,11 +370,6 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         _score_locked(data, judge, progress, max_iterations, stats, live, engine)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
-
-
-def score_lock(data: Path) -> AbstractContextManager[bool]:
-    """One scorer at a time per data directory (two would score the same builds twice)."""
-    return file_lock(state_file(data, SCORE_LOCK))
 
 
 def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,

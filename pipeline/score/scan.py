@@ -13,7 +13,7 @@ the same pass spares more scans of the ``attributes`` column, the largest one.
   tool's schema can make a rule fire, which ``columnar`` decides;
 - ``tool_quiet``: a calm tool step whose result can neither report an error nor be empty: no
   result, or an object (first character ``{``, not ``{}``) without any key
-  ``rules.RESULT_KEY_HINTS`` names (``columnar`` asks the rules about the other results).
+  ``rules.table.RESULT_KEY_HINTS`` names (``columnar`` asks the rules about the other results).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tracedag.pipeline.score.inputs import (
     step_tool,
     tool_schema,
 )
-from tracedag.pipeline.score.rules import RESULT_KEY_HINTS
+from tracedag.pipeline.score.rules.table import RESULT_KEY_HINTS
 
 _NO_RESULT_HINT = " and ".join(f"not contains(result_text, '{h}')" for h in RESULT_KEY_HINTS)
 
@@ -141,7 +141,7 @@ def with_input_texts(con: duckdb.DuckDBPyConnection, steps: pa.Table, defs: Defi
                      received_from: int = 0) -> pa.Table:
     """``steps`` (scanned facts) with the input_text of the steps whose rules read it.
 
-    ``rules.args_problem`` reads a tool step's input text only when it has no explicit arguments
+    ``rules.table.args_problem`` reads a tool step's input text only when it has no explicit arguments
     (``tool_args`` None or blank), and it matters only against a schema of the tool in the trace.
     """
     wanted = _reads_input(steps, defs)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pyarrow as pa
 
 from tracedag.pipeline.store.parquet import write_parquet_atomic
+from tracedag.schemas.fsio import file_lock
+from tracedag.schemas.layout import SCORE_LOCK, state_file
 
 
 class Writes:
@@ -44,3 +46,9 @@ def background_writes(directory: Path, files: list[Path]) -> Iterator[Writes]:
         yield writes
     finally:
         files.extend(writes.close())
+
+
+def score_lock(data: Path) -> AbstractContextManager[bool]:
+    """One scorer at a time per data directory (two would score the same builds twice): held by
+    ``runner.score_store`` and by ``labels.human`` while it rewrites the human step scores."""
+    return file_lock(state_file(data, SCORE_LOCK))

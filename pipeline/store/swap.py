@@ -53,7 +53,7 @@ def collect(data: Path, settings: GcSettings | None = None, compact: bool = Fals
         if table not in SCORED:
             collect_table(data, table, lv, cfg, compact, stats)
             continue
-        with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.runner.score_lock)
+        with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.writes.score_lock)
             if free:
                 collect_table(data, table, lv, cfg, compact, stats)
             elif table_dir(data, table).is_dir():

@@ -20,9 +20,13 @@ from tracedag.pipeline.score import inputs, runner, score_store
 from tracedag.pipeline.score.columnar import quiet_mask
 from tracedag.pipeline.score.reference import reference_rows
 from tracedag.pipeline.score.rows import to_table
+from tracedag.pipeline.score.rules.toolschema import (
+    arguments_are_json,
+    arguments_are_json_all,
+    parse_arguments,
+)
 from tracedag.pipeline.score.runner import ScoreStats, _chunks
 from tracedag.pipeline.score.scan import read_scan
-from tracedag.pipeline.score.toolschema import arguments_are_json, arguments_are_json_all, parse_arguments
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import table_dir

@@ -8,7 +8,7 @@ import pytest
 
 from tests.score.score_support import span
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.score.evaluations_map import MapStats, detect_scale, map_evaluations, map_one
+from tracedag.pipeline.score.evaluations import MapStats, detect_scale, map_evaluations, map_one
 from tracedag.pipeline.store.views import connect
 
 T = "d" * 32

@@ -1,4 +1,4 @@
-"""Formats a tool's schema states in words (``score.format_hints``), and the rule that reads them on a
+"""Formats a tool's schema states in words (``score.rules.format_hints``), and the rule that reads them on a
 failed tool step whose error says nothing (``tool_args_format``, issue #30 class 3).
 
 The schemas are shaped as the spans carry them: the OpenAI Agents SDK's ``tool.parameters`` (pydantic,
@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from tracedag.pipeline.score.format_hints import broken_arguments, hints_for, says_nothing
-from tracedag.pipeline.score.rules import StepFacts, score_step
-from tracedag.pipeline.score.toolschema import parse_definitions, span_definitions
+from tracedag.pipeline.score.rules.format_hints import broken_arguments, hints_for, says_nothing
+from tracedag.pipeline.score.rules.table import StepFacts, score_step
+from tracedag.pipeline.score.rules.toolschema import parse_definitions, span_definitions
 
 REDACTED = ("Error running tool (non-fatal): {'tool_name': 'book_taxi', 'error': "
             "'Tool execution failed. Error details are redacted.'}")

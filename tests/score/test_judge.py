@@ -16,8 +16,8 @@ import pytest
 
 from tests.score.score_support import span
 from tracedag.pipeline.score import JudgeConfig, score_store
-from tracedag.pipeline.score.judge import model_family, parse_verdict
-from tracedag.pipeline.score.judge_client import retry_after_seconds
+from tracedag.pipeline.score.judge.client import retry_after_seconds
+from tracedag.pipeline.score.judge.config import model_family, parse_verdict
 from tracedag.pipeline.store.views import connect
 
 T = "b" * 32
@@ -358,7 +358,7 @@ def test_config_from_env_and_cli_price(builder):
     from click.testing import CliRunner
 
     from tracedag.pipeline.cli import cli
-    from tracedag.pipeline.score.judge import JudgeNotConfigured
+    from tracedag.pipeline.score.judge.config import JudgeNotConfigured
 
     env = {"TRACEDAG_JUDGE_MODEL": "m", "OPENAI_API_KEY": "sk", "TRACEDAG_JUDGE_PRICE_IN": "0.5",
            "TRACEDAG_JUDGE_PRICE_OUT": "1.5", "TRACEDAG_JUDGE_CONCURRENCY": "3"}
@@ -383,7 +383,7 @@ def test_config_from_env_and_cli_price(builder):
 def test_a_new_rubric_metric_is_judged_on_the_next_run(builder, tmp_path):
     import yaml
 
-    from tracedag.pipeline.score.rubrics import load_rubrics
+    from tracedag.pipeline.score.judge.rubrics import load_rubrics
 
     llm = load_rubrics()["llm"][0]
     doc = {"id": llm.id, "version": llm.version, "step_type": "llm", "metric": llm.metric, "question": llm.question,

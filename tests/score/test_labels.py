@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from tests.score.score_support import span
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.score.agreement import agreement, agreement_report, cohen_kappa, to_class
-from tracedag.pipeline.score.labels import BadLabelFile, import_labels
+from tracedag.pipeline.score.labels.agreement import agreement, agreement_report, cohen_kappa, to_class
+from tracedag.pipeline.score.labels.human import BadLabelFile, import_labels
 from tracedag.pipeline.score.rows import ScoreRow, to_table
 from tracedag.pipeline.score.taxonomy import load_taxonomy
 from tracedag.pipeline.store import files as store

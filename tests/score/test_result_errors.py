@@ -1,4 +1,4 @@
-"""Error payloads in tool results (pipeline/score/result_errors.py): each documented shape, its near
+"""Error payloads in tool results (pipeline/score/rules/result_errors.py): each documented shape, its near
 misses, and the failing score a tool step carrying one gets from the rules (issue #30 class 2)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tracedag.pipeline.score.result_errors import ADK_REFLECT_RETRY, SHAPES, error_message, result_error
-from tracedag.pipeline.score.rules import StepFacts, score_step
+from tracedag.pipeline.score.rules.result_errors import ADK_REFLECT_RETRY, SHAPES, error_message, result_error
+from tracedag.pipeline.score.rules.table import StepFacts, score_step
 
 # Google ADK's ReflectAndRetryToolPlugin answer, as its ToolFailureResponse model serialises it
 ADK = {"response_type": ADK_REFLECT_RETRY, "error_type": "ValueError",

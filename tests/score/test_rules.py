@@ -8,7 +8,7 @@ import pytest
 
 from tests.score.score_support import span
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.score.rules import RULES, StepFacts, score_step
+from tracedag.pipeline.score.rules.table import RULES, StepFacts, score_step
 from tracedag.pipeline.score.taxonomy import load_taxonomy
 from tracedag.pipeline.store.views import connect
 

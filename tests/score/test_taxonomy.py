@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracedag.pipeline.score.rubrics import JudgeInput, load_rubrics, system_prompt, user_prompt
+from tracedag.pipeline.score.judge.rubrics import JudgeInput, load_rubrics, system_prompt, user_prompt
 from tracedag.pipeline.score.taxonomy import load_taxonomy, taxonomy_document
 
 

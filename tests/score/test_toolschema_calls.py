@@ -1,5 +1,5 @@
 """The tool calls a model step emitted, read from REAL spans in each dialect that records them, and checked
-against the tool schema the trace carries (``score.toolschema``, issue #30 class 3)."""
+against the tool schema the trace carries (``score.rules.toolschema``, issue #30 class 3)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _first_llm(rows):
 
 
 def test_the_calls_in_a_model_step_s_output_are_read_in_each_dialect(spans):
-    from tracedag.pipeline.score.toolschema import EmittedCall, emitted_calls
+    from tracedag.pipeline.score.rules.toolschema import EmittedCall, emitted_calls
 
     got = {d: emitted_calls(_first_llm(rows)["attributes"]) for d, rows in spans.items()}
     # openai-v2 writes gen_ai.output.messages (arguments as an object), OpenInference
@@ -40,7 +40,7 @@ def test_the_calls_in_a_model_step_s_output_are_read_in_each_dialect(spans):
 
 
 def test_an_emitted_call_is_checked_against_the_schema_the_model_was_given(spans):
-    from tracedag.pipeline.score.toolschema import call_problem, emitted_calls, span_definitions
+    from tracedag.pipeline.score.rules.toolschema import call_problem, emitted_calls, span_definitions
 
     llm = _first_llm(spans["openinference"])
     given, own = span_definitions(llm["attributes"])

@@ -1,7 +1,7 @@
 """``--merge semantic``: sibling states an LLM calls the same step merge when it is confident enough.
 
 The LLM is the judge tests' local chat-completions server (``tests.score.test_judge``), reached through
-the real ``openai`` client by ``score.same_step``; its answers are scripted per pair of names.
+the real ``openai`` client by ``score.judge.same_step``; its answers are scripted per pair of names.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from tests.validate.validate_support import run
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.score.judge import JudgeConfig
-from tracedag.pipeline.score.judge_cache import JudgeCache
-from tracedag.pipeline.score.same_step import SameStepJudge, parse_same_step
+from tracedag.pipeline.score.judge.cache import JudgeCache
+from tracedag.pipeline.score.judge.config import JudgeConfig
+from tracedag.pipeline.score.judge.same_step import SameStepJudge, parse_same_step
 from tracedag.pipeline.validate import read_model
 from tracedag.pipeline.validate.checking import check_runs
 from tracedag.pipeline.validate.learning import LearnOptions, learn_model

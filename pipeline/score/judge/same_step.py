@@ -1,8 +1,8 @@
 """Asking an LLM whether two state names denote the same step (``tracedag validate learn --merge semantic``).
 
-The judge's endpoint, key, model and timeout (``judge.JudgeConfig``: ``TRACEDAG_JUDGE_MODEL``,
+The judge's endpoint, key, model and timeout (``config.JudgeConfig``: ``TRACEDAG_JUDGE_MODEL``,
 ``TRACEDAG_JUDGE_BASE_URL``, ``TRACEDAG_JUDGE_API_KEY`` / ``OPENAI_API_KEY``, ``TRACEDAG_JUDGE_TIMEOUT``),
-its client (``judge_client.Judge``: the real ``openai`` client, JSON mode, retries of 429/5xx) and
+its client (``client.Judge``: the real ``openai`` client, JSON mode, retries of 429/5xx) and
 its cache (``<data>/state/judge_cache.sqlite``, only validated answers stored). The answer is a JSON
 object ``{"same": true|false, "confidence": 0..1, "reason": "..."}``. A pair whose request fails
 or whose answer is malformed gets no answer (None) and a warning: learning goes on without merging it.
@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.score.judge import JudgeConfig, JudgeNotConfigured, JudgeStats, MalformedVerdict
-from tracedag.pipeline.score.judge_cache import JudgeCache, cache_key
-from tracedag.pipeline.score.judge_client import Judge, JudgeCallFailed
+from tracedag.pipeline.score.judge.cache import JudgeCache, cache_key
+from tracedag.pipeline.score.judge.client import Judge, JudgeCallFailed
+from tracedag.pipeline.score.judge.config import JudgeConfig, JudgeNotConfigured, JudgeStats, MalformedVerdict
 from tracedag.schemas.layout import state_file
 
 logger = logging.getLogger(__name__)

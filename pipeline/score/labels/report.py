@@ -6,8 +6,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from tracedag.pipeline.score.agreement import CLASSES, Agreement
-from tracedag.pipeline.score.labels import ImportResult
+from tracedag.pipeline.score.labels.agreement import CLASSES, Agreement
+from tracedag.pipeline.score.labels.human import ImportResult
 
 
 def _num(value: float | None, pct: bool = False) -> str:

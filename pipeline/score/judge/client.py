@@ -19,10 +19,16 @@ from typing import Any
 
 import openai
 
-from tracedag.pipeline.score.judge import JudgeConfig, JudgeStats, MalformedVerdict, Verdict, parse_verdict
-from tracedag.pipeline.score.judge_cache import JudgeCache, cache_key
+from tracedag.pipeline.score.judge.cache import JudgeCache, cache_key
+from tracedag.pipeline.score.judge.config import (
+    JudgeConfig,
+    JudgeStats,
+    MalformedVerdict,
+    Verdict,
+    parse_verdict,
+)
+from tracedag.pipeline.score.judge.rubrics import JudgeInput, Rubric, system_prompt, user_prompt
 from tracedag.pipeline.score.rows import ScoreRow, categorize
-from tracedag.pipeline.score.rubrics import JudgeInput, Rubric, system_prompt, user_prompt
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED
 
 logger = logging.getLogger(__name__)

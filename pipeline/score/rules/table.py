@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracedag.pipeline.score.format_hints import broken_arguments, says_nothing
-from tracedag.pipeline.score.result_errors import KEY_HINTS, error_message, result_error
 from tracedag.pipeline.score.rows import ScoreRow, categorize
-from tracedag.pipeline.score.toolschema import ArgsProblem, check_arguments, parse_arguments
+from tracedag.pipeline.score.rules.format_hints import broken_arguments, says_nothing
+from tracedag.pipeline.score.rules.result_errors import KEY_HINTS, error_message, result_error
+from tracedag.pipeline.score.rules.toolschema import ArgsProblem, check_arguments, parse_arguments
 
 PASS_SCORE = 5.0
 PASS_RULE = "no_rule_fired"

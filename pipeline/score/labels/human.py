@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.score.evaluations_map import label_score
+from tracedag.pipeline.score.evaluations import label_score
 from tracedag.pipeline.score.rows import ScoreRow, categorize, to_table
-from tracedag.pipeline.score.runner import score_lock
 from tracedag.pipeline.score.taxonomy import UNCLASSIFIED, load_taxonomy
+from tracedag.pipeline.score.writes import score_lock
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
