@@ -14,7 +14,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from tracedag.pipeline.store.objcache import Entry, ObjectCache, configured
+from tracedag.pipeline.store.objcache import Entry, Fetch, ObjectCache, configured
 
 LISTING_TTL = 1.0
 """Seconds a directory listing (ETags and sizes) is reused: a store wiped and written again is seen after this."""
@@ -105,7 +105,14 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         if found is None or found.size > self.cache.limit:
             return self.inner._open(path, mode=mode, block_size=block_size, autocommit=autocommit,
                                     cache_options=cache_options, **kwargs)
-        return self.cache.open(found, lambda dest: self.inner.get_file(found.path, dest))
+        return self.cache.open(found, self._fetcher(found))
+
+    def _fetcher(self, entry: Entry) -> Fetch:
+        """``fetch(start, end)`` of ``entry``'s bytes from the store (a ranged GET)."""
+        def fetch(start: int, end: int) -> bytes:
+            return bytes(self.inner.cat_file(entry.path, start=start, end=end))
+
+        return fetch
 
 
 def _entry(row: dict[str, Any]) -> Entry:

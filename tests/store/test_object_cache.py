@@ -1,16 +1,19 @@
 """Issue #31: the local read-through cache of an object store's files (a real SeaweedFS, real CLI, real DuckDB).
 
-A cold query fills the cache and a warm one gets no object bytes from the store (the server's own request
-and traffic counters say so); the size bound evicts the least recently used copy; concurrent readers share
-one cache and never see a partial file; a damaged copy is fetched again; an object rewritten at the same
+A cold query fills the cache with the blocks it reads (a fraction of the objects' bytes) and a warm one gets
+no object bytes from the store (the server's own request and traffic counters say so); the size bound evicts
+the least recently used copy, also under concurrent processes; concurrent readers share one cache and never
+see a partial block; a damaged copy or a fill cut halfway is fetched again; an object rewritten at the same
 path after a wipe is never answered from the old copy; ``TRACEDAG_CACHE_SIZE=0`` turns it off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -27,7 +30,9 @@ import pytest
 
 from tests.store.s3_server import S3Server, free_port_pair, server_binary, weed_binary
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
-from tracedag.pipeline.store.objcache import MAGIC
+from tracedag.pipeline.store.objcache import MAGIC, inspect
+
+PAR1 = b"PAR1"
 
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
 
@@ -51,7 +56,7 @@ def s3m(tmp_path, monkeypatch) -> Iterator[S3Server]:
 
 
 def _metrics(server: S3Server) -> tuple[int, int]:
-    """(GET requests answered 200, bytes sent) for the test's bucket, as the server counts them."""
+    """(GET requests answered 200 or 206 (a range), bytes sent) for the test's bucket, as the server counts them."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     bucket = server.bucket
 
@@ -59,7 +64,7 @@ def _metrics(server: S3Server) -> tuple[int, int]:
         found = re.search(pattern + r"\}\s+([0-9.e+]+)", body)
         return int(float(found.group(1))) if found else 0
 
-    gets = value(rf'SeaweedFS_s3_request_total\{{bucket="{bucket}",code="200",type="GET"')
+    gets = sum(value(rf'SeaweedFS_s3_request_total\{{bucket="{bucket}",code="{code}",type="GET"') for code in (200, 206))
     sent = value(rf'SeaweedFS_s3_bucket_traffic_sent_bytes_total\{{bucket="{bucket}"')
     return gets, sent
 
@@ -105,8 +110,8 @@ def test_a_cold_query_fills_the_cache_and_a_warm_one_reads_no_object_bytes(s3m, 
     assert _query(url, tmp_path / "r1") == reference  # cold: fills the cache
     gets1, sent1 = _metrics(s3m)
     entries = _entries(cache)
-    assert entries and all(p.read_bytes()[:4] == MAGIC for p in entries)
-    cached_bytes = sum(p.stat().st_size for p in entries)
+    assert entries and all(p.read_bytes()[:8] == MAGIC for p in entries)
+    cached_bytes = sum(inspect(p)[0] for p in entries)
     assert _query(url, tmp_path / "r2") == reference  # warm: another fresh work directory, the same cache
     gets2, sent2 = _metrics(s3m)
     # the warm query asked only for the manifests: every cached file's GET and bytes are gone
@@ -127,7 +132,7 @@ def test_concurrent_readers_share_one_cache_and_see_no_partial_file(s3m, tmp_pat
     cache = tmp_path / "cache"
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]  # every download renamed into place
     for entry in _entries(cache):
-        assert entry.stat().st_size == int(entry.name.split("-")[1].split(".")[0])
+        assert inspect(entry)[0] > 0 and inspect(entry)[1] == 0  # blocks held, none damaged
 
 
 def test_a_damaged_copy_is_fetched_again(s3m, tmp_path):
@@ -138,11 +143,12 @@ def test_a_damaged_copy_is_fetched_again(s3m, tmp_path):
     sizes = {p: p.stat().st_size for p in entries}
     truncated.write_bytes(truncated.read_bytes()[: sizes[truncated] // 2])  # a partial file (disk full, a crash)
     body = bytearray(scribbled.read_bytes())
-    body[-4:] = b"XXXX"  # its footer magic damaged
+    body[-4:] = b"XXXX"  # its footer magic damaged, the block's slot still says present
     scribbled.write_bytes(bytes(body))
+    assert inspect(scribbled)[1] == 1
     assert _query(url, tmp_path / "r2") == reference
     for p in (truncated, scribbled):
-        assert p.stat().st_size == sizes[p] and p.read_bytes()[-4:] == MAGIC
+        assert p.stat().st_size == sizes[p] and p.read_bytes()[-4:] == PAR1 and inspect(p)[1] == 0
 
 
 def _parquet(values: list[int]) -> bytes:
@@ -230,3 +236,141 @@ def test_threads_reading_one_cached_file_each_read_at_their_own_offset(s3m, tmp_
         t.join(20)
     f.close()
     assert got == {0: body[:16], 1000: body[1000:1016]}
+
+
+def _parquet_object(rows: int = 400_000) -> bytes:
+    """A Parquet file of several MB in many row groups: an id column and a wide random text column."""
+    buf = io.BytesIO()
+    table = pa.table({"id": list(range(rows)), "text": [os.urandom(8).hex() for _ in range(rows)]})
+    pq.write_table(table, buf, row_group_size=50_000, compression="none")
+    return buf.getvalue()
+
+
+def test_a_query_caches_only_the_blocks_it_reads(s3m, tmp_path):
+    """One column of one row group of a 10 MB file: the cache fetches and keeps a small part of it, and the
+    same query again fetches nothing."""
+    s3 = s3m.filesystem()
+    body = _parquet_object()
+    key = f"{s3m.bucket}/p/tables/t/w--big.parquet"
+    s3.pipe_file(key, body)
+    fs = reading_filesystem(s3m.filesystem())
+    sql = f"select max(id) from read_parquet(['s3://{key}']) where id < 1000"
+    before = _metrics(s3m)[1]
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    assert con.execute(sql).fetchall() == [(999,)]
+    sent = _metrics(s3m)[1] - before
+    [entry] = _entries(tmp_path / "cache")
+    held, damaged = inspect(entry)
+    assert damaged == 0 and 0 < held < len(body) // 4, (held, len(body))
+    assert sent < len(body) // 4, (sent, len(body))  # the server sent a fraction too
+    fetched = fs.cache.counters.fetched_bytes
+    assert con.execute(sql).fetchall() == [(999,)]
+    assert fs.cache.counters.fetched_bytes == fetched  # warm: nothing fetched
+    assert entry.stat().st_blocks * 512 < len(body) // 4  # sparse on disk: the bound counts what is held
+
+
+def _object(s3m, name: str, body: bytes):
+    """``body`` put at ``o/<name>`` and the cache's view of it: (filesystem, store path, Entry)."""
+    s3 = s3m.filesystem()
+    path = f"{s3m.bucket}/o/{name}"
+    s3.pipe_file(path, body)
+    fs = reading_filesystem(s3m.filesystem())
+    return fs, path, fs.entry(path)
+
+
+def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path):
+    body = os.urandom(1 << 20)  # 8 blocks
+    fs, path, entry = _object(s3m, "cut.bin", body)
+    block = fs.cache.block
+    real = fs._fetcher(entry)
+
+    def short(start: int, end: int) -> bytes:  # the connection closed halfway through the body
+        return real(start, end)[: (end - start) // 2]
+
+    with fs.cache.open(entry, short) as f, pytest.raises(OSError, match="sent"):
+        f.read()
+    copy = tmp_path / "cache" / entry.name
+    assert inspect(copy) == (0, 0)  # nothing marked present
+    with fs.cache.open(entry, real) as f:
+        f.seek(3 * block)
+        assert f.read(10) == body[3 * block:3 * block + 10]  # block 3 held
+
+    def dies_past_block_4(start: int, end: int) -> bytes:  # runs 0-2 and 4-7 fetched at once, one fails
+        if start >= 4 * block:
+            raise ConnectionResetError("connection reset by peer")
+        return real(start, end)
+
+    with fs.cache.open(entry, dies_past_block_4) as f, pytest.raises(ConnectionResetError):
+        f.read()
+    assert inspect(copy) == (4 * block, 0)  # the run that arrived is kept, the other is not marked
+    fetched = fs.cache.counters.fetched_bytes
+    with fs.cache.open(entry, real) as f:
+        assert f.read() == body
+    assert fs.cache.counters.fetched_bytes - fetched == len(body) - 4 * block  # only what was missing
+    assert inspect(copy) == (len(body), 0)
+
+
+READER = """
+import hashlib, json, os, random, sys
+import s3fs
+from tracedag.pipeline.store.cachedfs import reading_filesystem
+fs = reading_filesystem(s3fs.S3FileSystem(endpoint_url=os.environ["AWS_ENDPOINT_URL"], skip_instance_cache=True,
+                                          use_listings_cache=False))
+paths, digests, seed = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+for _ in range(3):
+    for path in rng.sample(paths, len(paths)):
+        with fs.open(path, "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digests[path], path
+print("ok")
+"""
+
+
+def test_concurrent_processes_fill_one_object_and_a_full_cache_stays_bounded(s3m, tmp_path, monkeypatch):
+    """Three processes read eight objects in different orders through a cache with room for four: every
+    read gives the object's bytes, and when they are done the cache is within its bound."""
+    monkeypatch.setenv("TRACEDAG_CACHE_SIZE", "450K")
+    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "small"))
+    bodies = {f"{s3m.bucket}/o/{k}.bin": os.urandom(100_000) for k in range(8)}
+    s3 = s3m.filesystem()
+    for path, body in bodies.items():
+        s3.pipe_file(path, body)
+    digests = {path: hashlib.sha256(body).hexdigest() for path, body in bodies.items()}
+    procs = [subprocess.Popen([sys.executable, "-c", READER, json.dumps(sorted(bodies)), json.dumps(digests), str(seed)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for seed in range(3)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
+    small = tmp_path / "small"
+    assert not [p for p in small.iterdir() if p.name.startswith(".tmp-")]
+    held = _entries(small)
+    assert sum(p.stat().st_blocks * 512 for p in held) <= 450 * 1024
+    assert all(inspect(p) == (100_000, 0) for p in held)
+
+
+def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path):
+    body = os.urandom(3 << 20)
+    fs, path, _entry = _object(s3m, "shared3m.bin", body)
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with fs.open(path, "rb") as f:
+                start.wait(10)
+                for _ in range(40):
+                    at, n = rng.randrange(len(body)), rng.randrange(1, 400_000)
+                    f.seek(at)
+                    assert f.read(n) == body[at:at + n]
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert inspect(tmp_path / "cache" / _entry.name)[1] == 0
