@@ -42,7 +42,6 @@ from rich.table import Table
 
 from bench.gen import whole_trace_requests
 from bench.ingest import _unique, tid_offsets
-from tracedag.pipeline.store.querying import run_named
 
 console = Console(width=160)
 
@@ -121,29 +120,63 @@ class Collector:
 
 
 class Poller(threading.Thread):
-    """Runs ``root_causes`` every ``every`` seconds; records when each trace id first appears."""
+    """Runs ``root_causes`` every ``every`` seconds; records when each trace id first appears.
 
-    def __init__(self, data: Path, every: float) -> None:
+    The polls run in a child process (``poll_child``) importing tracedag from ``tree`` when given, so a
+    baseline collector is polled with its own queries and views (its store may lack later tables).
+    """
+
+    def __init__(self, data: Path, every: float, tree: str = "") -> None:
         super().__init__(daemon=True)
         self.data, self.every = data, every
         self.seen: dict[str, float] = {}
         self.query_seconds: list[float] = []
-        self.stop_event = threading.Event()
+        self.final: set[str] = set()
+        self.final_query = float("nan")
+        env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--poll-child", str(data),
+                                      str(every)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def run(self) -> None:
-        while not self.stop_event.wait(self.every):
-            self.poll()
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            kind, t, secs, *ids = line.split()
+            if kind == "final":
+                self.final, self.final_query = set(ids), float(secs)
+                continue
+            self.query_seconds.append(float(secs))
+            for trace in ids:
+                self.seen.setdefault(trace, float(t))
 
-    def poll(self) -> None:
+    def finish(self) -> None:
+        """Stop polling; run the final query (in the child); wait for its answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.flush()
+        self.proc.wait(600)
+        self.join(60)
+
+
+def poll_child(data: Path, every: float) -> None:
+    """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <trace ids new>``; on a
+    ``stop`` line on stdin, one ``final <t> <seconds> <every trace id>`` line, then exit."""
+    from tracedag.pipeline.store.querying import run_named
+
+    stop, seen = threading.Event(), set()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    while not stop.wait(every):
         t0 = time.monotonic()
         try:
-            rows = run_named(self.data, "root_causes").column("trace_id").to_pylist()
+            rows = run_named(data, "root_causes").column("trace_id").to_pylist()
         except Exception:  # the views may not exist before the first build: poll again
-            return
+            continue
         t1 = time.monotonic()
-        self.query_seconds.append(t1 - t0)
-        for trace in rows:
-            self.seen.setdefault(trace, t1)
+        new = [t for t in rows if t not in seen]
+        seen.update(new)
+        print("poll", t1, t1 - t0, *new, flush=True)
+    t0 = time.monotonic()
+    rows = run_named(data, "root_causes").column("trace_id").to_pylist()
+    print("final", time.monotonic(), time.monotonic() - t0, *rows, flush=True)
 
 
 def settle(poller: Poller, quiet: float) -> None:
@@ -159,21 +192,19 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     """One paced run at ``rate`` spans/s (the collector from ``tree`` when given); return the latency figures."""
     data = Path(tempfile.mkdtemp(prefix="bench-live-"))
     col = Collector(data, args.interval, tree)
-    poller = Poller(data, args.poll)
+    poller = Poller(data, args.poll, tree)
     try:
         poller.start()
         sent = drive(col.port, bodies, ids, counts, rate, args)
         settle(poller, args.settle)
-        poller.stop_event.set()
-        poller.join(60)
-        t0 = time.monotonic()
-        final = set(run_named(data, "root_causes").column("trace_id").to_pylist())
-        final_query = time.monotonic() - t0
-        acked = {t: a for t, a in ack_times(sent, ids).items() if t in final}
+        poller.finish()
+        acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
     finally:
         col.stop()
+        if poller.proc.poll() is None:
+            poller.proc.kill()
         shutil.rmtree(data, ignore_errors=True)
-    return figures(rate, sent, acked, poller, final_query, args)
+    return figures(rate, sent, acked, poller, poller.final_query, args)
 
 
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
@@ -223,28 +254,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between root_causes polls")
     ap.add_argument("--settle", type=float, default=15.0,
                     help="after the load, stop once no new root cause appeared for this many seconds")
-    ap.add_argument("--baseline-tree", default="",
+    ap.add_argument("--baseline-tree", action="append", default=[], metavar="[LABEL=]DIR",
                     help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
-                         "also run with the collector from it, alternating, as the baseline of the same run")
+                         "also run with the collector (and the polls) from it, alternating, as a baseline of the "
+                         "same run; repeat for several baselines")
+    ap.add_argument("--no-this-tree", action="store_true", help="run the baseline trees only")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each rate and tree (alternating); medians")
+    ap.add_argument("--poll-child", nargs=2, metavar=("DATA", "EVERY"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.poll_child:
+        poll_child(Path(args.poll_child[0]), float(args.poll_child[1]))
+        return 0
     bodies, ids, counts = bodies_and_ids(args.spans, 0)
     console.print(f"{len(bodies)} requests of whole traces, {sum(counts)} spans; {os.cpu_count()} CPUs; "
                   f"load average {os.getloadavg()[0]:.1f}")
-    table = Table(title="span ack -> root cause queryable (tracedag collect with continuous build and score)")
-    for col in ("code", "offered spans/s", "paced at", "traces with a root cause", "missing", "p50 s", "p99 s",
-                "ack p50 ms", "ack p99 ms", "poll s", "errors", "load"):
-        table.add_column(col, justify="right")
-    trees = [("baseline", args.baseline_tree), ("this tree", "")] if args.baseline_tree else [("this tree", "")]
+    trees = [_tree(t) for t in args.baseline_tree] + ([] if args.no_this_tree else [("this tree", "")])
+    table = _table("span ack -> root cause queryable (tracedag collect with continuous build and score), each run")
+    results: dict[tuple[float, str], list[dict[str, float]]] = {}
     for rate in args.rates:
-        for label, tree in trees:
-            f = run_rate(rate, args, bodies, ids, counts, tree)
-            table.add_row(label, f"{f['offered']:,.0f}", f"{rate:,.0f}", str(f["traces"]), str(f["missing"]),
-                          f"{f['p50']:.2f}", f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}",
-                          f"{f['poll']:.2f}", str(f["errors"]), f"{os.getloadavg()[0]:.1f}")
+        for r in range(args.repeat):
+            for label, tree in trees if r % 2 == 0 else trees[::-1]:  # alternate which goes first
+                f = run_rate(rate, args, bodies, ids, counts, tree)
+                f["load"] = os.getloadavg()[0]
+                results.setdefault((rate, label), []).append(f)
+                table.add_row(label, *_cells(f))
+                console.print(f"{label} {rate:,.0f}: p50 {f['p50']:.2f} p99 {f['p99']:.2f} "
+                              f"poll {f['poll']:.2f} load {f['load']:.1f}")
     console.print(table)
+    if args.repeat > 1 or len(trees) > 1:
+        console.print(_summary(results, [label for label, _ in trees]))
     console.print("latency = first root_causes poll that returns the trace - ack of the request that completed it; "
                   "it includes up to one poll interval and one poll's duration ('poll s', median).")
     return 0
+
+
+def _tree(spec: str) -> tuple[str, str]:
+    label, _, path = spec.rpartition("=")
+    return (label or Path(path).name, path)
+
+
+def _table(title: str) -> Table:
+    table = Table(title=title)
+    for col in ("code", "offered spans/s", "paced at", "traces with a root cause", "missing", "p50 s", "p99 s",
+                "ack p50 ms", "ack p99 ms", "poll s", "errors", "load"):
+        table.add_column(col, justify="right")
+    return table
+
+
+def _cells(f: dict[str, float]) -> list[str]:
+    return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
+            f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["errors"]),
+            f"{f['load']:.1f}"]
+
+
+def _summary(results: dict[tuple[float, str], list[dict[str, float]]], labels: list[str]) -> Table:
+    """Medians per rate and tree, and each tree's p50/p99 as a ratio of the first tree's (the first baseline)."""
+    table = Table(title=f"medians per rate and tree; ratio = p99 / {labels[0]}'s p99, same run")
+    for col in ("rate", "code", "runs", "offered spans/s", "p50 s", "p99 s", "p99 ratio", "poll s", "load"):
+        table.add_column(col, justify="right")
+    for (rate, label), runs in results.items():
+        med = {k: statistics.median(f[k] for f in runs) for k in ("offered", "p50", "p99", "poll", "load")}
+        base = statistics.median(f["p99"] for f in results[(rate, labels[0])])
+        table.add_row(f"{rate:,.0f}", label, str(len(runs)), f"{med['offered']:,.0f}", f"{med['p50']:.2f}",
+                      f"{med['p99']:.2f}", f"{med['p99'] / base:.2f}", f"{med['poll']:.2f}",
+                      f"{min(f['load'] for f in runs):.1f}-{max(f['load'] for f in runs):.1f}")
+    return table
 
 
 if __name__ == "__main__":

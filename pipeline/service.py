@@ -4,9 +4,12 @@ The only module that imports both ``tracedag.collector`` (the request path) and 
 ``start_collector(CollectorConfig(data=...))`` starts the receivers (``collector.server``), then
 the spool converters (child processes, or a thread) and, with ``build``, the live analysis: every
 ``build_interval`` seconds the complete traces are built and their steps scored (rules and the
-evaluations in the spans), so a root cause is queryable seconds after its trace completes; a
-configured LLM judge grades in a thread of its own, at most ``judge.max_steps`` steps a round,
-so it never holds the rules back.
+evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
+named queries compute it from their SQL). The named queries' results are stored
+(``score.materialize``) by a round that built nothing, or every ``materialize_interval`` seconds
+under continuous load, not by every round: storing them costs several times a round's build and
+rules (the queries' planning and scans), whatever the round's size. A configured LLM judge grades
+in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
 It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
 everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
 requests, seal, convert what is left, release the store).
@@ -55,6 +58,7 @@ class CollectorConfig(ReceiverConfig):
     build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
     build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
+    materialize_interval: float = 60.0  # under continuous load, store the named queries' results this often
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0
     publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
@@ -111,6 +115,8 @@ class RunningCollector:
         self._stopped = False
         self._scored_once = False
         self._last_gc = 0.0
+        self._last_materialized = time.monotonic()
+        self._unmaterialized: list[Path] | None = []  # score files of rounds not materialized; None: nothing left
 
     @property
     def http_port(self) -> int:
@@ -191,10 +197,31 @@ class RunningCollector:
             self._last_gc = time.monotonic()
         if built.traces_built or not self._scored_once:
             # rules and evaluations: no network, seconds behind the build, reading what it just wrote
-            score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
-                                                  built.received_from))
+            scored = score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
+                                                           built.received_from, materialize=False))
             self._scored_once = True
+            self._unmaterialized = [*(self._unmaterialized or []), *scored.files]
+        if self._materialize_due(built.traces_built):
+            self.materialize_once()
         return built.traces_built
+
+    def _materialize_due(self, built: int) -> bool:
+        """Whether this round stores the named queries' results: something is left and the round built nothing
+        (the collector keeps up) or the last time was ``materialize_interval`` seconds ago."""
+        if self._unmaterialized is None:
+            return False
+        return not built or time.monotonic() - self._last_materialized >= self.config.materialize_interval
+
+    def materialize_once(self) -> int:
+        """Store the named queries' results of the traces scored since the last time; return how many traces."""
+        from tracedag.pipeline.score.runner import materialize_later
+
+        stats = materialize_later(self.data, self._unmaterialized or [])
+        self._last_materialized = time.monotonic()
+        if stats is None:  # failed (logged): the traces are still without state rows, the next time retries
+            return 0
+        self._unmaterialized = None
+        return int(stats.traces)
 
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval

@@ -341,6 +341,7 @@ class LiveRound:
 
     build_id: str | None = None
     received_from: int | None = None
+    materialize: bool = True  # False: the named queries' results are stored later (``materialize_later``)
 
 
 LIVE_OVERLAP_NS = 60 * 10**9
@@ -392,7 +393,8 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
     finally:
         con.close()
     _provenance(data, stats)
-    _materialize(data, stats)
+    if live is None or live.materialize:
+        _materialize(data, stats)
 
 
 def _provenance(data: Path, stats: ScoreStats) -> None:
@@ -414,6 +416,16 @@ def _materialize(data: Path, stats: ScoreStats) -> None:
         stats.materialized = materialize(data, stats.files)
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
+
+
+def materialize_later(data: Path, scored_files: list[Path]) -> MaterializeStats | None:
+    """Store the named queries' results that live rounds left (``LiveRound.materialize`` False), under the score
+    lock: the traces of ``scored_files`` and every trace whose latest build has none yet. Every build is scored
+    by then when the caller is the only builder (the live collector builds and scores in one loop)."""
+    stats = ScoreStats(files=list(scored_files))
+    with score_lock(data):
+        _materialize(data, stats)
+    return stats.materialized
 
 
 def _connect(data: Path) -> duckdb.DuckDBPyConnection:

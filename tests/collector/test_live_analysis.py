@@ -105,3 +105,76 @@ def test_the_live_judge_grades_in_its_own_bounded_rounds(tmp_path):
             c.stop(2)
     times = sorted(t for t, _ in fake.requests)
     assert times[-1] - times[0] >= 0.25  # one step a round (max_steps=1): the grades came in separate rounds
+
+
+def _state(data) -> set[str]:
+    """The traces with a stored round of the named queries' results (``materialized_traces``)."""
+    try:
+        return set(run_sql(data, "select trace_id from materialized_traces").column("trace_id").to_pylist())
+    except Exception:  # no round stored yet: the view does not exist
+        return set()
+
+
+NAMED = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
+         ("workflow_scores", {}), ("trace_summary", {})]
+"""The named queries a score round stores the results of (``store.materialized.SPECS``), as stored."""
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    """Doubles to 12 significant digits (a parallel sum differs in its last bits between two runs)."""
+    return [{k: float(f"{v:.12g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def _sql_answers_equal(data) -> None:
+    """Every stored named query answers, through ``tracedag query``, what its SQL text computes on the store now."""
+    from tracedag import queries
+    from tracedag.pipeline.store.querying import bind_params, to_arrow
+    from tracedag.pipeline.store.views import connect
+
+    for name, given in NAMED:
+        con = connect(data)
+        try:
+            sql = _rounded(to_arrow(con.sql(queries.load(name), params=bind_params(queries.describe(name), given)))
+                           .to_pylist())
+        finally:
+            con.close()
+        assert _rounded(run_named(data, name, given).to_pylist()) == sql, f"{name} {given}"
+
+
+def _round_with_a_trace(c) -> str:
+    trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
+    c.flush()
+    time.sleep(0.6)  # past the grace of a rooted trace
+    assert c.analyze_once() == 1
+    return trace
+
+
+def test_busy_live_rounds_leave_the_stored_results_to_a_round_that_built_nothing(tmp_path):
+    """Issue #31: storing the named queries' results costs a live round several times its build and rules, so a
+    round that built traces only scores them; their root causes are queryable at once (from the SQL), and the
+    first round that built nothing stores the results of every round before it."""
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
+                                        build_grace_seconds=0.3))
+    try:
+        first = _round_with_a_trace(c)
+        second = _round_with_a_trace(c)
+        assert {first, second} <= set(_root_causes(c.data)) and _root_causes(c.data)[second] == "get_weather"
+        assert not {first, second} & _state(c.data)  # neither busy round stored results
+        _sql_answers_equal(c.data)
+        assert c.analyze_once() == 0  # nothing new: this round catches up
+        assert {first, second} <= _state(c.data)
+        _sql_answers_equal(c.data)  # read from the stored rows now
+        assert c.analyze_once() == 0 and c.materialize_once() == 0  # nothing left to store
+    finally:
+        c.stop(2)
+
+
+def test_under_continuous_load_a_round_stores_the_results_every_materialize_interval(tmp_path):
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
+                                        build_grace_seconds=0.3, materialize_interval=0.0))
+    try:
+        trace = _round_with_a_trace(c)  # built something, and the interval has passed
+        assert trace in _state(c.data)
+        _sql_answers_equal(c.data)
+    finally:
+        c.stop(2)
