@@ -11,11 +11,15 @@ A named query reads these rows instead of running its SQL when its parameters ar
 ones (``since_ns`` and ``trace_id`` may be anything for the per-trace rows: they only pick traces)
 and the store is *fresh*: every latest build has a ``materialized_traces`` row, and the SQL
 definitions and human labels are those the newest round saw (``signature``). Otherwise the SQL runs: its
-definitions stay the reference, and a test checks that both give the same rows.
+definitions stay the reference, and a test checks that both give the same rows. Between a build and
+its materialization (a live round may leave it for later) ``freshness`` names the traces the stored
+rows do not answer: one trace they answer is still read from them, and ``store.mixed`` answers
+``tracedag query`` with the stored rows of the others plus the SQL over those traces.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -133,10 +137,45 @@ select (select count(*) from ({LATEST_BUILDS_SQL}) t
         where not exists (select 1 from {STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)),
        (select arg_max(signature, mat_round) from {STATE})
 """
+"""The number of latest builds without a state row, and the signature of the newest round (a scan of each)."""
+
+# The traces the stored rows do not answer: every trace of a conversation one of whose traces has a latest
+# build without a state row (a new turn changes the earlier turns' rows: a materialize round widens its
+# scope the same way), and the number of built traces.
+_SCOPE_SQL = f"""
+with latest as (
+    select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
+           arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
+    from traces_all group by trace_id
+),
+stale as (
+    select conversation_key from latest l
+    where not exists (select 1 from {STATE} m where m.trace_id = l.trace_id and m.build_id = l.build_id)
+)
+select (select count(*) from latest),
+       (select coalesce(list(trace_id order by trace_id), []) from latest
+        where conversation_key in (select conversation_key from stale))
+"""
 
 
-_FRESH: dict[tuple[str, ...], bool] = {}
-"""Answers of ``fresh`` by the files it depends on (files never change: a new state has new names)."""
+@dataclass(frozen=True)
+class Freshness:
+    """How far a store's stored rows answer: ``usable`` (the views exist, the newest round saw today's SQL
+    and human labels, and they answer at least half the traces: else the SQL is as cheap) and ``stale``,
+    the traces they do not answer (sorted ids; ``store.mixed`` computes those from the SQL)."""
+
+    usable: bool
+    stale: tuple[str, ...] = ()
+    traces: int = 0
+
+    @property
+    def fresh(self) -> bool:
+        """Every built trace is answered by the stored rows."""
+        return self.usable and not self.stale
+
+
+_FRESH: dict[tuple[str, ...], Freshness] = {}
+"""Answers of ``freshness`` by the files it depends on (files never change: a new state has new names)."""
 
 
 def _fresh_key(data: Path) -> tuple[str, ...]:
@@ -144,33 +183,43 @@ def _fresh_key(data: Path) -> tuple[str, ...]:
     return (str(data), signature(data), *names)
 
 
-def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
-    """Whether ``con``'s store has every named query's materialized rows, current for every trace.
+def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
+    """Which built traces of ``con``'s store the materialized rows answer (``Freshness``).
 
     Remembered per process by the listing of the ``traces`` and ``materialized_traces`` files: a
-    server or a live round asks again only when a build or a round wrote files.
+    server or a live round asks again only when a build, a round or a collection wrote files.
     """
     key = _fresh_key(data)
     if key not in _FRESH:
         if len(_FRESH) > 256:
             _FRESH.clear()
-        _FRESH[key] = _fresh_now(con, data)
+        _FRESH[key] = _freshness_now(con, data)
     return _FRESH[key]
 
 
-def _fresh_now(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
+def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
+    """Whether ``con``'s store has every named query's materialized rows, current for every trace."""
+    return freshness(con, data).fresh
+
+
+def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     import duckdb
 
     have = {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
     if not {STATE, *(table_name(n) for n in SPECS)} <= have:
-        return False
+        return Freshness(False)
     try:
-        row = con.execute(_STALE_SQL).fetchall()[0]
+        missing, sig = con.execute(_STALE_SQL).fetchall()[0]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
-        return False
-    if int(row[0]) > 0:
-        return False
-    return str(row[1] or "") == signature(data)
+        return Freshness(False)
+    if str(sig or "") != signature(data):
+        return Freshness(False)
+    if not missing:
+        return Freshness(True)
+    traces, stale = con.execute(_SCOPE_SQL).fetchall()[0]
+    if 2 * len(stale) > int(traces):  # the SQL over every trace costs about as much
+        return Freshness(False)
+    return Freshness(True, tuple(str(t) for t in stale), int(traces))
 
 
 _ALL_CUR = f"""cur as (
@@ -197,24 +246,26 @@ cur as (
 _ONE_WIN = ("select trace_id from latest where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)")
 
 
-def reader_sql(name: str, one_trace: bool = False, whole: bool = False) -> str:
+def reader_sql(name: str, one_trace: bool = False, whole: bool = False, skip: str = "") -> str:
     """SQL reading ``name``'s current materialized rows; it binds ``$since_ns``, ``$trace_id`` (and ``$per``).
 
     ``one_trace``: ``$trace_id`` is a trace id (not ''), compared as such so that the scans skip the
     row groups of other traces (the files are sorted by trace id). ``whole``: the parameters pick
-    every trace (``$since_ns`` 0, ``$trace_id`` ''): no window to compute.
+    every trace (``$since_ns`` 0, ``$trace_id`` ''): no window to compute. ``skip``: a relation of
+    ``trace_id``s whose rows are left out (computed from the SQL instead, ``store.mixed``).
     """
     spec = SPECS[name]
     hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
     per = "and x.per = cast($per as varchar)" if spec.pers else ""
     cur = _ONE_CUR if one_trace else _ALL_CUR
+    skipped = f" and x.trace_id not in (select trace_id from {skip})" if skip else ""
     return f"""
 with {cur},
 win as ({_ONE_WIN if one_trace else _WHOLE_WIN if whole else _ALL_WIN})
 select x.* exclude ({hidden}){_CURRENT_CHECK if name == "root_causes" else ""}
 from {table_name(name)} x
 join cur c on c.trace_id = x.trace_id and c.mat_round = x.mat_round
-where x.trace_id in (select trace_id from win) {per}
+where x.trace_id in (select trace_id from win) {per}{skipped}
 order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
 """
 
@@ -230,14 +281,32 @@ def reader_values(name: str, values: dict[str, object]) -> dict[str, object]:
     return {k: values[k] for k in used}
 
 
+def scope_flags(values: dict[str, object]) -> tuple[bool, bool]:
+    """(one trace, every trace): what ``reader_sql``'s ``one_trace`` and ``whole`` are for these ``values``."""
+    one = values.get("trace_id") not in (None, "")
+    return one, not one and values.get("since_ns") in (0, None)
+
+
+def answered(state: Freshness, trace_id: str) -> bool:
+    """Whether the stored rows answer ``trace_id`` (its conversation has no trace left to materialize)."""
+    i = bisect.bisect_left(state.stale, trace_id)
+    return state.usable and not (i < len(state.stale) and state.stale[i] == trace_id)
+
+
 def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str,
                     values: dict[str, object]) -> tuple[str, dict[str, object]] | None:
-    """The statement and values that answer ``name`` from materialized rows, or None (run its SQL)."""
-    if not matches(name, values) or not fresh(con, data):
+    """The statement and values that answer ``name`` from materialized rows, or None (run its SQL, or
+    ``store.mixed`` when the stored rows answer most traces but not all).
+
+    On a store whose newest builds are not all materialized yet, one trace the stored rows answer is
+    still read from them."""
+    if not matches(name, values):
+        return None
+    state = freshness(con, data)
+    one, whole = scope_flags(values)
+    if not state.fresh and not (one and answered(state, str(values["trace_id"]))):
         return None
     logger.info("query %s: reading its materialized rows", name)
-    one = values.get("trace_id") not in (None, "")
-    whole = not one and values.get("since_ns") in (0, None)
     return reader_sql(name, one, whole), reader_values(name, values)
 
 

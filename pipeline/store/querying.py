@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tracedag import queries
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import materialized, mixed
 from tracedag.pipeline.store.files import file_vanished, parquet_files
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import (
@@ -208,6 +208,9 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
         if limits.read_only:
             lock_down(con, data)
         with deadline(con, limits.timeout, label):
+            partly = mixed.read(con, data, limits.named, sql, values) if limits.named and stored is None else None
+            if partly is not None:
+                return partly
             relation = con.sql(sql, params=values or None)
             return pa.table({}) if relation is None else to_arrow(relation)
     finally:

@@ -131,6 +131,13 @@ def restrict_to_trace(con: duckdb.DuckDBPyConnection, trace_id: str, build_id: s
         con.execute(f"create or replace view {table} as {body}")
 
 
+def restrict_traces(con: duckdb.DuckDBPyConnection, relation: str) -> None:
+    """Make ``con``'s ``traces`` view hold only the traces whose ids ``relation`` lists (the views that semi-join
+    it follow): a named query then computes the rows of those traces, as a materialize round does."""
+    con.execute(f"create or replace view traces as select * from ({_LATEST['traces']}) "
+                f"where trace_id in (select trace_id from {relation})")
+
+
 def _empty_sql(schema: pa.Schema) -> str:
     cols = ", ".join(f'cast(null as {_duck_type(f.type)}) as "{f.name}"' for f in schema)
     return f"select {cols} where false"

@@ -19,7 +19,7 @@ from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import materialized, mixed
 from tracedag.pipeline.store.querying import bind_params, run_named, to_arrow
 from tracedag.pipeline.store.views import connect, create_query_macros
 
@@ -182,4 +182,51 @@ def test_rows_materialized_by_other_sql_are_not_read_and_the_next_round_redoes_e
     want = _reference(data, "trace_summary", {})
     assert _exact(run_named(data, "trace_summary", {}).to_pylist()) == want
     assert materialize(data, []).full
+    assert_materialized_equal(data)
+
+
+def _assert_mixed_equal(data: Path, stale: set[str]) -> None:
+    """Whole-store and windowed reads: the stored rows of the answered traces plus the SQL over ``stale``
+    (``store.mixed``) equal the SQL over every trace; one trace is read from its stored rows when answered."""
+    con = connect(data)
+    try:
+        state = materialized.freshness(con, data)
+        assert state.usable and set(state.stale) == stale
+        for name, given in CASES:
+            values = bind_params(queries.describe(name), given)
+            got = mixed.read(con, data, name, queries.load(name), values)
+            assert got is not None and _exact(got.to_pylist()) == _reference(data, name, given), f"{name} {given}"
+            con.close()
+            con = connect(data)
+        one = {t: materialized.named_statement(con, data, "trace_summary", bind_params(
+            queries.describe("trace_summary"), {"trace_id": t})) is not None for t in ("x1", "a1")}
+        assert one == {"x1": True, "a1": False}
+    finally:
+        con.close()
+    for name, given in [*CASES, ("failures", {"since_ns": "2500000"}), ("trace_summary", {"trace_id": "a1"}),
+                        ("root_causes", {"trace_id": "x1"})]:
+        assert _exact(run_named(data, name, given).to_pylist()) == _reference(data, name, given), f"{name} {given}"
+
+
+def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_computes_the_rest(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
+             for s in _turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+    build_store(data, idle_seconds=0)
+    assert score_store(data).materialized is not None
+    # a later and an earlier turn of a1's conversation, built but not scored: its three turns are computed
+    b.spans(_turn("a2", "conv-a1", 9_000_000, "lookup") + _turn("a0", "conv-a1", 500_000, "plan"))
+    build_store(data, idle_seconds=0)
+    _assert_mixed_equal(data, {"a0", "a1", "a2"})
+    # every trace rebuilt (the previous builds collected): nothing is answered, the SQL runs alone
+    build_store(data, idle_seconds=0, full=True)
+    con = connect(data)
+    try:
+        assert not materialized.freshness(con, data).usable
+    finally:
+        con.close()
+    assert _exact(run_named(data, "root_causes", {}).to_pylist()) == _reference(data, "root_causes", {})
+    score_store(data)
     assert_materialized_equal(data)

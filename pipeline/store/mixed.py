@@ -1,0 +1,63 @@
+"""Named queries on a store whose newest builds are not all materialized yet: stored rows, and SQL for the rest.
+
+A live round of ``tracedag collect --build`` may leave the materialization of its traces to a later
+round. Until then ``materialized.freshness`` names the traces the stored rows do not answer: every
+trace of a conversation one of whose traces has a latest build without stored rows (a later turn
+changes the earlier turns' rows). ``read`` answers a materialized named query with the stored rows of
+every other trace and the query's SQL over views whose ``traces`` hold only those traces (the scope a
+materialize round computes them in, so they are the rows it would store), in the query's order. The
+SQL stays the reference: tests/queries/test_materialized.py checks that both give the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.views import restrict_traces
+
+logger = logging.getLogger(__name__)
+
+SCOPE = "__tracedag_mixed_scope"
+
+
+def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
+         values: dict[str, object]) -> pa.Table | None:
+    """``name``'s result from its stored rows and its SQL (``sql``, ``values``) over the traces they do not
+    answer; None when the stored rows answer every trace or too few (then one statement does it all).
+
+    Restricts ``con``'s ``traces`` view: for a connection of its own (``querying.run_named``)."""
+    if not materialized.matches(name, values):
+        return None
+    state = materialized.freshness(con, data)
+    if not state.usable or not state.stale:
+        return None
+    one, whole = materialized.scope_flags(values)
+    con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
+    reader = materialized.reader_sql(name, one, whole, skip=SCOPE)
+    stored = _arrow(con.sql(reader, params=materialized.reader_values(name, values)))
+    restrict_traces(con, SCOPE)
+    computed = _arrow(con.sql(sql, params=values or None))
+    logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
+                name, stored.num_rows, computed.num_rows, len(state.stale))
+    return ordered(name, stored, computed)
+
+
+def _arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
+    table: pa.Table = fetch()
+    return table
+
+
+def ordered(name: str, stored: pa.Table, computed: pa.Table) -> pa.Table:
+    """The two parts as one table in the query's order (``materialized.SPECS``; nulls last, as DuckDB)."""
+    if stored.schema.names != computed.schema.names:
+        raise ValueError(f"{name}: stored columns {stored.schema.names} differ from the SQL's {computed.schema.names}")
+    both = pa.concat_tables([stored.cast(computed.schema), computed])
+    keys = [(c.strip(), "ascending") for c in materialized.SPECS[name].order.split(",")]
+    return both.take(pc.sort_indices(both, sort_keys=keys)) if both.num_rows else both
