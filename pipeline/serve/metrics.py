@@ -23,6 +23,8 @@ walk. Every family has one sample per label set. ``agent`` is always the agent n
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -33,17 +35,19 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
-from tracedag.pipeline.serve.data import Store, rerun_if_vanished
-from tracedag.pipeline.serve.tracelist import AGENTS_SQL
+from tracedag.pipeline.serve.data import Store, rerun_if_vanished, state_key
+from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect, create_shared_macros
+from tracedag.schemas.layout import state_dir
 
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 _KINDS = ("node_consistency", "action_consistency", "action_input_consistency")
 Labels = tuple[tuple[str, str], ...]
+logger = logging.getLogger(__name__)
 
 
 def _escape(value: object) -> str:
@@ -124,7 +128,8 @@ def _compute(con: duckdb.DuckDBPyConnection, data: Path) -> str:
                                                  "root_cause_category, workflow_score")
     failures = _named(con, data, "failures", "trace_id, service_name, step_type, taxonomy_l1, count(*) as n",
                       "where not coalesce(recovered, false) group by all")
-    agents = {str(tid): str(agent or "") for tid, agent in con.sql(AGENTS_SQL).fetchall()}
+    who = con.sql(_WHO_SQL).to_arrow_table()
+    agents = dict(zip(who["trace_id"].to_pylist(), (a or "" for a in who["agent"].to_pylist()), strict=True))
     lines = _family("tracedag_traces_built", "gauge", "Built traces (latest build of each).")
     lines.append(f"tracedag_traces_built {len(summary)}")
     failed: Counter[tuple[str, str, str, str]] = Counter()
@@ -145,7 +150,7 @@ def _compute(con: duckdb.DuckDBPyConnection, data: Path) -> str:
     lines += _determinism(con, data, _services(agents, summary))
     lines += _step_latency(con)
     lines += _histogram("tracedag_build_lag_seconds", "Last span received to trace built, per trace (seconds).",
-                        _lags(con, agents), LAG_BUCKETS)
+                        _lags(who, agents), LAG_BUCKETS)
     lines += _family("tracedag_metrics_compute_seconds", "gauge", "Seconds the last recomputation of these figures took.")
     lines.append(f"tracedag_metrics_compute_seconds {time.perf_counter() - t0:.6f}")
     return "\n".join(lines) + "\n"
@@ -206,30 +211,82 @@ def _step_latency(con: duckdb.DuckDBPyConnection) -> list[str]:
     return lines
 
 
-# the traces view keeps each trace's whole latest row: three of its columns cost a third
-_LAGS_SQL = """
-select trace_id, arg_max(service_name, (built_unix_nano, build_id)) as service_name,
-       arg_max((built_unix_nano - last_received_unix_nano) / 1e9, (built_unix_nano, build_id)) as lag
-from traces_all group by trace_id
+# Per trace: its agent name (tracelist.AGENTS_SQL), service name and build lag, from its latest build (one scan
+# of traces_all for both; the traces view keeps each trace's whole latest row: three of its columns cost a third).
+_WHO_SQL = f"""
+select t.trace_id, coalesce(a.agent, t.service_name) as agent, t.service_name, t.lag
+from (select trace_id, arg_max(service_name, (built_unix_nano, build_id)) as service_name,
+             arg_max((built_unix_nano - last_received_unix_nano) / 1e9, (built_unix_nano, build_id)) as lag
+      from traces_all group by trace_id) t
+left join ({SPAN_AGENTS_SQL}) a using (trace_id)
+order by t.trace_id
 """
 
 
-def _lags(con: duckdb.DuckDBPyConnection, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
-    table: pa.Table = con.sql(f"select * from ({_LAGS_SQL}) where lag is not null order by trace_id").to_arrow_table()
+def _lags(who: pa.Table, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
     out: dict[Labels, list[float]] = {}
-    for tid, service, lag in zip(table["trace_id"].to_pylist(), table["service_name"].to_pylist(),
-                                 table["lag"].to_pylist(), strict=True):
+    for tid, service, lag in zip(who["trace_id"].to_pylist(), who["service_name"].to_pylist(),
+                                 who["lag"].to_pylist(), strict=True):
+        if lag is None:
+            continue
         agent, svc = _who(agents, tid, service)
         out.setdefault((("agent", agent), ("service", svc)), []).append(max(0.0, float(lag)))
     return out
 
 
+DISK = "metrics"
+"""``<data>/state/metrics/<build state>.prom``: the text of the newest build state computed, for the next process."""
+
+
+def kept_text(data: Path, state: str) -> str | None:
+    """The text computed for the build state ``state`` by an earlier process, if it kept one."""
+    path: Path = state_dir(data) / DISK / f"{state}.prom"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def keep_text(data: Path, state: str, text: str) -> None:
+    """Keep ``text`` as the build state ``state``'s (atomically; the older states' texts are removed).
+
+    A store this process may not write to (a read-only mount) keeps nothing: the next process computes."""
+    directory = state_dir(data) / DISK
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{state}.{os.getpid()}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(directory / f"{state}.prom")
+        for old in directory.glob("*.prom"):
+            if old.name != f"{state}.prom":
+                old.unlink(missing_ok=True)
+    except OSError as e:
+        logger.info("metrics text not kept on disk: %s", e)
+
+
+def text_of(data: Path, state: str) -> str:
+    """The text of the build state ``state``: kept by an earlier process, else computed (and kept when no file
+    changed meanwhile, so that the text is exactly that state's)."""
+    found = kept_text(data, state)
+    if found is not None:
+        return found
+    text = compute(data)
+    if state_key(data) == state:
+        keep_text(data, state, text)
+    return text
+
+
 class Metrics:
-    """The exposition text of one store, recomputed only when its build state changed."""
+    """The exposition text of one store, recomputed only when its build state changed.
+
+    A build state's text is also kept on disk (``keep_text``): a server started again on a store that did
+    not change since answers its first scrape without computing; any write under ``tables/`` (a build,
+    a scoring round, labels, a collection) is a new state, computed again."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     def text(self) -> str:
-        text: str = self.store.cache.get(self.store.state(), "metrics", lambda: compute(self.store.data))
+        state = self.store.state()
+        text: str = self.store.cache.get(state, "metrics", lambda: text_of(self.store.data, state))
         return text

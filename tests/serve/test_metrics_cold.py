@@ -12,11 +12,16 @@ import re
 import shutil
 from pathlib import Path
 
-from tracedag.pipeline.serve.metrics import compute
+from tests.queries.test_materialized import _turn
+from tests.score.score_support import StoreBuilder
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score.runner import score_store
+from tracedag.pipeline.serve.data import Store
+from tracedag.pipeline.serve.metrics import DISK, Metrics, compute
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
-from tracedag.schemas.layout import tables_dir
+from tracedag.schemas.layout import state_dir, tables_dir
 
 
 def without_timing(text: str) -> str:
@@ -57,3 +62,26 @@ def test_stored_rows_and_sql_give_the_same_text(serve_store: Path, tmp_path: Pat
     stored_text, sql_text = compute(serve_store), compute(computed)
     assert "tracedag_failures{" in stored_text and "tracedag_root_causes{" in stored_text
     assert without_timing(stored_text) == without_timing(sql_text)
+
+
+def test_a_build_states_text_is_kept_for_the_next_server_and_computed_again_after_a_build_or_collection(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans(_turn("a1", "conv-1", 1_000_000, "search"))
+    build_store(data, idle_seconds=0)
+    score_store(data)
+    first = Metrics(Store(data)).text()
+    kept = list((state_dir(data) / DISK).glob("*.prom"))
+    assert [k.read_text() for k in kept] == [first]
+    # a server started again on the unchanged store: the kept text, compute time included (not recomputed)
+    assert Metrics(Store(data)).text() == first
+    b.spans(_turn("b1", "conv-2", 2_000_000, "fetch"))
+    build_store(data, idle_seconds=0)
+    second = Metrics(Store(data)).text()
+    assert "tracedag_traces_built 2\n" in second and without_timing(second) == without_timing(compute(data))
+    build_store(data, idle_seconds=0, full=True)  # every trace rebuilt, the earlier builds collected
+    score_store(data)
+    third = Metrics(Store(data)).text()
+    assert third != second and without_timing(third) == without_timing(compute(data))
+    assert [k.read_text() for k in (state_dir(data) / DISK).glob("*.prom")] == [third]
