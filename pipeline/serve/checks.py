@@ -20,9 +20,9 @@ Root = tuple[str, str]
 
 
 def root_cause_check(store: Store, trace_id: str, root_cause: dict[str, Any] | None,
-                     cross_turn: dict[str, Any] | None) -> dict[str, Any] | None:
+                     cross_turn: dict[str, Any] | None, state: str | None = None) -> dict[str, Any] | None:
     """The latest check of the trace's root cause, else of its conversation's root cause across turns."""
-    checks = latest_checks(store)
+    checks = latest_checks(store, state)
     if not checks:
         return None
     if root_cause is not None and root_cause.get("root_span_id"):
@@ -35,9 +35,9 @@ def root_cause_check(store: Store, trace_id: str, root_cause: dict[str, Any] | N
     return None
 
 
-def latest_checks(store: Store) -> dict[Root, dict[str, Any]]:
+def latest_checks(store: Store, state: str | None = None) -> dict[Root, dict[str, Any]]:
     """(root trace, root span) -> its latest check (cached per build state)."""
-    state = store.state()
+    state = state or store.state()
     found: dict[Root, dict[str, Any]] = store.cache.get(state, "root_cause_checks", lambda: _read(store, state))
     return found
 

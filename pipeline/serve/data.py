@@ -104,17 +104,22 @@ class Store:
     def trace_ids(self, state: str | None = None) -> frozenset[str]:
         """The ids of every built trace (one column read per build state): an unknown id costs a set lookup."""
         state = state or self.state()
-        ids: frozenset[str] = self.cache.get(state, "trace_ids", lambda: self._read_ids(state))
+        ids: frozenset[str] = self.cache.get(state, "trace_ids", lambda: self.on_state(state, _ids))
         return ids
 
-    def _read_ids(self, state: str) -> frozenset[str]:
-        def read() -> frozenset[str]:
-            cur = self._cursor(state)
+    def on_state(self, state: str, read: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        """``read(cursor)`` on the connection of the build state ``state`` (a request reads one state:
+        walking the directory again for each part cost ~5 ms under load); when a file it planned with
+        vanished (a collection swapped files since), again on the state now."""
+        states = iter([state])
+
+        def attempt() -> _T:
+            cur = self._cursor(next(states, None) or self.state())
             try:
-                return frozenset(r[0] for r in cur.sql("select distinct trace_id from traces_all").fetchall())
+                return read(cur)
             finally:
                 cur.close()
-        return rerun_if_vanished(read)
+        return rerun_if_vanished(attempt)
 
     def named(self, name: str, params: Mapping[str, str], since: str | None) -> pa.Table:
         """A named query's result (cached per build state; a relative ``since`` is not cached)."""
@@ -124,30 +129,26 @@ class Store:
         result: pa.Table = self.cache.get(self.state(), key, lambda: run_named(self.data, name, params, None))
         return result
 
-    def _whole_or_run(self, name: str, params: Mapping[str, str]) -> pa.Table:
+    def _whole_or_run(self, name: str, params: Mapping[str, str], state: str) -> pa.Table:
         """The query over every trace when it is cached for this build state (then filtered), else run narrowed."""
-        whole = self.cache.peek(self.state(), repr((name, [], None)))
+        whole = self.cache.peek(state, repr((name, [], None)))
         if whole is not None and "trace_id" in params:
             table: pa.Table = whole.filter(pc.equal(whole["trace_id"], params["trace_id"]))
             return table
         if "trace_id" in params:
-            stored = self._stored(name, params)
+            stored = self._stored(name, params, state)
             if stored is not None:
                 return stored
         return run_named(self.data, name, params) if params or whole is None else whole
 
-    def _stored(self, name: str, params: Mapping[str, str]) -> pa.Table | None:
+    def _stored(self, name: str, params: Mapping[str, str], state: str) -> pa.Table | None:
         """One trace's materialized rows of ``name``, read on this build state's connection (None: not stored)."""
         values = bind_params(query_doc(name), params)
 
-        def read() -> pa.Table | None:
-            cur = self._cursor(self.state())
-            try:
-                stored = materialized.named_statement(cur, self.data, name, values)
-                return None if stored is None else to_arrow(cur.sql(stored[0], params=stored[1]))
-            finally:
-                cur.close()
-        return rerun_if_vanished(read)
+        def read(cur: duckdb.DuckDBPyConnection) -> pa.Table | None:
+            stored = materialized.named_statement(cur, self.data, name, values)
+            return None if stored is None else to_arrow(cur.sql(stored[0], params=stored[1]))
+        return self.on_state(state, read)
 
     def warm(self) -> None:
         """Compute the whole-store results the list, a trace and /metrics read (once per build state)."""
@@ -175,26 +176,27 @@ class Store:
         table = table.sort_by([("start_time_unix_nano", "descending"), ("trace_id", "ascending")])
         return table.num_rows, table.slice(offset, limit)
 
-    def trace(self, trace_id: str) -> dict[str, Any]:
+    def trace(self, trace_id: str, state: str | None = None) -> dict[str, Any]:
         """One trace: its summary, spans, DAG nodes (with score) and edges, scores, failures, root cause."""
-        doc: dict[str, Any] = json.loads(self.trace_json(trace_id))
+        doc: dict[str, Any] = json.loads(self.trace_json(trace_id, state))
         return doc
 
-    def trace_json(self, trace_id: str) -> bytes:
+    def trace_json(self, trace_id: str, state: str | None = None) -> bytes:
         """``trace`` as the JSON body the API sends, cached per build state apart from whole-store results."""
-        state = self.state()
+        state = state or self.state()
         if trace_id not in self.trace_ids(state):
             raise NotFound(f"trace {trace_id}: not built (run `tracedag build`, or wait for the idle time)")
-        body: bytes = self.trace_cache.get(state, trace_id, lambda: encode.dumps(self._trace(trace_id)))
+        body: bytes = self.trace_cache.get(state, trace_id, lambda: encode.dumps(self._trace(trace_id, state)))
         return body
 
-    def _trace(self, trace_id: str) -> dict[str, Any]:
-        docs = self.documents([trace_id], {"trace_id": trace_id})
+    def _trace(self, trace_id: str, state: str) -> dict[str, Any]:
+        docs = self.documents([trace_id], {"trace_id": trace_id}, state)
         if trace_id not in docs:
             raise NotFound(f"trace {trace_id}: not built (run `tracedag build`, or wait for the idle time)")
         return docs[trace_id]
 
-    def documents(self, trace_ids: list[str], params: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    def documents(self, trace_ids: list[str], params: Mapping[str, str] | None = None,
+                  state: str | None = None) -> dict[str, dict[str, Any]]:
         """The full documents of several traces, each query run once for all of them.
 
         ``params`` narrows the named queries (``trace_id`` for one trace); without it they run over
@@ -202,6 +204,7 @@ class Store:
         """
         p = dict(params or {})
         wanted = set(trace_ids)
+        state = state or self.state()
 
         def grouped(rows: list[dict[str, Any]], key: str = "trace_id") -> dict[str, list[dict[str, Any]]]:
             out: dict[str, list[dict[str, Any]]] = {}
@@ -210,10 +213,10 @@ class Store:
                     out.setdefault(r[key], []).append(r)
             return out
 
-        summary = grouped(self._whole_or_run("trace_summary", p).to_pylist())
-        failures = grouped(self._whole_or_run("propagation", p).to_pylist())
-        roots = grouped(self._whole_or_run("root_causes", p).to_pylist())
-        parts = {name: grouped(rows) for name, rows in self._parts(sorted(wanted)).items()}
+        summary = grouped(self._whole_or_run("trace_summary", p, state).to_pylist())
+        failures = grouped(self._whole_or_run("propagation", p, state).to_pylist())
+        roots = grouped(self._whole_or_run("root_causes", p, state).to_pylist())
+        parts = {name: grouped(rows) for name, rows in self._parts(sorted(wanted), state).items()}
         docs = {}
         for tid in trace_ids:
             if tid not in summary:
@@ -225,16 +228,16 @@ class Store:
         return docs
 
 
-    def _parts(self, trace_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    def _parts(self, trace_ids: list[str], state: str) -> dict[str, list[dict[str, Any]]]:
         """The nodes, edges, spans and scores rows of ``trace_ids`` (re-run when compaction removed a file)."""
-        def read() -> dict[str, list[dict[str, Any]]]:
-            cur = self._cursor(self.state())
-            try:
-                return {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
-                        for name, sql in _TRACE_SQL.items()}
-            finally:
-                cur.close()
-        return rerun_if_vanished(read)
+        def read(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
+            return {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
+                    for name, sql in _TRACE_SQL.items()}
+        return self.on_state(state, read)
+
+
+def _ids(cur: duckdb.DuckDBPyConnection) -> frozenset[str]:
+    return frozenset(r[0] for r in cur.sql("select distinct trace_id from traces_all").fetchall())
 
 
 def _catalog_of(cur: duckdb.DuckDBPyConnection) -> Catalog:

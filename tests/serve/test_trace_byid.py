@@ -26,7 +26,7 @@ def test_one_trace_rows_are_the_named_queries_rows(serve_store: Path) -> None:
     store = Store(serve_store)
     for tid in some_traces(serve_store):
         for name in NAMES:
-            stored = store._stored(name, {"trace_id": tid})
+            stored = store._stored(name, {"trace_id": tid}, store.state())
             assert stored is not None  # the scorer stored the rows: no SQL run, no connection made
             assert stored.to_pylist() == run_named(serve_store, name, {"trace_id": tid}).to_pylist(), (tid, name)
 
