@@ -3,8 +3,9 @@
 After a ``score_store`` run (and each live round's), the traces whose latest build has no
 ``materialized_traces`` row yet, and those that got score rows in this run, are taken with every
 other trace of their conversations (a later turn changes the earlier turns' ``turn_index`` and the
-conversation's root cause). On a connection whose ``traces`` view holds only those traces, each
-materialized named query runs with its default parameters (``root_causes`` per trace and per
+conversation's root cause). On a connection whose refined views (``traces``, ``spans``, ``dag_nodes``,
+``dag_edges``, ``step_scores``) read a temporary copy of only those traces' rows (a backlog in parts of
+``CHUNK_TRACES`` traces), each materialized named query runs with its default parameters (``root_causes`` per trace and per
 conversation), exactly as ``tracedag query`` would run it; its rows are written to
 ``tables/materialized_<query>/`` with the trace's ``build_id`` and the round, then one
 ``materialized_traces`` row per trace makes the round visible (``store.materialized`` reads them).
@@ -15,6 +16,7 @@ materialized again.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,10 @@ from tracedag.schemas.layout import table_dir
 logger = logging.getLogger(__name__)
 
 SCOPE = "__tracedag_mat_scope"
+SNAPSHOT = "__tracedag_mat_copy_"
+CHUNK_TRACES = 20_000
+"""Traces (whole conversations) materialized over one copy of their rows: a backlog of a live collector is
+stored in parts of this size (each costs the queries' planning once, its copy stays small)."""
 ROW_GROUP = 16 * 1024
 
 _TRACES_SQL = f"""
@@ -60,8 +66,9 @@ class MaterializeStats:
     full: bool = False  # every trace (the human labels changed, or the first round)
 
 
-def materialize(data: Path, scored_files: list[Path]) -> MaterializeStats:
-    """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet."""
+def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES) -> MaterializeStats:
+    """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet
+    (at most ``chunk`` traces, whole conversations, over one copy of their rows)."""
     t0 = time.perf_counter()
     stats = MaterializeStats()
     con = connect(data)
@@ -72,7 +79,7 @@ def materialize(data: Path, scored_files: list[Path]) -> MaterializeStats:
         scope = None if stats.full else _scope(con, scored_files)
         if scope is not None and scope.num_rows == 0:
             return stats
-        stats.traces = _run_round(con, data, scope, signature, stats)
+        stats.traces = _run_round(con, data, scope, signature, stats, chunk)
     finally:
         con.close()
     stats.seconds = round(time.perf_counter() - t0, 3)
@@ -105,24 +112,61 @@ def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table
 
 
 def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | None, signature: str,
-               stats: MaterializeStats) -> int:
-    """Restrict ``traces`` to the scope's conversations, write every result, then the state rows."""
-    restrict = True
-    round_ns = time.time_ns()
-    if scope is None:  # every trace: the views stay as they are
+               stats: MaterializeStats, chunk: int = CHUNK_TRACES) -> int:
+    """Every trace (``scope`` None) at once over the views as they are; else the scope's conversations, at most
+    ``chunk`` traces at a time (whole conversations), each over a copy of its rows (``_snapshot``)."""
+    if scope is None:
         scope = to_arrow(con.sql("select trace_id from traces"))
-        restrict = False
+        con.register(SCOPE, scope)
+        state = to_arrow(con.sql(_TRACES_SQL, params=[time.time_ns(), signature]))
+        return _write_round(con, data, state, stats)
     con.register(SCOPE, scope)
-    state = to_arrow(con.sql(_TRACES_SQL, params=[round_ns, signature]))
-    if restrict:
-        con.register(SCOPE + "_all", state.select(["trace_id"]))
-        con.execute(f"create or replace view traces as select * from ({_LATEST['traces']}) "
+    state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
+    done = 0
+    for part in _chunks(state, chunk):
+        part = part.set_column(part.schema.get_field_index("mat_round"), "mat_round",
+                               pa.array([time.time_ns()] * part.num_rows, pa.int64()))
+        con.register(SCOPE + "_all", part.select(["trace_id"]))
+        _snapshot(con)
+        done += _write_round(con, data, part, stats)
+    return done
+
+
+def _chunks(state: pa.Table, size: int) -> list[pa.Table]:
+    """``state`` cut into parts of at most ``size`` traces (more for a conversation that has more), whole
+    conversations in each."""
+    state = state.take(pc.sort_indices(state, sort_keys=[("conversation_key", "ascending")]))
+    keys = state.column("conversation_key").to_pylist()
+    parts, start = [], 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or (i - start >= size and keys[i] != keys[i - 1]):
+            parts.append(state.slice(start, i - start))
+            start = i
+    return parts
+
+
+def _snapshot(con: duckdb.DuckDBPyConnection) -> None:
+    """Copy the rows of the traces in ``SCOPE_all`` from each raw table the refined views read into a temporary
+    table, and make the refined view read that copy: the named queries then read each table once a part (a
+    dozen scans each otherwise), and the refined views (the latest build, the conversation ids of spans) give
+    the scope's traces exactly the rows they give them over the whole store."""
+    for table, body in _LATEST.items():
+        raw, copy = f"{table}_all", f"{SNAPSHOT}{table}"
+        con.execute(f"create or replace temp table {copy} as select * from {raw} "
                     f"where trace_id in (select trace_id from {SCOPE}_all)")
-    builds = state.select(["trace_id", "build_id"])
-    con.register("__tracedag_mat_builds", builds)
+        refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
+        assert refined != body, table
+        con.execute(f"create or replace view {table} as {refined}")
+
+
+def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, stats: MaterializeStats) -> int:
+    """Write every named query's rows over ``con``'s views, then ``state`` (the round is visible from then on)."""
+    round_ns = int(state.column("mat_round")[0].as_py()) if state.num_rows else time.time_ns()
+    con.register("__tracedag_mat_builds", state.select(["trace_id", "build_id"]))
     for name, spec in mat.SPECS.items():
         for per in spec.pers or (None,):
-            stats.rows[_label(name, per)] = _write_result(con, data, name, per, round_ns)
+            n = _write_result(con, data, name, per, round_ns)
+            stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
     state = state.take(pc.sort_indices(state, sort_keys=[("trace_id", "ascending")]))
     write_parquet_atomic(state, table_dir(data, mat.STATE), row_group_size=ROW_GROUP)
     return int(state.num_rows)

@@ -1,0 +1,73 @@
+"""Materializing a backlog in parts (issue #31): a live collector stores the named queries' results of many
+rounds at once, at most ``chunk`` traces (whole conversations) over one copy of their rows at a time; every
+part's rows equal what the queries' SQL computes over the whole store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.score.score_support import StoreBuilder, span
+from tracedag import queries
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score.materialize import materialize
+from tracedag.pipeline.score.runner import LiveRound, score_store
+from tracedag.pipeline.store.querying import bind_params, run_named, run_sql, to_arrow
+from tracedag.pipeline.store.views import connect
+
+NAMED = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
+         ("workflow_scores", {}), ("trace_summary", {})]
+
+
+def _turn(trace: str, conversation: str, start: int, failing: str) -> list[dict[str, object]]:
+    """An agent turn: a root, a tool that errors (the rules score it 1) and the answer."""
+    base = {"conversation_id": conversation, "received_unix_nano": start}
+    root = span(trace, f"{trace}-r", None, step_type="agent", step_name="agent", start_time_unix_nano=start,
+                end_time_unix_nano=start + 100, duration_ns=100, **base)
+    tool = span(trace, f"{trace}-t", f"{trace}-r", step_type="tool", step_name=failing, status_code=2,
+                error_type="ToolError", status_message="tool broke", start_time_unix_nano=start + 10,
+                end_time_unix_nano=start + 20, duration_ns=10, **base)
+    llm = span(trace, f"{trace}-l", f"{trace}-r", step_type="llm", step_name="answer", start_time_unix_nano=start + 30,
+               end_time_unix_nano=start + 40, duration_ns=10, **base)
+    return [root, tool, llm]
+
+
+def _rounded(rows: list[dict]) -> list[dict]:
+    return [{k: float(f"{v:.12g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def _answers_equal_the_sql(data: Path) -> None:
+    for name, given in NAMED:
+        con = connect(data)
+        try:
+            values = bind_params(queries.describe(name), given)
+            sql = _rounded(to_arrow(con.sql(queries.load(name), params=values)).to_pylist())
+        finally:
+            con.close()
+        assert _rounded(run_named(data, name, given).to_pylist()) == sql, f"{name} {given}"
+
+
+def test_a_backlog_is_materialized_in_parts_of_whole_conversations(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans(_turn("a1", "conv-a", 1_000_000, "search") + _turn("z1", "conv-z", 1_500_000, "fetch"))
+    build_store(data, idle_seconds=0)
+    assert score_store(data).materialized.full  # the first round: every trace, over the store as it is
+    # rounds a live collector scored without storing results: a later turn of conv-a, two new conversations
+    b.spans(_turn("a2", "conv-a", 3_000_000, "lookup") + _turn("b1", "conv-b", 3_100_000, "plan")
+            + _turn("b2", "conv-b", 3_200_000, "plan") + _turn("c1", "conv-c", 3_300_000, "pay"))
+    build_store(data, idle_seconds=0)
+    scored = score_store(data, live=LiveRound(materialize=False))
+    assert scored.materialized is None
+    _answers_equal_the_sql(data)  # nothing stored for the new turns: the SQL answers
+    stats = materialize(data, scored.files, chunk=2)
+    assert stats.traces == 5 and not stats.full  # conv-a whole (a1, a2), conv-b, conv-c; not conv-z
+    state = run_sql(data, "select trace_id, conversation_key, mat_round from materialized_traces "
+                          "where trace_id <> 'z1' order by mat_round desc").to_pylist()
+    parts: dict[int, set[str]] = {}
+    for r in state[:5]:
+        parts.setdefault(r["mat_round"], set()).add(r["conversation_key"])
+    assert sorted(map(sorted, parts.values())) == [["conv-a"], ["conv-b"], ["conv-c"]]  # 2 traces a part at most
+    _answers_equal_the_sql(data)
+    turns = {r["trace_id"]: r["turn_index"] for r in run_named(data, "root_causes").to_pylist()}
+    assert turns == {"a1": 1, "a2": 2, "b1": 1, "b2": 2, "c1": 1, "z1": 1}
+    assert materialize(data, []).traces == 0  # nothing left
