@@ -18,9 +18,9 @@ from tests.queries.query_store import query_store
 from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
 from tests.serve.serve_support import serve_store
-from tests.store.s3_server import s3
+from tests.store.s3_server import s3, s3_module_server
 
-__all__ = ["builder", "collector", "data", "demo_newcomer", "query_store", "rca_store", "s3", "serve_store", "small_collector", "store"]
+__all__ = ["builder", "collector", "data", "demo_newcomer", "query_store", "rca_store", "s3", "s3_module_server", "serve_store", "small_collector", "store"]
 
 
 def pytest_configure(config):

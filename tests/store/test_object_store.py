@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,22 @@ def _rows(data: Path, sql: str) -> list[tuple]:
     return sorted(connect(data).execute(sql).fetchall(), key=repr)
 
 
+@contextmanager
+def _ray_cluster() -> Iterator[str | None]:
+    """The address of a local Ray cluster of 2 CPUs, started here until the block ends (None without Ray)."""
+    if importlib.util.find_spec("ray") is None:
+        yield None
+        return
+    import ray
+
+    context = ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
+                       logging_level="ERROR")
+    try:
+        yield str(context.address_info["gcs_address"])
+    finally:
+        ray.shutdown()
+
+
 _NODES = "select * exclude (build_id) from dag_nodes"
 _EDGES = "select * exclude (build_id) from dag_edges"
 
@@ -99,12 +117,14 @@ def test_two_collectors_one_store_built_on_ray_equals_local(s3, tmp_path):
     names = [n for w in listing.values() for n in w["spans"]]
     assert all(n.rpartition("/")[2].startswith(("a--", "b--")) for n in names), names
     builder = tmp_path / "builder"
-    # the store is built and scored on a Ray cluster of 2 workers (started by the command), the reference locally
-    engine = ("--engine", "ray", "--workers", "2") if importlib.util.find_spec("ray") else ()
-    for args in (("build", "--idle", "0"), ("score",)):
-        out = _run(*args, "--data", url, "--work-dir", str(builder), *engine).stdout
-        assert not engine or "ray" in out, out
-        _run(*args, "--data", str(local))
+    # the store is built and scored on a Ray cluster of 2 CPUs that both commands join by its address, as on a
+    # deployment's cluster (one cluster start, not one per command); the reference is built locally
+    with _ray_cluster() as address:
+        engine = ("--engine", "ray", "--ray-address", address) if address else ()
+        for args in (("build", "--idle", "0"), ("score",)):
+            out = _run(*args, "--data", url, "--work-dir", str(builder), *engine).stdout
+            assert not engine or "ray" in out, out
+            _run(*args, "--data", str(local))
     reader = tmp_path / "reader"  # a fresh work directory reads everything from the store
     attach(reader, url)
     # the 3 traces both collectors stored are in the store twice, and once in every view
