@@ -6,6 +6,7 @@ at any point of a collection must leave correct views and a store that the next 
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -87,8 +88,23 @@ def churn(data, gc=NO_GC):
                + [(f"t{k:03d}", "c2", last.build_id) for k in range(0, N_TRACES, 3)])
 
 
-def test_views_identical_before_and_after_collection(tmp_path):
-    churn(tmp_path)
+@pytest.fixture(scope="module")
+def churned(tmp_path_factory):
+    """A store after ``churn`` (read-only: the tests take ``churned_copy``), built once for the module."""
+    data = tmp_path_factory.mktemp("churned")
+    churn(data)
+    return data
+
+
+@pytest.fixture
+def churned_copy(churned, tmp_path):
+    """This test's own copy of the churned store, in ``tmp_path``."""
+    shutil.copytree(churned, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_views_identical_before_and_after_collection(churned_copy):
+    tmp_path = churned_copy
     before = snapshot(tmp_path)
     assert raw_and_live(tmp_path, "dag_nodes")[0] > 2 * N_TRACES * SPANS_PER_TRACE  # garbage piled up
     stats = collect(tmp_path, compact=True)
@@ -185,8 +201,8 @@ build_store(Path(sys.argv[1]), idle_seconds=0, full=sys.argv[2] == "full", compa
 
 
 @pytest.mark.parametrize("point", ["dag_gc.after_unlink", "dag_gc.before_swap", "dag_gc.after_swap"])
-def test_crash_mid_collection_then_rerun(tmp_path, point):
-    churn(tmp_path)
+def test_crash_mid_collection_then_rerun(churned_copy, point):
+    tmp_path = churned_copy
     before = snapshot(tmp_path)
     resend(tmp_path, [1], 20)
     env = {**os.environ, "TRACEDAG_FAULT": point}
