@@ -132,10 +132,17 @@ def restrict_to_trace(con: duckdb.DuckDBPyConnection, trace_id: str, build_id: s
 
 
 def restrict_traces(con: duckdb.DuckDBPyConnection, relation: str) -> None:
-    """Make ``con``'s ``traces`` view hold only the traces whose ids ``relation`` lists (the views that semi-join
-    it follow): a named query then computes the rows of those traces, as a materialize round does."""
-    con.execute(f"create or replace view traces as select * from ({_LATEST['traces']}) "
-                f"where trace_id in (select trace_id from {relation})")
+    """Make ``con``'s refined views (``spans``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``) hold only
+    the traces whose ids ``relation`` lists: a named query then computes the rows of those traces (whole
+    conversations: a materialize round's scope). Each raw view is filtered first, so that every scan drops
+    the other traces' rows before the window, joins and aggregates (restricting ``traces`` alone, as the
+    other views follow it, left the named queries' scans of ``spans`` whole: 5x the CPU on 1M spans)."""
+    ids = f"(select trace_id from {relation})"
+    bodies = {t: body.replace(f"from {t}_all", f"from (select * from {t}_all where trace_id in {ids})", 1)
+              for t, body in _LATEST.items()}
+    assert all(bodies[t] != _LATEST[t] for t in _LATEST)
+    for table, body in bodies.items():
+        con.execute(f"create or replace view {table} as {body}")
 
 
 def _empty_sql(schema: pa.Schema) -> str:
