@@ -20,7 +20,9 @@ Issue 31: the queries ``tracedag score`` materializes (``store.materialized.SPEC
 the same store in the same run: ``sql`` runs their SQL text (the reference, as before), ``stored`` reads
 the rows materialized at score time, as ``tracedag query`` does when their parameters are the
 materialized ones (a store scored before issue 31 is materialized first, its time printed).
-``--sql-only`` leaves the stored reads out.
+``--sql-only`` leaves the stored reads out, ``--stored-only`` the SQL rows. A stored read is timed as a
+``tracedag query`` process pays it: ``run_named`` on a connection of its own, with the store's freshness
+checked again (not remembered from the previous run).
 
     python bench/queries.py --sizes 250000,500000,1000000 --runs 3
 """
@@ -165,7 +167,8 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object]) -
 
 def _runner(data: Path, sql: str, params: dict[str, object]) -> Callable[[], int]:
     def run() -> int:
-        con = connect(data, threads=2)
+        # the shared macros are bound only for SQL that calls them (as run_named does): a scan needs none
+        con = connect(data, threads=2, shared_macros=sql != BASELINE)
         try:
             return _rows(con, sql, params)
         finally:
@@ -181,21 +184,22 @@ def _named(data: Path, label: str) -> Callable[[], int]:
 
 
 def _stored(data: Path, label: str) -> Callable[[], int]:
-    """Read ``label``'s materialized rows the way ``tracedag query`` does (the freshness check included)."""
-    from tracedag.pipeline.store.materialized import named_statement
+    """Read ``label``'s materialized rows as ``tracedag query`` does in a process of its own: ``run_named``
+    (its connection, the freshness check not remembered from an earlier run, the stored rows)."""
+    from tracedag.pipeline.store import materialized
+    from tracedag.pipeline.store.querying import run_named
 
     name = label.split()[0]
-    values = bind_params(query_doc(name), VARIANTS.get(label, {}))
+    con = connect(data)
+    try:
+        if materialized.named_statement(con, data, name, bind_params(query_doc(name), VARIANTS.get(label, {}))) is None:
+            raise SystemExit(f"{label}: the store has no current materialized rows")
+    finally:
+        con.close()
 
     def run() -> int:
-        con = connect(data, threads=2)
-        try:
-            stored = named_statement(con, data, name, values)
-            if stored is None:
-                raise SystemExit(f"{label}: the store has no current materialized rows")
-            return _rows(con, *stored)
-        finally:
-            con.close()
+        materialized._FRESH.clear()
+        return int(run_named(data, name, VARIANTS.get(label, {}), threads=2).num_rows)
 
     return run
 
@@ -223,11 +227,12 @@ def ensure_materialized(data: Path) -> None:
         _log(f"{data}: materialized {stats.traces} traces in {stats.seconds}s ({stats.rows})")
 
 
-def measure(data: Path, labels: list[str], runs: int, stored: bool = False) -> dict[str, tuple[float, float, int]]:
+def measure(data: Path, labels: list[str], runs: int, stored: bool = False,
+            sql: bool = True) -> dict[str, tuple[float, float, int]]:
     """Median seconds and row count of each query label, plus the baseline under ``"baseline"``;
-    with ``stored``, each materialized label again as ``<label> (stored)``."""
+    with ``stored``, each materialized label again as ``<label> (stored)``; ``sql`` False: only those."""
     out = {"baseline": _median(_runner(data, BASELINE, {}), runs)}
-    for label in labels:
+    for label in labels if sql else []:
         out[label] = _median(_named(data, label), runs)
     for label in stored_labels(labels) if stored else []:
         out[f"{label} (stored)"] = _median(_stored(data, label), runs)
@@ -255,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/tracedag-bench-queries"))
     ap.add_argument("--synthetic-scores", action="store_true", help="do not run score_store")
     ap.add_argument("--sql-only", action="store_true", help="do not time the reads of materialized rows")
+    ap.add_argument("--stored-only", action="store_true", help="time the reads of materialized rows and the baseline only")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     stores = {n: args.dir / f"spans-{n}" for n in sizes}
@@ -267,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     spans, traces, failed = _store_figures(stores[largest])
     if not args.sql_only:
         ensure_materialized(stores[largest])
-    result = measure(stores[largest], QUERIES + list(VARIANTS), args.runs, stored=not args.sql_only)
+    result = measure(stores[largest], QUERIES + list(VARIANTS), args.runs, stored=not args.sql_only,
+                     sql=not args.stored_only)
     base = result["baseline"][0]
     table = Table(title=f"{spans} spans, {traces} traces, {failed} failing score rows, 2 threads, "
                         f"median of {args.runs}; load average {os.getloadavg()[0]:.1f}")
@@ -276,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, (secs, cpu, rows) in result.items():
         table.add_row(label, f"{secs:.3f}", f"{secs / base:.1f}", f"{cpu:.3f}", f"{cpu / 2:.3f}", str(rows))
     console.print(table)
+    if args.stored_only:
+        return 0
     growth = Table(title="root_causes (greedy, per trace) by store size")
     for col in ("spans", "traces", "wall s", "cpu s", "baseline wall s", "cpu s per 1M spans"):
         growth.add_column(col, justify="right")

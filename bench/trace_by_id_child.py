@@ -10,12 +10,15 @@ command a line on stdin; the child answers one line of JSON with the seconds it 
 - ``cold ID``: ``GET /api/traces/{id}`` (``Store.trace_json``) on a Store just opened (only its id set read);
 - ``unknown``: an unknown id on the warm Store (404);
 - ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
-  freshness answers forgotten too).
+  freshness answers forgotten too; the text a previous server kept on disk removed: a new build state);
+- ``metrics_kept``: the same on the build state a previous server computed (after ``metrics``: its text
+  is kept on disk since #31).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import uuid
@@ -66,8 +69,12 @@ def main() -> int:
         store.trace_json(tid)
         return time.perf_counter() - t0
 
-    def metrics() -> float:
+    def metrics(kept: bool) -> float:
+        """``/metrics`` on a Store just opened: a new build state (nothing kept), or the state of the previous
+        server (the text it kept on disk, since #31; a tracedag before it computes again)."""
         _forget_freshness()
+        if not kept:
+            shutil.rmtree(data / "state" / "metrics", ignore_errors=True)
         t0 = time.perf_counter()
         Metrics(Store(data)).text()
         return time.perf_counter() - t0
@@ -77,7 +84,8 @@ def main() -> int:
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
         "cold": cold,
         "unknown": lambda _: unknown(),
-        "metrics": lambda _: metrics(),
+        "metrics": lambda _: metrics(False),
+        "metrics_kept": lambda _: metrics(True),
     }
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
