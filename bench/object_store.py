@@ -5,6 +5,7 @@ processes exactly as a user runs them, ``--runs`` times each:
 
 - conversion: ``tracedag ingest`` of the dumps (on S3: convert locally, then upload and publish);
 - build: ``tracedag build --idle 0`` (on S3: spans read through s3fs, derived files uploaded);
+- score: ``tracedag score --no-judge`` (rules, and the named queries' rows materialized);
 - queries: ``tracedag query NAME`` for a few named queries, each from a fresh work directory, three ways:
   with the local object cache off (``TRACEDAG_CACHE_SIZE=0``: every byte comes from the store, as before
   the cache), cold (an empty cache directory: the query fills it) and warm (the same query again over
@@ -86,7 +87,10 @@ def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[st
         "conversion": (timed("ingest", *files, "--data", str(local)),
                        timed("ingest", *files, "--data", url, "--work-dir", str(writer), env=cache)),
         "build": (timed("build", "--idle", "0", "--data", str(local)),
-                  timed("build", "--idle", "0", "--data", url, "--work-dir", str(writer), env=cache))}
+                  timed("build", "--idle", "0", "--data", url, "--work-dir", str(writer), env=cache)),
+        # scored as a live store is: the named queries then read their materialized rows
+        "score": (timed("score", "--no-judge", "--data", str(local)),
+                  timed("score", "--no-judge", "--data", url, "--work-dir", str(writer), env=cache))}
     shutil.rmtree(tmp / f"cache-{run}", ignore_errors=True)
     for name in QUERIES:
         out[f"query {name}"] = query_times(tmp, local, url, name, run)
@@ -177,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def steps_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
-    """Conversion and build: local vs S3 medians."""
+    """Conversion, build and score: local vs S3 medians."""
     table = Table(title=f"local disk vs S3 (SeaweedFS on loopback): {args.spans:,} spans in {args.files} files, "
                         f"median of {args.runs} runs, fresh processes")
     for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
         table.add_column(col, justify="right" if col != "step" else "left")
-    for step in ("conversion", "build"):
+    for step in ("conversion", "build", "score"):
         lo, s3 = (statistics.median(r[step][k] for r in runs) for k in (0, 1))
         table.add_row(step, f"{lo:.2f}", f"{s3:.2f}", f"×{s3 / lo:.2f}", f"{args.spans / lo:,.0f}",
                       f"{args.spans / s3:,.0f}")

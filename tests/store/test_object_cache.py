@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.store.s3_server import S3Server, free_port_pair, server_binary, weed_binary
+from tracedag.pipeline.store import objcache
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
 from tracedag.pipeline.store.objcache import MAGIC, inspect
 
@@ -279,7 +280,8 @@ def _object(s3m, name: str, body: bytes):
     return fs, path, fs.entry(path)
 
 
-def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path):
+def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path, monkeypatch):
+    monkeypatch.setattr(objcache, "MAX_READ_AHEAD", 0)  # each read fetches only what it lacks
     body = os.urandom(1 << 20)  # 8 blocks
     fs, path, entry = _object(s3m, "cut.bin", body)
     block = fs.cache.block
@@ -374,3 +376,5 @@ def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path):
         t.join(60)
     assert not errors, errors
     assert inspect(tmp_path / "cache" / _entry.name)[1] == 0
+    # no block was fetched twice: a thread waits for the blocks another is fetching (read-ahead included)
+    assert fs.cache.counters.fetched_bytes <= len(body), (fs.cache.counters.fetched_bytes, len(body))
