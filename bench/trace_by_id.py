@@ -149,11 +149,13 @@ class _Child:
         answer: dict[str, float] = json.loads(line)
         return answer
 
-    def ask(self, command: str) -> float:
+    def ask(self, command: str) -> tuple[float, float]:
+        """(wall seconds, CPU seconds) of ``command``."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
-        return self._line()["seconds"]
+        answer = self._line()
+        return answer["seconds"], answer["cpu"]
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -199,7 +201,7 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None)
     with tempfile.TemporaryDirectory(prefix="bench-byid-") as tmp:
         shims = {k: None if c is None else _shim(c, Path(tmp) / k) for k, c in (("before", before), ("after", after))}
         children = {k: _Child(stores[k], shim) for k, shim in shims.items()}
-        times: dict[str, dict[str, list[float]]] = {k: {r: [] for r in READS} for k in children}
+        times: dict[str, dict[str, list[tuple[float, float]]]] = {k: {r: [] for r in READS} for k in children}
         try:
             for run in range(runs):
                 order = list(children) if run % 2 == 0 else list(reversed(children))
@@ -211,10 +213,11 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None)
             for c in children.values():
                 c.close()
     print(f"{spans} spans, {len(ids)} traces, {runs} runs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'read (median ms)':<34}{'before':>10}{'after':>10}{'ratio':>8}")
+    print(f"{'read (median ms)':<34}{'before':>10}{'after':>10}{'ratio':>8}{'cpu before':>12}{'cpu after':>11}{'ratio':>8}")
     for read in READS:
-        b, a = (statistics.median(times[k][read]) * 1000 for k in ("before", "after"))
-        print(f"{read:<34}{b:>10.1f}{a:>10.1f}{a / b:>8.3f}")
+        (b, bc), (a, ac) = (tuple(statistics.median(x[i] for x in times[k][read]) * 1000 for i in (0, 1))
+                            for k in ("before", "after"))
+        print(f"{read:<34}{b:>10.1f}{a:>10.1f}{a / b:>8.3f}{bc:>12.1f}{ac:>11.1f}{ac / max(bc, 1e-9):>8.3f}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Child of ``bench/trace_by_id.py --before``: times one trace's reads with whichever tracedag it imports.
 
 The parent starts one child per code version (``PYTHONPATH`` picks the checkout) and sends it one
-command a line on stdin; the child answers one line of JSON with the seconds it took:
+command a line on stdin; the child answers one line of JSON with the seconds it took (wall) and the CPU
+seconds of its process (every DuckDB thread: on a loaded machine the wall time is mostly waiting):
 
 - ``show ID``: ``tracedag show``'s reads (``dag.show.load_shown``: a connection of its own);
 - ``view ID``: the web UI's first request for a trace, ``GET /api/traces/{id}/view``
@@ -25,11 +26,14 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+Timed = tuple[float, float]
 
-def _seconds(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
+
+def _seconds(fn: Callable[[], object]) -> Timed:
+    """Wall seconds and CPU seconds of this process (every DuckDB thread) ``fn()`` took."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _forget_freshness() -> None:
@@ -54,43 +58,39 @@ def main() -> int:
     traces_api.cross_turn_causes(warm)
     warm.trace_ids()
 
-    def unknown() -> float:
-        t0 = time.perf_counter()
+    def unknown() -> None:
         try:
             warm.trace_json(uuid.uuid4().hex)
         except NotFound:
-            return time.perf_counter() - t0
+            return
         raise AssertionError("a random id was found")
 
-    def cold(tid: str) -> float:
+    def cold(tid: str) -> Timed:
         store = Store(data)
         store.trace_ids()
-        t0 = time.perf_counter()
-        store.trace_json(tid)
-        return time.perf_counter() - t0
+        return _seconds(lambda: store.trace_json(tid))
 
-    def metrics(kept: bool) -> float:
+    def metrics(kept: bool) -> Timed:
         """``/metrics`` on a Store just opened: a new build state (nothing kept), or the state of the previous
         server (the text it kept on disk, since #31; a tracedag before it computes again)."""
         _forget_freshness()
         if not kept:
             shutil.rmtree(data / "state" / "metrics", ignore_errors=True)
-        t0 = time.perf_counter()
-        Metrics(Store(data)).text()
-        return time.perf_counter() - t0
+        return _seconds(lambda: Metrics(Store(data)).text())
 
-    commands: dict[str, Callable[[str], float]] = {
+    commands: dict[str, Callable[[str], Timed]] = {
         "show": lambda tid: _seconds(lambda: load_shown(data, tid)),
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
         "cold": cold,
-        "unknown": lambda _: unknown(),
+        "unknown": lambda _: _seconds(unknown),
         "metrics": lambda _: metrics(False),
         "metrics_kept": lambda _: metrics(True),
     }
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         what, _, arg = line.strip().partition(" ")
-        print(json.dumps({"seconds": commands[what](arg)}), flush=True)
+        wall, cpu = commands[what](arg)
+        print(json.dumps({"seconds": wall, "cpu": cpu}), flush=True)
     return 0
 
 

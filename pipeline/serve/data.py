@@ -231,8 +231,10 @@ class Store:
     def _parts(self, trace_ids: list[str], state: str) -> dict[str, list[dict[str, Any]]]:
         """The nodes, edges, spans and scores rows of ``trace_ids`` (re-run when compaction removed a file)."""
         def read(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
-            return {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
-                    for name, sql in _TRACE_SQL.items()}
+            parts = {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
+                     for name, sql in _TRACE_SQL.items()}
+            scored(parts["nodes"], parts["scores"])
+            return parts
         return self.on_state(state, read)
 
 
@@ -261,6 +263,19 @@ def rerun_if_vanished(read: Callable[[], _T], attempts: int = 3) -> _T:
                 raise QueryFailed("trace", str(e).strip().splitlines()[0]) from e
             logger.info("a file vanished under compaction, re-running: %s", e)
     raise AssertionError("unreachable")
+
+
+def scored(nodes: list[dict[str, Any]], scores: list[dict[str, Any]]) -> None:
+    """Give each node its ``score`` (the lowest of its score rows) and ``metrics`` (how many rows; both None
+    without rows), from the trace's ``scores`` part: one read of the scores for both parts."""
+    rows: dict[tuple[str, str], list[Any]] = {}
+    for r in scores:
+        rows.setdefault((r["trace_id"], r["span_id"]), []).append(r["score"])
+    for n in nodes:
+        found = rows.get((n["trace_id"], n["span_id"]))
+        given = [float(v) for v in found or [] if v is not None]
+        n["score"] = min(given) if given else None
+        n["metrics"] = len(found) if found else None
 
 
 def _drop(row: dict[str, Any]) -> dict[str, Any]:
@@ -306,10 +321,8 @@ _TRACE_SQL = {
     "nodes": _LATEST_BUILD + """
         select n.trace_id, n.span_id, n.parent_span_id, n.step_type, n.step_name, n.step_key, n.iteration,
                n.is_retry, n.depth, n.topo_index, n.status_code, n.start_time_unix_nano,
-               n.duration_ns / 1e6 as duration_ms, s.score, s.metrics
+               n.duration_ns / 1e6 as duration_ms
         from dag_nodes_all n semi join latest using (trace_id, build_id)
-        left join (select trace_id, span_id, min(score)::double as score, count(*) as metrics
-                   from scores group by trace_id, span_id) s using (trace_id, span_id)
         where n.trace_id in (select unnest($t))
         order by n.trace_id, n.nested_left
     """,

@@ -36,3 +36,22 @@ def test_the_first_view_of_a_trace_equals_its_view_from_the_whole_store_results(
     warm.warm()  # the whole-store results cached: a trace's rows are filtered from them
     for tid in some_traces(serve_store):
         assert cold.trace(tid) == warm.trace(tid)
+
+
+def test_each_nodes_score_and_metric_count_are_its_score_rows_lowest_and_count(serve_store: Path) -> None:
+    store = Store(serve_store)
+    con = connect(serve_store)
+    seen = 0
+    try:
+        for tid in some_traces(serve_store):
+            want = {str(r[0]): (float(r[1]) if r[1] is not None else None, int(r[2])) for r in con.execute(
+                "select span_id, min(score), count(*) from step_scores where trace_id = ? group by span_id",
+                [tid]).fetchall()}
+            nodes = store.trace(tid)["nodes"]
+            got = {n["span_id"]: (n["score"], n["metrics"]) for n in nodes if n["metrics"] is not None}
+            assert got == want, tid
+            assert all(n["score"] is None for n in nodes if n["span_id"] not in want)
+            seen += len(want)
+    finally:
+        con.close()
+    assert seen > 0
