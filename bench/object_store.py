@@ -7,10 +7,10 @@ processes exactly as a user runs them, ``--runs`` times each:
 - build: ``tracedag build --idle 0`` (on S3: spans read through s3fs, derived files uploaded);
 - score: ``tracedag score --no-judge`` (rules, and the named queries' rows materialized);
 - queries: ``tracedag query NAME`` for a few named queries, each from a fresh work directory, three ways:
-  with the local object cache off (``TRACEDAG_CACHE_SIZE=0``: every byte comes from the store, as before
-  the cache), cold (an empty cache directory: the query fills it) and warm (the same query again over
+  with the local object cache off (``TRACEDAG_CACHE_SIZE=0``: DuckDB reads every byte from the store
+  through s3fs), cold (an empty cache directory: the query fills it) and warm (the same query again over
   the filled cache, from another fresh work directory); each as a fresh ``tracedag query`` process (which
-  also pays for importing s3fs and probing the store) and as ``run_named`` alone in a process that has
+  also pays for its imports and probing the store) and as ``run_named`` alone in a process that has
   bound the store (what a long-running ``tracedag serve`` pays per query).
 
 With ``--before CHECKOUT`` (another version of the code, e.g. ``git archive 798b1a7 | tar -x -C /tmp/base``)
