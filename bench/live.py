@@ -132,6 +132,7 @@ class Poller(threading.Thread):
         self.seen: dict[str, float] = {}
         self.query_seconds: list[float] = []
         self.final: set[str] = set()
+        self.built = 0  # traces built (the traces view), as of the last poll
         self.final_query = float("nan")
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--poll-child", str(data),
@@ -140,11 +141,12 @@ class Poller(threading.Thread):
     def run(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            kind, t, secs, *ids = line.split()
+            kind, t, secs, built, *ids = line.split()
             if kind == "final":
                 self.final, self.final_query = set(ids), float(secs)
                 continue
             self.query_seconds.append(float(secs))
+            self.built = int(built)
             for trace in ids:
                 self.seen.setdefault(trace, float(t))
 
@@ -158,9 +160,9 @@ class Poller(threading.Thread):
 
 
 def poll_child(data: Path, every: float) -> None:
-    """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <trace ids new>``; on a
-    ``stop`` line on stdin, one ``final <t> <seconds> <every trace id>`` line, then exit."""
-    from tracedag.pipeline.store.querying import run_named
+    """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <traces built> <trace ids
+    new>``; on a ``stop`` line on stdin, one ``final <t> <seconds> 0 <every trace id>`` line, then exit."""
+    from tracedag.pipeline.store.querying import run_named, run_sql
 
     stop, seen = threading.Event(), set()
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
@@ -173,19 +175,33 @@ def poll_child(data: Path, every: float) -> None:
         t1 = time.monotonic()
         new = [t for t in rows if t not in seen]
         seen.update(new)
-        print("poll", t1, t1 - t0, *new, flush=True)
-    t0 = time.monotonic()
-    rows = run_named(data, "root_causes").column("trace_id").to_pylist()
-    print("final", time.monotonic(), time.monotonic() - t0, *rows, flush=True)
+        try:
+            built = run_sql(data, "select count(*) as n from traces").column("n")[0].as_py()
+        except Exception:  # a file compacted away under the count: the next poll says
+            built = -1
+        print("poll", t1, t1 - t0, built, *new, flush=True)
+    for attempt in range(5):  # a compaction may swap a file under the query: ask again
+        t0 = time.monotonic()
+        try:
+            rows = run_named(data, "root_causes").column("trace_id").to_pylist()
+            break
+        except Exception:
+            if attempt == 4:
+                raise
+    print("final", time.monotonic(), time.monotonic() - t0, 0, *rows, flush=True)
 
 
-def settle(poller: Poller, quiet: float) -> None:
-    """Wait until no new root cause appeared for ``quiet`` seconds."""
-    last, count = time.monotonic(), -1
-    while time.monotonic() - last < quiet:
+def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
+    """Wait until every one of the ``traces`` sent is built and no new root cause appeared for ``quiet`` seconds
+    (at most ``most`` seconds); return the seconds waited. Without the first condition a collector far behind
+    (a round longer than ``quiet``) ended the run early, and the figures counted the traces it had done."""
+    start = last = time.monotonic()
+    count = -1
+    while time.monotonic() - last < quiet or (poller.built < traces and time.monotonic() - start < most):
         time.sleep(poller.every)
         if len(poller.seen) != count:
             last, count = time.monotonic(), len(poller.seen)
+    return time.monotonic() - start
 
 
 def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "") -> dict[str, float]:
@@ -196,7 +212,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     try:
         poller.start()
         sent = drive(col.port, bodies, ids, counts, rate, args)
-        settle(poller, args.settle)
+        waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
     finally:
@@ -204,7 +220,9 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
         if poller.proc.poll() is None:
             poller.proc.kill()
         shutil.rmtree(data, ignore_errors=True)
-    return figures(rate, sent, acked, poller, poller.final_query, args)
+    f = figures(rate, sent, acked, poller, poller.final_query, args)
+    f["built"], f["sent"], f["settle"] = poller.built, len(ack_times(sent, ids)), waited
+    return f
 
 
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
@@ -254,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between root_causes polls")
     ap.add_argument("--settle", type=float, default=15.0,
                     help="after the load, stop once no new root cause appeared for this many seconds")
+    ap.add_argument("--most", type=float, default=300.0,
+                    help="after the load, wait at most this long for every trace sent to be built")
     ap.add_argument("--baseline-tree", action="append", default=[], metavar="[LABEL=]DIR",
                     help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
                          "also run with the collector (and the polls) from it, alternating, as a baseline of the "
@@ -278,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                 f["load"] = os.getloadavg()[0]
                 results.setdefault((rate, label), []).append(f)
                 table.add_row(label, *_cells(f))
-                console.print(f"{label} {rate:,.0f}: p50 {f['p50']:.2f} p99 {f['p99']:.2f} "
+                console.print(f"{label} {rate:,.0f}: built {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
+                              f"p99 {f['p99']:.2f} "
                               f"poll {f['poll']:.2f} load {f['load']:.1f}")
     console.print(table)
     if args.repeat > 1 or len(trees) > 1:
@@ -295,14 +316,16 @@ def _tree(spec: str) -> tuple[str, str]:
 
 def _table(title: str) -> Table:
     table = Table(title=title)
-    for col in ("code", "offered spans/s", "paced at", "traces with a root cause", "missing", "p50 s", "p99 s",
-                "ack p50 ms", "ack p99 ms", "poll s", "errors", "load"):
+    for col in ("code", "offered spans/s", "paced at", "traces built/sent", "drained after s",
+                "traces with a root cause", "missing", "p50 s", "p99 s", "ack p50 ms", "ack p99 ms", "poll s",
+                "errors", "load"):
         table.add_column(col, justify="right")
     return table
 
 
 def _cells(f: dict[str, float]) -> list[str]:
-    return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
+    return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", f"{f['built']:.0f}/{f['sent']:.0f}", f"{f['settle']:.0f}",
+            str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
             f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["errors"]),
             f"{f['load']:.1f}"]
 

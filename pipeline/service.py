@@ -6,9 +6,9 @@ the spool converters (child processes, or a thread) and, with ``build``, the liv
 ``build_interval`` seconds the complete traces are built and their steps scored (rules and the
 evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
 named queries compute it from their SQL). The named queries' results are stored
-(``score.materialize``) by a round that built nothing, or every ``materialize_interval`` seconds
-under continuous load, not by every round: storing them costs several times a round's build and
-rules (the queries' planning and scans), whatever the round's size. A configured LLM judge grades
+(``score.materialize``) by a round that built nothing, or, under continuous load, a part of
+``materialize_part`` traces every ``materialize_interval`` seconds, not by every round: storing them
+costs several times a round's build and rules (the queries' planning and scans), whatever its size. A configured LLM judge grades
 in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
 It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
 everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
@@ -58,7 +58,8 @@ class CollectorConfig(ReceiverConfig):
     build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
     build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
-    materialize_interval: float = 60.0  # under continuous load, store the named queries' results this often
+    materialize_interval: float = 60.0  # under continuous load, store a part of the named queries' results this often
+    materialize_part: int = 2_000  # traces (whole conversations) in that part; a round that built nothing stores all
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0
     publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
@@ -202,7 +203,7 @@ class RunningCollector:
             self._scored_once = True
             self._unmaterialized = [*(self._unmaterialized or []), *scored.files]
         if self._materialize_due(built.traces_built):
-            self.materialize_once()
+            self.materialize_once(busy=built.traces_built > 0)
         return built.traces_built
 
     def _materialize_due(self, built: int) -> bool:
@@ -212,15 +213,18 @@ class RunningCollector:
             return False
         return not built or time.monotonic() - self._last_materialized >= self.config.materialize_interval
 
-    def materialize_once(self) -> int:
-        """Store the named queries' results of the traces scored since the last time; return how many traces."""
+    def materialize_once(self, busy: bool = False) -> int:
+        """Store the named queries' results of the traces scored since the last time (``busy``: a part of about
+        ``materialize_part`` traces, which costs the loop a bounded time); return how many traces."""
         from tracedag.pipeline.score.runner import materialize_later
 
-        stats = materialize_later(self.data, self._unmaterialized or [])
+        limit = self.config.materialize_part if busy else None
+        stats = materialize_later(self.data, self._unmaterialized or [], limit)
         self._last_materialized = time.monotonic()
         if stats is None:  # failed (logged): the traces are still without state rows, the next time retries
             return 0
-        self._unmaterialized = None
+        # a bounded part may leave traces without state rows: the next round that built nothing stores them
+        self._unmaterialized = [] if limit is not None and stats.traces >= limit else None
         return int(stats.traces)
 
     def _analysis_loop(self) -> None:

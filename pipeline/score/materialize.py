@@ -66,9 +66,12 @@ class MaterializeStats:
     full: bool = False  # every trace (the human labels changed, or the first round)
 
 
-def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES) -> MaterializeStats:
+def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
+                limit: int | None = None) -> MaterializeStats:
     """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet
-    (at most ``chunk`` traces, whole conversations, over one copy of their rows)."""
+    (at most ``chunk`` traces, whole conversations, over one copy of their rows). ``limit``: stop after the
+    part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending. A full
+    round (the first, or the SQL or human labels changed) is never cut: its traces are not pending after it."""
     t0 = time.perf_counter()
     stats = MaterializeStats()
     con = connect(data)
@@ -79,7 +82,8 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES)
         scope = None if stats.full else _scope(con, scored_files)
         if scope is not None and scope.num_rows == 0:
             return stats
-        stats.traces = _run_round(con, data, scope, signature, stats, chunk)
+        stats.traces = _run_round(con, data, scope, signature, stats, chunk if limit is None else min(chunk, limit),
+                                  limit)
     finally:
         con.close()
     stats.seconds = round(time.perf_counter() - t0, 3)
@@ -112,7 +116,7 @@ def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table
 
 
 def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | None, signature: str,
-               stats: MaterializeStats, chunk: int = CHUNK_TRACES) -> int:
+               stats: MaterializeStats, chunk: int = CHUNK_TRACES, limit: int | None = None) -> int:
     """Every trace (``scope`` None) at once over the views as they are; else the scope's conversations, at most
     ``chunk`` traces at a time (whole conversations), each over a copy of its rows (``_snapshot``)."""
     if scope is None:
@@ -129,6 +133,8 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
         con.register(SCOPE + "_all", part.select(["trace_id"]))
         _snapshot(con)
         done += _write_round(con, data, part, stats)
+        if limit is not None and done >= limit:
+            break
     return done
 
 

@@ -406,25 +406,26 @@ def _provenance(data: Path, stats: ScoreStats) -> None:
         logger.exception("storing the data edges (value provenance) failed")
 
 
-def _materialize(data: Path, stats: ScoreStats) -> None:
+def _materialize(data: Path, stats: ScoreStats, limit: int | None = None) -> None:
     """Write the named queries' results of the traces scored (``score.materialize``), inside the score lock.
 
     A failure here loses nothing: the named queries compute from their SQL until a later round
     materializes the traces left (they are the ones without a ``materialized_traces`` row).
     """
     try:
-        stats.materialized = materialize(data, stats.files)
+        stats.materialized = materialize(data, stats.files, limit=limit)
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
 
 
-def materialize_later(data: Path, scored_files: list[Path]) -> MaterializeStats | None:
+def materialize_later(data: Path, scored_files: list[Path], limit: int | None = None) -> MaterializeStats | None:
     """Store the named queries' results that live rounds left (``LiveRound.materialize`` False), under the score
-    lock: the traces of ``scored_files`` and every trace whose latest build has none yet. Every build is scored
-    by then when the caller is the only builder (the live collector builds and scores in one loop)."""
+    lock: the traces of ``scored_files`` and every trace whose latest build has none yet (the first parts of
+    about ``limit`` traces of them, whole conversations; None: all). Every build is scored by then when the
+    caller is the only builder (the live collector builds and scores in one loop)."""
     stats = ScoreStats(files=list(scored_files))
     with score_lock(data):
-        _materialize(data, stats)
+        _materialize(data, stats, limit)
     return stats.materialized
 
 

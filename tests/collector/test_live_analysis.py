@@ -169,12 +169,22 @@ def test_busy_live_rounds_leave_the_stored_results_to_a_round_that_built_nothing
         c.stop(2)
 
 
-def test_under_continuous_load_a_round_stores_the_results_every_materialize_interval(tmp_path):
+def test_under_continuous_load_a_round_stores_a_bounded_part_every_materialize_interval(tmp_path):
+    """A busy round whose interval has passed stores ``materialize_part`` traces (whole conversations), not the
+    whole backlog (that would hold the next rounds back); the first round that built nothing stores the rest."""
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
-                                        build_grace_seconds=0.3, materialize_interval=0.0))
+                                        build_grace_seconds=0.3, materialize_interval=0.0, materialize_part=1))
     try:
-        trace = _round_with_a_trace(c)  # built something, and the interval has passed
-        assert trace in _state(c.data)
+        assert _round_with_a_trace(c) in _state(c.data)  # the store's first round: every trace, whole
+        endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
+        traces = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two conversations of one turn each
+        c.flush()
+        time.sleep(0.6)
+        assert c.analyze_once() == 2  # built something, and the interval has passed: one part of one trace
+        assert len(_state(c.data) & traces) == 1
+        _sql_answers_equal(c.data)
+        assert c.analyze_once() == 0  # nothing new: the rest
+        assert _state(c.data) >= traces
         _sql_answers_equal(c.data)
     finally:
         c.stop(2)
