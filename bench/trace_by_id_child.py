@@ -4,11 +4,13 @@ The parent starts one child per code version (``PYTHONPATH`` picks the checkout)
 command a line on stdin; the child answers one line of JSON with the seconds it took (wall) and the CPU
 seconds of its process (every DuckDB thread: on a loaded machine the wall time is mostly waiting):
 
-- ``show ID``: ``tracedag show``'s reads (``dag.show.load_shown``: a connection of its own);
+- ``show ID``: ``tracedag show``'s reads (``dag.show.load_shown``: a connection of its own, the store's
+  freshness checked as a new process does);
 - ``view ID``: the web UI's first request for a trace, ``GET /api/traces/{id}/view``
   (``traces_api.trace_view``), on the warm Store (its whole-store results computed, as the server's
   warm-up and the trace list page leave them; nothing of this trace cached);
-- ``cold ID``: ``GET /api/traces/{id}`` (``Store.trace_json``) on a Store just opened (only its id set read);
+- ``cold ID``: ``GET /api/traces/{id}`` (``Store.trace_json``) on a Store just opened (only its id set read;
+  freshness not remembered);
 - ``unknown``: an unknown id on the warm Store (404);
 - ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
   freshness answers forgotten too; the text a previous server kept on disk removed: a new build state);
@@ -65,7 +67,12 @@ def main() -> int:
             return
         raise AssertionError("a random id was found")
 
+    def show(tid: str) -> Timed:
+        _forget_freshness()  # as a `tracedag show` process: the freshness check is paid (the metrics reads
+        return _seconds(lambda: load_shown(data, tid))  # before it left it remembered or not)
+
     def cold(tid: str) -> Timed:
+        _forget_freshness()  # a server just started
         store = Store(data)
         store.trace_ids()
         return _seconds(lambda: store.trace_json(tid))
@@ -79,7 +86,7 @@ def main() -> int:
         return _seconds(lambda: Metrics(Store(data)).text())
 
     commands: dict[str, Callable[[str], Timed]] = {
-        "show": lambda tid: _seconds(lambda: load_shown(data, tid)),
+        "show": show,
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
         "cold": cold,
         "unknown": lambda _: _seconds(unknown),
