@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 CACHE_DIR = "TRACEDAG_CACHE_DIR"
 CACHE_SIZE = "TRACEDAG_CACHE_SIZE"
 DEFAULT_SIZE = 4 << 30
-MAX_READ_AHEAD = 8 << 20
+MAX_READ_AHEAD = 16 << 20
 """At most this many bytes fetched past a missed read (see ``ObjectCache.read_ahead``)."""
 STALE_TMP_SECONDS = 3600.0
 """A temporary file this old is one a dead process left: eviction removes it."""
@@ -102,14 +102,14 @@ class ObjectCache:
 
     def read_ahead(self, entry: Entry) -> int:
         """Bytes to fetch past a missed read of ``entry``: 0 on its first miss in this process, then
-        ``4 * block`` doubling with each miss, up to ``MAX_READ_AHEAD``. DuckDB reads a Parquet file's
+        ``8 * block`` (1 MiB) doubling with each miss, up to ``MAX_READ_AHEAD``. DuckDB reads a Parquet file's
         column chunks one GET each; on a file it scans, a few large GETs cost less than many small ones."""
         with self._lock:
             if len(self._misses) > 100_000:  # a long-running server: forget old files' counts
                 self._misses.clear()
             misses = self._misses.get(entry.name, 0)
             self._misses[entry.name] = misses + 1
-        return 0 if misses == 0 else min(MAX_READ_AHEAD, (2 * self.block) << misses)
+        return 0 if misses == 0 else min(MAX_READ_AHEAD, (4 * self.block) << misses)
 
     def evict(self, keep: Path | None = None) -> int:
         """Remove the least recently used entries until their allocated bytes are at most ``limit``."""
