@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.analysis.analysis_support import store
@@ -32,6 +33,23 @@ def pytest_configure(config):
     own_bin = str(Path(sys.executable).parent)
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
     os.environ["PATH"] = os.pathsep.join([own_bin, *parts])
+    _bytecode_outside_the_tree()
+
+
+def _bytecode_outside_the_tree() -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE`` (no ``.pyc`` beside the sources) every process of the run compiled every
+    module it imported again, and pytest rewrote every test module's asserts again in each worker: up to a fifth
+    of the suite's CPU (a CLI-heavy test file 23.6 -> 18.9 s CPU, collecting the suite 12.3 -> 6.1 s per worker).
+    The run's processes (xdist workers, which start after this, and the commands tests start) compile into a
+    cache in the system's temporary directory instead, kept between runs; the tree still gets no ``.pyc``.
+    A ``PYTHONPYCACHEPREFIX`` already set is left alone."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    prefix = str(Path(tempfile.gettempdir()) / f"tracedag-tests-pycache-{os.getuid()}")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = prefix
 
 
 def pytest_collection_modifyitems(config, items):
