@@ -252,6 +252,8 @@ def keep_text(data: Path, state: str, text: str) -> None:
 
     A store this process may not write to (a read-only mount) keeps nothing: the next process computes."""
     directory = state_dir(data) / DISK
+    if not (data / "tables").is_dir():  # nothing stored yet: make no directory there
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{state}.{os.getpid()}.tmp"

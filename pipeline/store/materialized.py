@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -186,15 +188,59 @@ def _fresh_key(data: Path) -> tuple[str, ...]:
 def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     """Which built traces of ``con``'s store the materialized rows answer (``Freshness``).
 
-    Remembered per process by the listing of the ``traces`` and ``materialized_traces`` files: a
-    server or a live round asks again only when a build, a round or a collection wrote files.
+    Remembered by the listing of the ``traces`` and ``materialized_traces`` files (their names: a published
+    file never changes, a rewrite has a new name) and the signature, per process and on disk (``KEPT``):
+    a reader asks the tables again only when a build, a round, a collection or a label import wrote files.
     """
     key = _fresh_key(data)
     if key not in _FRESH:
         if len(_FRESH) > 256:
             _FRESH.clear()
-        _FRESH[key] = _freshness_now(con, data)
+        found = kept_freshness(data, key)
+        if found is None:
+            found = _freshness_now(con, data)
+            if _fresh_key(data) == key:  # no file came or went meanwhile: the answer is that listing's
+                keep_freshness(data, key, found)
+        _FRESH[key] = found
     return _FRESH[key]
+
+
+KEPT = "materialized"
+"""``<data>/state/materialized/fresh-<digest of the listing>.json``: the last ``freshness`` answer, for the next
+process (``tracedag query``/``show``/a poll would each scan ``traces`` and the state again: ~0.1 s CPU on 1M spans)."""
+
+
+def _kept_path(data: Path, key: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
+    return data / "state" / KEPT / f"fresh-{digest}.json"
+
+
+def kept_freshness(data: Path, key: tuple[str, ...]) -> Freshness | None:
+    """The answer an earlier process kept for the listing ``key`` (None: none, or unreadable)."""
+    try:
+        doc = json.loads(_kept_path(data, key).read_text(encoding="utf-8"))
+        return Freshness(bool(doc["usable"]), tuple(str(t) for t in doc["stale"]), int(doc["traces"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_freshness(data: Path, key: tuple[str, ...], state: Freshness) -> None:
+    """Keep ``state`` as the answer for ``key`` (atomically; the answers for older listings are removed).
+    A store this process cannot write to keeps nothing."""
+    path = _kept_path(data, key)
+    if not (data / "tables").is_dir():  # not a local store (a mistyped path): make no directory there
+        return
+    doc = {"usable": state.usable, "stale": list(state.stale), "traces": state.traces}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
+        tmp.replace(path)
+        for old in path.parent.glob("fresh-*.json"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except OSError as e:
+        logger.info("freshness not kept on disk: %s", e)
 
 
 def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:

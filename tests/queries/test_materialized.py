@@ -230,3 +230,38 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
     assert _exact(run_named(data, "root_causes", {}).to_pylist()) == _reference(data, "root_causes", {})
     score_store(data)
     assert_materialized_equal(data)
+
+
+def _freshness(data: Path) -> materialized.Freshness:
+    materialized._FRESH.clear()  # as a new process: only what is kept on disk is remembered
+    con = connect(data)
+    try:
+        return materialized.freshness(con, data)
+    finally:
+        con.close()
+
+
+def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a_build_or_collection(
+        tmp_path: Path) -> None:
+    import json
+
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans([s for i, c in enumerate(("a1", "x1", "y1")) for s in _turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+    build_store(data, idle_seconds=0)
+    score_store(data)
+    assert _freshness(data).fresh
+    kept = list((data / "state" / materialized.KEPT).glob("fresh-*.json"))
+    assert len(kept) == 1
+    # the next process reads the kept answer instead of the tables: an answer written there is the one given
+    kept[0].write_text(json.dumps({"usable": False, "stale": [], "traces": 3}))
+    assert not _freshness(data).usable
+    b.spans(_turn("a2", "conv-a1", 9_000_000, "lookup"))
+    build_store(data, idle_seconds=0)  # a new build: a new listing, asked again
+    assert set(_freshness(data).stale) == {"a1", "a2"}
+    assert len(list((data / "state" / materialized.KEPT).glob("fresh-*.json"))) == 1
+    build_store(data, idle_seconds=0, full=True)  # every trace rebuilt, the earlier builds collected
+    assert not _freshness(data).usable
+    score_store(data)
+    assert _freshness(data).fresh
+    assert_materialized_equal(data)
