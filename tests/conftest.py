@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from tests.analysis.analysis_support import store
@@ -41,11 +40,17 @@ def _bytecode_outside_the_tree() -> None:
     module it imported again, and pytest rewrote every test module's asserts again in each worker: up to a fifth
     of the suite's CPU (a CLI-heavy test file 23.6 -> 18.9 s CPU, collecting the suite 12.3 -> 6.1 s per worker).
     The run's processes (xdist workers, which start after this, and the commands tests start) compile into a
-    cache in the system's temporary directory instead, kept between runs; the tree still gets no ``.pyc``.
-    A ``PYTHONPYCACHEPREFIX`` already set is left alone."""
+    cache in the user's own cache directory instead (``~/.cache/tracedag-tests/pycache``, mode 0700: never a
+    shared temporary directory, where another user could plant bytecode), kept between runs; the tree still
+    gets no ``.pyc``. A ``PYTHONPYCACHEPREFIX`` already set is left alone."""
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    prefix = str(Path(tempfile.gettempdir()) / f"tracedag-tests-pycache-{os.getuid()}")
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    prefix = str(home / "tracedag-tests" / "pycache")
+    try:
+        os.makedirs(prefix, mode=0o700, exist_ok=True)
+    except OSError:
+        return  # no writable cache directory: compile as before
     del os.environ["PYTHONDONTWRITEBYTECODE"]
     os.environ["PYTHONPYCACHEPREFIX"] = prefix
     sys.dont_write_bytecode = False

@@ -319,7 +319,7 @@ def build_store(
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
         window = None if full else load_window(data)
         clear_window(data)  # until this build is done: a crash in it makes the next plan a full one
-        con = connect(data)
+        con = connect(data, shared_macros=False)  # the plan reads views only: no query macros
         con.execute("set enable_progress_bar = false")
         try:
             with stage("plan"):

@@ -119,7 +119,7 @@ def liveness(data: Path) -> Liveness:
     """Read the live pairs and per-build counts from the ``traces`` views."""
     from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
 
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # reads traces_all only: no query macros
     try:
         con.execute("set enable_progress_bar = false")
         # the pairs the ``traces`` view keeps, without reading the other columns of traces_all
