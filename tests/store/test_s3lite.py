@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.s3_server import KEY, SECRET, S3Server, server_binary, weed_binary
+from tests.store.s3_server import KEY, SECRET, S3Server, server_binary, serving, weed_binary
 from tracedag.pipeline.store.cachedfs import reading_filesystem
 from tracedag.pipeline.store.s3lite import ObjectChanged, S3Lite
 
@@ -45,17 +45,7 @@ def signing_s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
     config = tmp_path / "identities.json"
     config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
                                                   "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
-    server = SigningS3Server(tmp_path / "s3", config=config).start()
-    try:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "cache"))
-        server.bucket = "signed"
-        server.make_bucket(server.bucket)
-        server.wait_writable(server.bucket)
-        yield server
-    finally:
-        server.kill()
+    yield from serving(SigningS3Server(tmp_path / "s3", config=config), "signed", tmp_path / "cache", monkeypatch)
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
