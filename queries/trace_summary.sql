@@ -41,7 +41,7 @@ wscore as (
     select trace_id, count(*) as steps, count(score) as scored_steps, min(score) as min_score,
            case when count(score) > 0
                 then sum(weight) filter (where used_score is not null)
-                     / sum(weight / used_score) filter (where used_score is not null)
+                     / sum(cast(weight / used_score as decimal(38, 18))) filter (where used_score is not null)
            end as workflow_score
     from weights group by trace_id
 ),

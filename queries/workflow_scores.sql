@@ -25,6 +25,9 @@
 -- retry or another route fixed them, see propagation.sql) count with weight 1, since nothing
 -- downstream used their result: the retry cost something, but a recovered trace can pass;
 -- failed_steps counts them too.
+-- The terms w / score are summed as decimals (18 places): a sum of doubles depends on the order the
+-- parallel aggregate adds them in, and a mean of exactly 3 came out 2.9999999999999996 (failing) in one
+-- run and 3.0 in the next.
 with
 win as (
     select trace_id, conversation_id, method, start_time_unix_nano from trace_window($since_ns, $trace_id)
@@ -45,7 +48,7 @@ per_trace as (
            min(score) as min_score,
            case when count(score) > 0
                 then sum(weight) filter (where used_score is not null)
-                     / sum(weight / used_score) filter (where used_score is not null)
+                     / sum(cast(weight / used_score as decimal(38, 18))) filter (where used_score is not null)
            end as workflow_score
     from counted
     group by trace_id
