@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.demo.demo_support import DemoRun, private_demo
-from tests.score.score_support import StoreBuilder, span
+from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
@@ -132,29 +132,16 @@ def test_changed_human_labels_make_the_store_stale_until_the_next_round(query_st
     assert_materialized_equal(data)
 
 
-def _turn(trace: str, conversation: str, start: int, failing: str) -> list[dict[str, object]]:
-    """An agent turn: a root, a tool that errors (a failure the rules score 1) and the answer."""
-    base = {"conversation_id": conversation, "received_unix_nano": start}
-    root = span(trace, f"{trace}-r", None, step_type="agent", step_name="agent", start_time_unix_nano=start,
-                end_time_unix_nano=start + 100, duration_ns=100, **base)
-    tool = span(trace, f"{trace}-t", f"{trace}-r", step_type="tool", step_name=failing, status_code=2,
-                error_type="ToolError", status_message="tool broke", start_time_unix_nano=start + 10,
-                end_time_unix_nano=start + 20, duration_ns=10, **base)
-    llm = span(trace, f"{trace}-l", f"{trace}-r", step_type="llm", step_name="answer", start_time_unix_nano=start + 30,
-               end_time_unix_nano=start + 40, duration_ns=10, **base)
-    return [root, tool, llm]
-
-
 def test_incremental_rounds_recompute_the_conversation_a_later_turn_joins(tmp_path: Path) -> None:
     data = tmp_path / "data"
     b = StoreBuilder(data)
-    b.spans(_turn("a1", "conv-1", 1_000_000, "search") + _turn("x1", "conv-2", 2_000_000, "fetch"))
+    b.spans(agent_turn("a1", "conv-1", 1_000_000, "search") + agent_turn("x1", "conv-2", 2_000_000, "fetch"))
     build_store(data, idle_seconds=0)
     first = score_store(data)
     assert first.materialized is not None and first.materialized.full
     assert_materialized_equal(data)
     # round 2: a later turn of conv-1 (and an earlier one, arriving late) change conv-1's rows
-    b.spans(_turn("a2", "conv-1", 3_000_000, "lookup") + _turn("a0", "conv-1", 500_000, "plan"))
+    b.spans(agent_turn("a2", "conv-1", 3_000_000, "lookup") + agent_turn("a0", "conv-1", 500_000, "plan"))
     build_store(data, idle_seconds=0)
     assert not _reads_stored(data, "root_causes", {})  # built, not scored: the SQL answers
     second = score_store(data)
@@ -213,11 +200,11 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
     data = tmp_path / "data"
     b = StoreBuilder(data)
     b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
-             for s in _turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+             for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
     build_store(data, idle_seconds=0)
     assert score_store(data).materialized is not None
     # a later and an earlier turn of a1's conversation, built but not scored: its three turns are computed
-    b.spans(_turn("a2", "conv-a1", 9_000_000, "lookup") + _turn("a0", "conv-a1", 500_000, "plan"))
+    b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup") + agent_turn("a0", "conv-a1", 500_000, "plan"))
     build_store(data, idle_seconds=0)
     _assert_mixed_equal(data, {"a0", "a1", "a2"})
     # every trace rebuilt (the previous builds collected): nothing is answered, the SQL runs alone
@@ -247,7 +234,7 @@ def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a
 
     data = tmp_path / "data"
     b = StoreBuilder(data)
-    b.spans([s for i, c in enumerate(("a1", "x1", "y1")) for s in _turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+    b.spans([s for i, c in enumerate(("a1", "x1", "y1")) for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
     build_store(data, idle_seconds=0)
     score_store(data)
     assert _freshness(data).fresh
@@ -256,7 +243,7 @@ def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a
     # the next process reads the kept answer instead of the tables: an answer written there is the one given
     kept[0].write_text(json.dumps({"usable": False, "stale": [], "traces": 3}))
     assert not _freshness(data).usable
-    b.spans(_turn("a2", "conv-a1", 9_000_000, "lookup"))
+    b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # a new build: a new listing, asked again
     assert set(_freshness(data).stale) == {"a1", "a2"}
     assert len(list((data / "state" / materialized.KEPT).glob("fresh-*.json"))) == 1

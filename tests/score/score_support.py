@@ -34,6 +34,20 @@ def span(trace_id: str, span_id: str, parent: str | None = None, **kw: Any) -> d
     return row
 
 
+def agent_turn(trace: str, conversation: str, start: int, failing: str) -> list[dict[str, Any]]:
+    """An agent turn of ``conversation``: a root, a tool ``failing`` that errors (a failure the rules score 1) and
+    the answer, received at ``start``."""
+    base = {"conversation_id": conversation, "received_unix_nano": start}
+    root = span(trace, f"{trace}-r", None, step_type="agent", step_name="agent", start_time_unix_nano=start,
+                end_time_unix_nano=start + 100, duration_ns=100, **base)
+    tool = span(trace, f"{trace}-t", f"{trace}-r", step_type="tool", step_name=failing, status_code=2,
+                error_type="ToolError", status_message="tool broke", start_time_unix_nano=start + 10,
+                end_time_unix_nano=start + 20, duration_ns=10, **base)
+    llm = span(trace, f"{trace}-l", f"{trace}-r", step_type="llm", step_name="answer", start_time_unix_nano=start + 30,
+               end_time_unix_nano=start + 40, duration_ns=10, **base)
+    return [root, tool, llm]
+
+
 class StoreBuilder:
     """Writes hand-built traces into a data directory the way ingest and build would."""
 

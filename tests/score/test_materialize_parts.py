@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.score.score_support import StoreBuilder, span
+from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
@@ -16,19 +16,6 @@ from tracedag.pipeline.store.views import connect
 
 NAMED = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
          ("workflow_scores", {}), ("trace_summary", {})]
-
-
-def _turn(trace: str, conversation: str, start: int, failing: str) -> list[dict[str, object]]:
-    """An agent turn: a root, a tool that errors (the rules score it 1) and the answer."""
-    base = {"conversation_id": conversation, "received_unix_nano": start}
-    root = span(trace, f"{trace}-r", None, step_type="agent", step_name="agent", start_time_unix_nano=start,
-                end_time_unix_nano=start + 100, duration_ns=100, **base)
-    tool = span(trace, f"{trace}-t", f"{trace}-r", step_type="tool", step_name=failing, status_code=2,
-                error_type="ToolError", status_message="tool broke", start_time_unix_nano=start + 10,
-                end_time_unix_nano=start + 20, duration_ns=10, **base)
-    llm = span(trace, f"{trace}-l", f"{trace}-r", step_type="llm", step_name="answer", start_time_unix_nano=start + 30,
-               end_time_unix_nano=start + 40, duration_ns=10, **base)
-    return [root, tool, llm]
 
 
 def _rounded(rows: list[dict]) -> list[dict]:
@@ -49,12 +36,12 @@ def _answers_equal_the_sql(data: Path) -> None:
 def test_a_backlog_is_materialized_in_parts_of_whole_conversations(tmp_path: Path) -> None:
     data = tmp_path / "data"
     b = StoreBuilder(data)
-    b.spans(_turn("a1", "conv-a", 1_000_000, "search") + _turn("z1", "conv-z", 1_500_000, "fetch"))
+    b.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("z1", "conv-z", 1_500_000, "fetch"))
     build_store(data, idle_seconds=0)
     assert score_store(data).materialized.full  # the first round: every trace, over the store as it is
     # rounds a live collector scored without storing results: a later turn of conv-a, two new conversations
-    b.spans(_turn("a2", "conv-a", 3_000_000, "lookup") + _turn("b1", "conv-b", 3_100_000, "plan")
-            + _turn("b2", "conv-b", 3_200_000, "plan") + _turn("c1", "conv-c", 3_300_000, "pay"))
+    b.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup") + agent_turn("b1", "conv-b", 3_100_000, "plan")
+            + agent_turn("b2", "conv-b", 3_200_000, "plan") + agent_turn("c1", "conv-c", 3_300_000, "pay"))
     build_store(data, idle_seconds=0)
     scored = score_store(data, live=LiveRound(materialize=False))
     assert scored.materialized is None
