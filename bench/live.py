@@ -132,7 +132,7 @@ class Poller(threading.Thread):
         self.seen: dict[str, float] = {}
         self.query_seconds: list[float] = []
         self.final: set[str] = set()
-        self.built = 0  # traces built (the traces view), as of the last poll
+        self.built = 0  # traces scored (with step_scores rows), as of the last poll
         self.final_query = float("nan")
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--poll-child", str(data),
@@ -160,7 +160,7 @@ class Poller(threading.Thread):
 
 
 def poll_child(data: Path, every: float) -> None:
-    """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <traces built> <trace ids
+    """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <traces scored> <trace ids
     new>``; on a ``stop`` line on stdin, one ``final <t> <seconds> 0 <every trace id>`` line, then exit."""
     from tracedag.pipeline.store.querying import run_named, run_sql
 
@@ -176,7 +176,9 @@ def poll_child(data: Path, every: float) -> None:
         new = [t for t in rows if t not in seen]
         seen.update(new)
         try:
-            built = run_sql(data, "select count(*) as n from traces").column("n")[0].as_py()
+            # scored, not built: a round writes its builds before it scores them, and the root causes come
+            # from the scores (counting builds ended runs while a large round was still scoring)
+            built = run_sql(data, "select count(distinct trace_id) as n from step_scores").column("n")[0].as_py()
         except Exception:  # a file compacted away under the count: the next poll says
             built = -1
         print("poll", t1, t1 - t0, built, *new, flush=True)
@@ -192,7 +194,7 @@ def poll_child(data: Path, every: float) -> None:
 
 
 def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
-    """Wait until every one of the ``traces`` sent is built and no new root cause appeared for ``quiet`` seconds
+    """Wait until every one of the ``traces`` sent is scored and no new root cause appeared for ``quiet`` seconds
     (at most ``most`` seconds); return the seconds waited. Without the first condition a collector far behind
     (a round longer than ``quiet``) ended the run early, and the figures counted the traces it had done."""
     start = last = time.monotonic()
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=15.0,
                     help="after the load, stop once no new root cause appeared for this many seconds")
     ap.add_argument("--most", type=float, default=300.0,
-                    help="after the load, wait at most this long for every trace sent to be built")
+                    help="after the load, wait at most this long for every trace sent to be scored")
     ap.add_argument("--baseline-tree", action="append", default=[], metavar="[LABEL=]DIR",
                     help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
                          "also run with the collector (and the polls) from it, alternating, as a baseline of the "
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 f["load"] = os.getloadavg()[0]
                 results.setdefault((rate, label), []).append(f)
                 table.add_row(label, *_cells(f))
-                console.print(f"{label} {rate:,.0f}: built {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
+                console.print(f"{label} {rate:,.0f}: scored {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
                               f"p99 {f['p99']:.2f} "
                               f"poll {f['poll']:.2f} load {f['load']:.1f}")
     console.print(table)
@@ -316,7 +318,7 @@ def _tree(spec: str) -> tuple[str, str]:
 
 def _table(title: str) -> Table:
     table = Table(title=title)
-    for col in ("code", "offered spans/s", "paced at", "traces built/sent", "drained after s",
+    for col in ("code", "offered spans/s", "paced at", "traces scored/sent", "drained after s",
                 "traces with a root cause", "missing", "p50 s", "p99 s", "ack p50 ms", "ack p99 ms", "poll s",
                 "errors", "load"):
         table.add_column(col, justify="right")
