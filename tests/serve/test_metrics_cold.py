@@ -12,8 +12,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tests.queries.test_materialized import _turn
-from tests.score.score_support import StoreBuilder
+from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.serve.data import Store
@@ -68,7 +67,7 @@ def test_a_build_states_text_is_kept_for_the_next_server_and_computed_again_afte
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     b = StoreBuilder(data)
-    b.spans(_turn("a1", "conv-1", 1_000_000, "search"))
+    b.spans(agent_turn("a1", "conv-1", 1_000_000, "search"))
     build_store(data, idle_seconds=0)
     score_store(data)
     first = Metrics(Store(data)).text()
@@ -76,7 +75,7 @@ def test_a_build_states_text_is_kept_for_the_next_server_and_computed_again_afte
     assert [k.read_text() for k in kept] == [first]
     # a server started again on the unchanged store: the kept text, compute time included (not recomputed)
     assert Metrics(Store(data)).text() == first
-    b.spans(_turn("b1", "conv-2", 2_000_000, "fetch"))
+    b.spans(agent_turn("b1", "conv-2", 2_000_000, "fetch"))
     build_store(data, idle_seconds=0)
     second = Metrics(Store(data)).text()
     assert "tracedag_traces_built 2\n" in second and without_timing(second) == without_timing(compute(data))

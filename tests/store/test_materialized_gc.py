@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.queries.test_materialized import _turn, assert_materialized_equal
-from tests.score.score_support import StoreBuilder
+from tests.queries.test_materialized import assert_materialized_equal
+from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import materialized
@@ -20,7 +20,7 @@ def _builds(data, table: str) -> set[str]:
 
 def test_a_full_rebuild_and_score_leave_only_the_new_builds_materialized_rows(tmp_path):
     data = tmp_path / "data"
-    StoreBuilder(data).spans(_turn("a1", "conv-1", 1_000_000, "search") + _turn("b1", "conv-2", 2_000_000, "fetch"))
+    StoreBuilder(data).spans(agent_turn("a1", "conv-1", 1_000_000, "search") + agent_turn("b1", "conv-2", 2_000_000, "fetch"))
     first = build_store(data, idle_seconds=0)
     score_store(data)
     assert _builds(data, "materialized_failures") == {first.build_id}
@@ -44,7 +44,7 @@ def test_a_running_scorer_keeps_the_collector_off_the_materialized_tables(tmp_pa
     import fcntl
 
     data = tmp_path / "data"
-    StoreBuilder(data).spans(_turn("a1", "conv-1", 1_000_000, "search"))
+    StoreBuilder(data).spans(agent_turn("a1", "conv-1", 1_000_000, "search"))
     build_store(data, idle_seconds=0)
     score_store(data)
     with open(data / "state" / "score.lock", "a+") as fh:  # a scorer is running
