@@ -8,6 +8,7 @@ the same data. SeaweedFS without an identities file accepts any credentials.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -161,6 +162,19 @@ class S3Server:
 
         return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True,
                                  use_listings_cache=False)
+
+
+def agent_runs_dump(path: Path, traces: int) -> Path:
+    """An OTLP/JSON file of ``traces`` agent runs (an agent span and two tool calls; every odd run's tools fail)."""
+    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
+              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
+              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
+              "status": {"code": 2 if (k and t % 2) else 0},
+              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
+              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)}
+             for t in range(1, traces + 1) for k in range(3)]
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    return path
 
 
 def serving(server: S3Server, bucket: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:

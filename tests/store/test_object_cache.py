@@ -28,7 +28,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.store.s3_server import S3Server, free_port_pair, server_binary, serving, weed_binary
+from tests.store.s3_server import (
+    S3Server,
+    agent_runs_dump,
+    free_port_pair,
+    server_binary,
+    serving,
+    weed_binary,
+)
 from tracedag.pipeline.store import objcache
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
 from tracedag.pipeline.store.objcache import MAGIC, inspect
@@ -69,15 +76,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> str:
 def _store(server: S3Server, tmp_path: Path, traces: int = 12) -> str:
     """An S3 store with ``traces`` agent runs (every other one with a failing tool), built; its URL."""
     url = f"s3://{server.bucket}/store"
-    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
-              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
-              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
-              "status": {"code": 2 if (k and t % 2) else 0},
-              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
-              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)}
-             for t in range(1, traces + 1) for k in range(3)]
-    dump = tmp_path / "spans.json"
-    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    dump = agent_runs_dump(tmp_path / "spans.json", traces)
     off = {"TRACEDAG_CACHE_SIZE": "0"}  # the writer's reads leave the cache empty for the tests
     _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w"), "--writer-id", "w", env=off)
     _run("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "w"), env=off)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.s3_server import KEY, SECRET, S3Server, server_binary, serving, weed_binary
+from tests.store.s3_server import KEY, SECRET, S3Server, agent_runs_dump, server_binary, serving, weed_binary
 from tracedag.pipeline.store.cachedfs import reading_filesystem
 from tracedag.pipeline.store.s3lite import ObjectChanged, S3Lite
 
@@ -55,15 +55,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def _store(server: S3Server, tmp_path: Path) -> str:
     """A built S3 store of a few agent runs (written through s3fs, as every write is); its URL."""
     url = f"s3://{server.bucket}/store"
-    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
-              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
-              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
-              "status": {"code": 2 if (k and t % 2) else 0},
-              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
-              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)}
-             for t in range(1, 7) for k in range(3)]
-    dump = tmp_path / "spans.json"
-    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+    dump = agent_runs_dump(tmp_path / "spans.json", 6)
     for step in (["ingest", str(dump)], ["build", "--idle", "0"]):
         r = _run(*step, "--data", url, "--work-dir", str(tmp_path / "w"))
         assert r.returncode == 0, r.stderr
