@@ -13,11 +13,11 @@ error payload (no exception), a taxi needs a city and an HH:MM time.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import fw_tools  # the shared tools (this script's folder is on sys.path)
 from openinference.instrumentation import using_session
 from openinference.instrumentation.smolagents import SmolagentsInstrumentor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
-CALLS: dict[str, int] = {}
-ORDERS = {"A-1001": {"order_id": "A-1001", "status": "shipped", "tracking_no": "TRK-77123"}}
+CALLS = fw_tools.CALLS
 
 
+# smolagents reads a tool's schema from its docstring's Args: section, so the docstrings stay here
 @tool
 def get_weather(city: str) -> str:
     """The weather of a city today.
@@ -37,12 +37,7 @@ def get_weather(city: str) -> str:
     Args:
         city: the city's name
     """
-    CALLS[city] = CALLS.get(city, 0) + 1
-    if city == "Atlantis":
-        raise TimeoutError("weather backend timed out after 10s")
-    if city == "Lyon" and CALLS[city] == 1:
-        raise ConnectionError("weather backend connection reset")
-    return f"{city}: 21C and sunny"
+    return fw_tools.get_weather(city)
 
 
 @tool
@@ -52,7 +47,7 @@ def lookup_order(order_id: str) -> dict:
     Args:
         order_id: the order id, e.g. A-1001
     """
-    return ORDERS.get(order_id) or {"status": "error", "error": f"order {order_id} not found"}
+    return fw_tools.lookup_order(order_id)
 
 
 @tool
@@ -63,9 +58,7 @@ def book_taxi(city: str, time: str) -> str:
         city: where
         time: when, HH:MM
     """
-    if not re.fullmatch(r"\d\d:\d\d", time):
-        raise ValueError(f"time must be HH:MM, got {time!r}")
-    return f"taxi booked in {city} at {time}"
+    return fw_tools.book_taxi(city, time)
 
 
 def main(collector: str, model_url: str, scenarios: list[dict[str, Any]]) -> None:
