@@ -24,7 +24,6 @@ walk. Every family has one sample per label set. ``agent`` is always the agent n
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -38,6 +37,7 @@ from tracedag import queries
 from tracedag.pipeline.serve.data import Store, rerun_if_vanished, state_key
 from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
 from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.files import keep_newest
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect, create_shared_macros
@@ -248,22 +248,8 @@ def kept_text(data: Path, state: str) -> str | None:
 
 
 def keep_text(data: Path, state: str, text: str) -> None:
-    """Keep ``text`` as the build state ``state``'s (atomically; the older states' texts are removed).
-
-    A store this process may not write to (a read-only mount) keeps nothing: the next process computes."""
-    directory = state_dir(data) / DISK
-    if not (data / "tables").is_dir():  # nothing stored yet: make no directory there
-        return
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{state}.{os.getpid()}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(directory / f"{state}.prom")
-        for old in directory.glob("*.prom"):
-            if old.name != f"{state}.prom":
-                old.unlink(missing_ok=True)
-    except OSError as e:
-        logger.info("metrics text not kept on disk: %s", e)
+    """Keep ``text`` as the build state ``state``'s; the older states' texts are removed (``files.keep_newest``)."""
+    keep_newest(data, state_dir(data) / DISK / f"{state}.prom", text)
 
 
 def text_of(data: Path, state: str) -> str:

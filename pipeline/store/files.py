@@ -12,6 +12,8 @@ rename it to ``<name>.parquet`` and fsync the directory, so a reader never sees 
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +25,8 @@ from tracedag.pipeline.store.manifests import remote_files
 from tracedag.schemas.errors import SchemaMismatch
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
+
+logger = logging.getLogger(__name__)
 
 TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels", "validations",
           "root_cause_checks")
@@ -63,3 +67,23 @@ def file_vanished(error: BaseException) -> bool:
     """
     text = str(error).lower()
     return "no such file" in text or "no files found" in text or "cannot open file" in text
+
+
+def keep_newest(data: Path, path: Path, text: str) -> bool:
+    """Keep ``text`` as ``path``, a reader's cache under ``<data>/state/`` (written atomically), and remove the
+    older files of its directory with the same suffix: only the newest answer is kept. A path with no store
+    (no ``tables/``) or a store this process may not write to (a read-only mount) keeps nothing."""
+    if not (data / "tables").is_dir():  # nothing stored there (a mistyped path): make no directory
+        return False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        for old in path.parent.glob(f"*{path.suffix}"):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except OSError as e:
+        logger.info("%s not kept on disk: %s", path.parent.name, e)
+        return False
+    return True

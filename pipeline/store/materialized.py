@@ -23,13 +23,12 @@ import bisect
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracedag import queries
-from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.files import keep_newest, parquet_files
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.queries import macros
 
@@ -225,22 +224,9 @@ def kept_freshness(data: Path, key: tuple[str, ...]) -> Freshness | None:
 
 
 def keep_freshness(data: Path, key: tuple[str, ...], state: Freshness) -> None:
-    """Keep ``state`` as the answer for ``key`` (atomically; the answers for older listings are removed).
-    A store this process cannot write to keeps nothing."""
-    path = _kept_path(data, key)
-    if not (data / "tables").is_dir():  # not a local store (a mistyped path): make no directory there
-        return
+    """Keep ``state`` as the answer for ``key``; the answers for older listings are removed (``files.keep_newest``)."""
     doc = {"usable": state.usable, "stale": list(state.stale), "traces": state.traces}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc), encoding="utf-8")
-        tmp.replace(path)
-        for old in path.parent.glob("fresh-*.json"):
-            if old != path:
-                old.unlink(missing_ok=True)
-    except OSError as e:
-        logger.info("freshness not kept on disk: %s", e)
+    keep_newest(data, _kept_path(data, key), json.dumps(doc))
 
 
 def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
