@@ -14,7 +14,7 @@ from rich.text import Text
 
 from tracedag import queries
 from tracedag.pipeline.dag import dataflow, show_stored
-from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
 from tracedag.pipeline.store.views import (
     connect,
     create_shared_macros,
@@ -110,20 +110,19 @@ def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
     con = connect(data, shared_macros=False)  # made only when the cause is computed (_needs_macros)
     con.execute("set enable_progress_bar = false")
     try:
-        for attempt in range(1, _ATTEMPTS + 1):
+        for attempt in range(1, VANISHED_ATTEMPTS + 1):
             try:
+                if attempt > 1:  # list the tables' files again: planning itself may meet a removed one
+                    create_views(con, data, shared_macros=False)
                 return _read_shown(con, data, trace_id, cause)
             except (duckdb.IOException, _Superseded) as e:
-                if attempt == _ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
+                if attempt == VANISHED_ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
                     raise
                 logger.info("trace %s: read again (%s)", trace_id, e)
-                create_views(con, data, shared_macros=False)
+                vanished_pause(attempt)
         raise AssertionError("unreachable")
     finally:
         con.close()
-
-
-_ATTEMPTS = 3
 
 
 class _Superseded(Exception):

@@ -25,7 +25,7 @@ from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
 from tracedag.pipeline.store import materialized
-from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
 from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import bind_params, query_doc, run_named, to_arrow
 from tracedag.pipeline.store.remote import remote_of
@@ -249,7 +249,7 @@ def _catalog_of(cur: duckdb.DuckDBPyConnection) -> Catalog:
         cur.close()
 
 
-def rerun_if_vanished(read: Callable[[], _T], attempts: int = 3) -> _T:
+def rerun_if_vanished(read: Callable[[], _T], attempts: int = VANISHED_ATTEMPTS) -> _T:
     """``read()``, run again on a fresh plan when a file it planned with was removed by compaction meanwhile.
 
     A GC or compaction swap replaces a table's files at once; a query that listed the old ones just
@@ -262,6 +262,7 @@ def rerun_if_vanished(read: Callable[[], _T], attempts: int = 3) -> _T:
             if attempt == attempts or not file_vanished(e):
                 raise QueryFailed("trace", str(e).strip().splitlines()[0]) from e
             logger.info("a file vanished under compaction, re-running: %s", e)
+            vanished_pause(attempt)
     raise AssertionError("unreachable")
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
 from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
-from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.schemas.errors import QueryFailed
@@ -82,13 +82,12 @@ def run(data: Path, request: dict[str, Any], out: BinaryIO, con: duckdb.DuckDBPy
             # a GC or compaction swap removed a file this plan listed: plan again, unless bytes went out
             if attempt == VANISHED_ATTEMPTS or not file_vanished(e) or not sink.restart():
                 raise
+            vanished_pause(attempt)
         finally:
             con.close()
             con = None
     raise AssertionError("unreachable")
 
-
-VANISHED_ATTEMPTS = 3
 HOLD_BYTES = 64 * 1024
 
 

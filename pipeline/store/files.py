@@ -58,6 +58,16 @@ def check_schema(path: Path, expected: pa.Schema) -> None:
         raise SchemaMismatch(str(path), want, found.decode() if found else None)
 
 
+# How often a read is planned again after a swap removed a file it listed, pausing a little longer each time
+# (``vanished_pause``): on a busy machine a reader can meet several swaps of a GC in a row.
+VANISHED_ATTEMPTS = 8
+
+
+def vanished_pause(attempt: int) -> None:
+    """Wait before planning again after ``attempt`` failed on a vanished file: the swap finishes meanwhile."""
+    time.sleep(min(0.01 * attempt * attempt, 0.25))
+
+
 def file_vanished(error: BaseException) -> bool:
     """Whether a DuckDB error says a file it planned with is gone (a GC or compaction swap removed it).
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized, mixed
-from tracedag.pipeline.store.files import file_vanished, parquet_files
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import (
     calls_shared_macros,
@@ -171,19 +171,15 @@ def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | N
     return _execute(data, "--sql", sql, {}, Limits(threads, timeout, read_only, macros=True))
 
 
-# Compaction swaps a partition's files atomically; a query that listed the old files just before
-# the swap finds one missing. Listing again sees the new files, so such a query is simply re-run.
-_ATTEMPTS = 3
-
-
 def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
-    for attempt in range(1, _ATTEMPTS + 1):
+    for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
             return _execute_once(data, label, sql, values, limits)
         except duckdb.IOException as e:
-            if attempt == _ATTEMPTS or not file_vanished(e):
+            if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
                 raise QueryFailed(label, duckdb_message(e)) from e
             logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
+            vanished_pause(attempt)
         except duckdb.Error as e:
             raise QueryFailed(label, duckdb_message(e)) from e
     raise AssertionError("unreachable")

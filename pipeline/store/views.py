@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized
-from tracedag.pipeline.store.files import file_vanished, parquet_files
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.queries import macros
@@ -371,9 +371,6 @@ def _unavailable(name: str, error: duckdb.Error) -> str:
     return f"does not bind on this store: {str(error).strip().splitlines()[0]}"
 
 
-VANISHED_ATTEMPTS = 3
-
-
 def connect(data: Path | str, threads: int | None = None, query_macros: bool = False,
             declare_macros: bool = False, shared_macros: bool = True) -> duckdb.DuckDBPyConnection:
     """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string).
@@ -395,6 +392,7 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
         except duckdb.IOException as e:  # a GC or compaction swap removed one meanwhile: list again
             if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
                 raise
+            vanished_pause(attempt)
     if query_macros:
         create_query_macros(con)
     elif declare_macros:
