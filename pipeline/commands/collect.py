@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -30,6 +31,13 @@ def parse_size(text: str) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise click.BadParameter(f"not a size: {text!r} (e.g. 64MiB)")
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A finite number of seconds, 0 or more (click's FloatRange lets nan and inf through)."""
+    if not math.isfinite(value) or value < 0:
+        raise click.BadParameter(f"{value} is not a number of seconds (0 or more)")
+    return value
 
 
 @click.command("collect")
@@ -76,6 +84,12 @@ def parse_size(text: str) -> int:
               help="Seconds without new spans before a trace whose root span is in is built.")
 @click.option("--build-interval", default=1.0, show_default=True, type=float,
               help="Seconds between live analysis rounds.")
+@click.option("--materialize-interval", default=60.0, show_default=True, type=float, callback=_seconds,
+              help="With --build, under continuous load: seconds between the rounds that store a part of the named "
+                   "queries' results (root causes, failures, ...); a round that built nothing stores all that is "
+                   "left. Until stored, queries compute those traces from the SQL.")
+@click.option("--materialize-part", default=2_000, show_default=True, type=click.IntRange(min=1),
+              help="With --build: traces (whole conversations) in the part a busy round stores.")
 @click.option("--judge/--no-judge", "use_judge", default=None,
               help="With --build, also grade steps with the LLM judge, in its own thread (default: on when "
                    "TRACEDAG_JUDGE_MODEL is set; endpoint and key as for tracedag score).")
@@ -95,7 +109,8 @@ def collect(
     tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
     header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, spool_retention: float,
-    build: bool, build_idle: float, build_grace: float, build_interval: float, use_judge: bool | None,
+    build: bool, build_idle: float, build_grace: float, build_interval: float, materialize_interval: float,
+    materialize_part: int, use_judge: bool | None,
     judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float, keep_local: float,
 ) -> None:
     """Receive OTLP traces (HTTP 4318 and gRPC 4317), store them durably and convert them to Parquet.
@@ -116,7 +131,8 @@ def collect(
         header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
         max_connections=max_connections, spool_retention=spool_retention * 3600,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
-        build_grace_seconds=build_grace, build_interval=build_interval, convert_process=convert_mode == "process",
+        build_grace_seconds=build_grace, build_interval=build_interval, materialize_interval=materialize_interval,
+        materialize_part=materialize_part, convert_process=convert_mode == "process",
         judge=_live_judge(use_judge, judge_max_steps) if build else None, judge_interval=judge_interval,
         keep_local_seconds=keep_local * 3600,
     )
@@ -134,6 +150,10 @@ def collect(
     click.echo(f"tracedag collect: OTLP/HTTP {scheme}://{shown}:{running.http_port}/v1/traces", nl=True)
     click.echo(f"tracedag collect: OTLP/gRPC {shown}:{running.grpc_port}")
     click.echo(f"tracedag collect: data in {data}; metrics at {scheme}://{shown}:{running.http_port}/metrics")
+    if running.config.build:
+        click.echo(f"tracedag collect: live analysis every {running.config.build_interval:g} s; named queries' "
+                   f"results stored when a round builds nothing, or {running.config.materialize_part} traces every "
+                   f"{running.config.materialize_interval:g} s under load")
     click.echo(f"listening http_port={running.http_port} grpc_port={running.grpc_port}")
     while not stop.wait(0.5):
         pass
