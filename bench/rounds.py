@@ -11,6 +11,13 @@ both ways, in alternation, on copies of the same store:
 - full (the baseline, same run): the plan reads every spans file and the scorer every build and
   span, as every round did before.
 
+Both ways store the named queries' results as the live collector does (``--store-results live``, the
+default): not in the round (``LiveRound.materialize`` False) but in a bounded part of
+``CollectorConfig.materialize_part`` traces every ``materialize_interval`` seconds under load; the part's
+cost is timed once after the rounds (on the incremental copy, whose backlog the rounds left) and shown beside
+the rounds, with what it adds to a round on average (the part / the rounds in an interval). ``--store-results
+every-round`` stores them in every round, as ``tracedag score`` does (and live rounds did before 61784f8).
+
     python bench/rounds.py --sizes 200000 800000 1600000 --rounds 5
 """
 
@@ -35,7 +42,9 @@ from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.dag.window import clear_window
 from tracedag.pipeline.ingest.direct import ingest_requests
 from tracedag.pipeline.score import score_store
-from tracedag.pipeline.score.runner import LiveRound
+from tracedag.pipeline.score.runner import LiveRound, materialize_later
+from tracedag.pipeline.service import CollectorConfig
+from tracedag.schemas.layout import state_file
 
 console = Console(width=140)
 
@@ -53,18 +62,30 @@ def make_store(data: Path, spans: int, batch: int, progress: Progress) -> int:
     return seed
 
 
-def one_round(data: Path, seed: int, batch: int, incremental: bool) -> tuple[float, float, int]:
-    """Ingest one batch, then build and score it; return (build s, score s, traces built)."""
+def one_round(data: Path, seed: int, batch: int, incremental: bool, store: bool) -> tuple[float, float, int]:
+    """Ingest one batch, then build and score it (``store``: and store the named queries' results); return
+    (build s, score s, traces built)."""
     ingest_requests(data, requests(batch, seed), received_unix_nano=time.time_ns())
     if not incremental:
         clear_window(data)  # the plan reads every spans file, as before
+        state_file(data, "score-window.json").unlink(missing_ok=True)  # and the scorer every build
     t = time.perf_counter()
     built = build_store(data, idle_seconds=0, grace_seconds=0)
     t_build = time.perf_counter() - t
-    live = LiveRound(built.build_id if built.traces_built else None, built.received_from) if incremental else None
+    live = LiveRound(built.build_id if built.traces_built else None, built.received_from, materialize=store)
+    if not incremental:
+        live = None if store else LiveRound(None, None, materialize=False)
     t = time.perf_counter()
     score_store(data, live=live)
     return t_build, time.perf_counter() - t, built.traces_built
+
+
+def store_part(data: Path) -> tuple[float, int]:
+    """Store one part of the named queries' results left by the rounds, as a busy live round does; return
+    (seconds, traces stored)."""
+    t = time.perf_counter()
+    stats = materialize_later(data, [], CollectorConfig.materialize_part)
+    return time.perf_counter() - t, stats.traces if stats is not None else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,11 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[200_000, 800_000])
     ap.add_argument("--batch", type=int, default=40_000, help="spans arriving per round (one second at 40k/s)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--store-results", choices=["live", "every-round"], default="live",
+                    help="live: rounds leave the named queries' results to a bounded part stored every "
+                         "materialize_interval (timed after the rounds), as tracedag collect --build does; "
+                         "every-round: each round stores them")
     args = ap.parse_args(argv)
-    table = Table(title=f"one live round ({args.batch:,} new spans): median of {args.rounds}, seconds")
+    table = Table(title=f"one live round ({args.batch:,} new spans): median of {args.rounds}, seconds; named "
+                        f"queries' results stored: {args.store_results}")
     for col in ("store spans", "full: build", "full: score", "full: round", "incremental: build",
                 "incremental: score", "incremental: round", "ratio"):
         table.add_column(col, justify="right")
+    if args.store_results == "live":
+        table.add_column("then a part stored (traces), s", justify="right")
+        table.add_column("its share of a 1 s round, s", justify="right")
     for size in args.sizes:
         root = Path(tempfile.mkdtemp(prefix="tracedag-rounds-"))
         try:
@@ -96,9 +125,11 @@ def row(root: Path, size: int, args: argparse.Namespace) -> list[str]:
         task = progress.add_task("rounds", total=2 * args.rounds)
         for r in range(args.rounds):
             for incremental in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
-                b, s, _ = one_round(root / ("inc" if incremental else "full"), seed + r, args.batch, incremental)
+                b, s, _ = one_round(root / ("inc" if incremental else "full"), seed + r, args.batch, incremental,
+                                    args.store_results == "every-round")
                 times[incremental].append((b, s))
                 progress.advance(task)
+        part = store_part(root / "inc") if args.store_results == "live" else None
     cells = [f"{size:,}"]
     rounds = {}
     for incremental in (False, True):
@@ -107,6 +138,8 @@ def row(root: Path, size: int, args: argparse.Namespace) -> list[str]:
         rounds[incremental] = statistics.median(t[0] + t[1] for t in times[incremental])
         cells += [f"{b:.2f}", f"{s:.2f}", f"{rounds[incremental]:.2f}"]
     cells.append(f"{rounds[False] / rounds[True]:.1f}x")
+    if part is not None:  # rounds of one second: materialize_interval rounds share one part
+        cells += [f"{part[0]:.2f} ({part[1]:,})", f"{part[0] / CollectorConfig.materialize_interval:.3f}"]
     return cells
 
 
