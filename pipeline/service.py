@@ -117,7 +117,7 @@ class RunningCollector:
         self._scored_once = False
         self._last_gc = 0.0
         self._last_materialized = time.monotonic()
-        self._unmaterialized: list[Path] | None = []  # score files of rounds not materialized; None: nothing left
+        self._unmaterialized = True  # a scored trace may lack stored results (at start: a store left so, too)
 
     @property
     def http_port(self) -> int:
@@ -198,10 +198,10 @@ class RunningCollector:
             self._last_gc = time.monotonic()
         if built.traces_built or not self._scored_once:
             # rules and evaluations: no network, seconds behind the build, reading what it just wrote
-            scored = score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
-                                                           built.received_from, materialize=False))
+            score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
+                                                    built.received_from, materialize=False))
             self._scored_once = True
-            self._unmaterialized = [*(self._unmaterialized or []), *scored.files]
+            self._unmaterialized = True
         if self._materialize_due(built.traces_built):
             self.materialize_once(busy=built.traces_built > 0)
         return built.traces_built
@@ -209,22 +209,23 @@ class RunningCollector:
     def _materialize_due(self, built: int) -> bool:
         """Whether this round stores the named queries' results: something is left and the round built nothing
         (the collector keeps up) or the last time was ``materialize_interval`` seconds ago."""
-        if self._unmaterialized is None:
+        if not self._unmaterialized:
             return False
         return not built or time.monotonic() - self._last_materialized >= self.config.materialize_interval
 
     def materialize_once(self, busy: bool = False) -> int:
-        """Store the named queries' results of the traces scored since the last time (``busy``: a part of about
+        """Store the named queries' results of the traces whose latest build has none (``busy``: a part of about
         ``materialize_part`` traces, which costs the loop a bounded time); return how many traces."""
         from tracedag.pipeline.score.runner import materialize_later
 
         limit = self.config.materialize_part if busy else None
-        stats = materialize_later(self.data, self._unmaterialized or [], limit)
+        # the traces scored since are among those without state rows: materialize_later finds them itself
+        stats = materialize_later(self.data, [], limit)
         self._last_materialized = time.monotonic()
         if stats is None:  # failed (logged): the traces are still without state rows, the next time retries
             return 0
-        # a bounded part may leave traces without state rows: the next round that built nothing stores them
-        self._unmaterialized = [] if limit is not None and stats.traces >= limit else None
+        # a bounded part may leave traces without state rows: a later round stores them
+        self._unmaterialized = limit is not None and stats.traces >= limit
         return int(stats.traces)
 
     def _analysis_loop(self) -> None:

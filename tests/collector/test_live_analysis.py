@@ -188,3 +188,27 @@ def test_under_continuous_load_a_round_stores_a_bounded_part_every_materialize_i
         _sql_answers_equal(c.data)
     finally:
         c.stop(2)
+
+
+def test_a_collector_started_on_a_store_left_unstored_stores_it_on_its_first_round_that_builds_nothing(tmp_path):
+    """The collector keeps no list of what it left unstored: a round that is due stores every trace whose latest
+    build has no stored results, so a store left so by a collector stopped under load (no idle round came) is
+    caught up by the next collector, and a later round catches up after a bounded part (previous test)."""
+    data = tmp_path / "data"
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
+    try:
+        left = {_round_with_a_trace(c), _round_with_a_trace(c)}
+    finally:
+        c.stop(2)
+    assert not left & _state(data)  # stopped before any round that built nothing
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
+    try:
+        assert c.analyze_once() == 0  # the new collector's first round: nothing to build, the old rounds stored
+        assert left <= _state(data)
+        _sql_answers_equal(data)
+        again = _round_with_a_trace(c)  # a busy round: left for later, as before
+        assert again not in _state(data)
+        assert c.analyze_once() == 0 and again in _state(data)
+        assert c.materialize_once() == 0  # nothing left
+    finally:
+        c.stop(2)
