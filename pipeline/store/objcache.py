@@ -6,10 +6,12 @@ A query reads a few column chunks and the footers of a Parquet file, not all of 
 sparse file per object: a header (magic, object size, block size, one slot per block) then the object's
 bytes at their offsets. A slot holds the block's CRC-32 once its bytes are written; a slot is written
 only after its block, and every read checks the CRC of the blocks it returns, so a block a crash or a
-full disk left half written, or a copy damaged later, is never served: it is fetched again. A file's
-first miss fetches what the read lacks (a footer); later misses also fetch ahead, a window doubling up
-to ``MAX_READ_AHEAD`` (a scan of column chunks takes a few large GETs instead of one per chunk), and
-threads of a process never fetch the same block twice at once (``cacheentry.Claims``).
+full disk left half written, or a copy damaged later, is never served: it is fetched again. A miss
+fetches only the blocks the read lacks, nothing ahead: DuckDB reads a Parquet file's footer, then the
+chunks of the columns a query needs, every row group at once from several threads, so the reads are
+already concurrent and a read-ahead fetches bytes no query reads (a scan of a few columns of a wide
+spans file fetched all of it). Threads of a process never fetch the same block twice at once
+(``cacheentry.Claims``).
 
 An entry is keyed by the object's path, its ETag and its size (from the store's listing): a store wiped
 and written again at the same paths gives other ETags, so an old copy is never served for a new object.
@@ -53,8 +55,6 @@ logger = logging.getLogger(__name__)
 CACHE_DIR = "TRACEDAG_CACHE_DIR"
 CACHE_SIZE = "TRACEDAG_CACHE_SIZE"
 DEFAULT_SIZE = 4 << 30
-MAX_READ_AHEAD = 16 << 20
-"""At most this many bytes fetched past a missed read (see ``ObjectCache.read_ahead``)."""
 STALE_TMP_SECONDS = 3600.0
 """A temporary file this old is one a dead process left: eviction removes it."""
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -88,28 +88,15 @@ class ObjectCache:
         self.limit = limit
         self.block = block
         self.counters = Counters()
-        self._misses: dict[str, int] = {}
         self.claims = Claims()
-        self._lock = threading.Lock()
 
     def open(self, entry: Entry, fetch: Fetch) -> BlockReader:
         """``entry`` opened for reading through its cached copy; ``fetch`` gets the blocks not held yet."""
         self.root.mkdir(parents=True, exist_ok=True)
         copy = EntryFile.open(self.root, entry, self.block, self.counters)
-        copy.read_ahead, copy.claims = self.read_ahead, self.claims
+        copy.claims = self.claims
         _touch(copy.path)
         return BlockReader(copy, fetch, self)
-
-    def read_ahead(self, entry: Entry) -> int:
-        """Bytes to fetch past a missed read of ``entry``: 0 on its first miss in this process, then
-        ``8 * block`` (1 MiB) doubling with each miss, up to ``MAX_READ_AHEAD``. DuckDB reads a Parquet file's
-        column chunks one GET each; on a file it scans, a few large GETs cost less than many small ones."""
-        with self._lock:
-            if len(self._misses) > 100_000:  # a long-running server: forget old files' counts
-                self._misses.clear()
-            misses = self._misses.get(entry.name, 0)
-            self._misses[entry.name] = misses + 1
-        return 0 if misses == 0 else min(MAX_READ_AHEAD, (4 * self.block) << misses)
 
     def evict(self, keep: Path | None = None) -> int:
         """Remove the least recently used entries until their allocated bytes are at most ``limit``."""

@@ -36,7 +36,6 @@ from tests.store.s3_server import (
     serving,
     weed_binary,
 )
-from tracedag.pipeline.store import objcache
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
 from tracedag.pipeline.store.objcache import MAGIC, inspect
 
@@ -269,9 +268,8 @@ def _object(s3m, name: str, body: bytes):
     return fs, path, fs.entry(path)
 
 
-def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path, monkeypatch):
-    monkeypatch.setattr(objcache, "MAX_READ_AHEAD", 0)  # each read fetches only what it lacks
-    body = os.urandom(1 << 20)  # 8 blocks
+def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path):
+    body = os.urandom(1 << 20)  # 32 blocks
     fs, path, entry = _object(s3m, "cut.bin", body)
     block = fs.cache.block
     real = fs._fetcher(entry)
@@ -287,7 +285,7 @@ def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, t
         f.seek(3 * block)
         assert f.read(10) == body[3 * block:3 * block + 10]  # block 3 held
 
-    def dies_past_block_4(start: int, end: int) -> bytes:  # runs 0-2 and 4-7 fetched at once, one fails
+    def dies_past_block_4(start: int, end: int) -> bytes:  # runs 0-2 and 4-31 fetched at once, one fails
         if start >= 4 * block:
             raise ConnectionResetError("connection reset by peer")
         return real(start, end)
@@ -367,3 +365,61 @@ def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path):
     assert inspect(tmp_path / "cache" / _entry.name)[1] == 0
     # no block was fetched twice: a thread waits for the blocks another is fetching (read-ahead included)
     assert fs.cache.counters.fetched_bytes <= len(body), (fs.cache.counters.fetched_bytes, len(body))
+
+
+def _columns_object(groups: int = 8, rows: int = 16_384) -> bytes:
+    """A Parquet file of ``groups`` row groups of eight random int64 columns a-h (128 kB per chunk), sorted by a."""
+    rng = random.Random(7)
+    cols = {c: [rng.getrandbits(62) for _ in range(groups * rows)] for c in "abcdefgh"}
+    cols["a"].sort()
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols), buf, row_group_size=rows, compression="none", use_dictionary=False)
+    return buf.getvalue()
+
+
+def _scan(fs, urls: list[str], sql: str) -> list[tuple]:
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    return con.execute(sql.format(files=", ".join(f"'{u}'" for u in urls))).fetchall()
+
+
+def test_a_scan_of_two_columns_fetches_their_chunks_and_not_the_file(s3m, tmp_path):
+    """Two columns of eight, every row group, two files: the cache fetches the blocks of their chunks and the
+    footers, not the other six columns (a read-ahead of the next megabytes after each miss fetched them)."""
+    s3 = s3m.filesystem()
+    body = _columns_object()
+    keys = [f"{s3m.bucket}/p/tables/t/w--part-{k}.parquet" for k in (1, 2)]
+    for key in keys:
+        s3.pipe_file(key, body)
+    table = pq.read_table(io.BytesIO(body))
+    expected = [(2 * sum(table["b"].to_pylist()), 2 * sum(table["c"].to_pylist()))]
+    fs = reading_filesystem(s3m.filesystem())
+    sql = "select sum(b::hugeint), sum(c::hugeint) from read_parquet([{files}])"
+    before = _metrics(s3m)[1]
+    assert _scan(fs, [f"s3://{k}" for k in keys], sql) == expected
+    sent = _metrics(s3m)[1] - before
+    # b and c are a quarter of each file: with their blocks rounded out and the footer, under a third
+    assert sent < 2 * len(body) // 3, (sent, len(body))
+    for entry in _entries(tmp_path / "cache"):
+        held, damaged = inspect(entry)
+        assert damaged == 0 and len(body) // 4 <= held < len(body) // 3, (held, len(body))
+    fetched = fs.cache.counters.fetched_bytes
+    assert fetched == sent
+    assert _scan(fs, [f"s3://{k}" for k in keys], sql) == expected
+    assert fs.cache.counters.fetched_bytes == fetched  # warm: nothing fetched
+
+
+def test_a_read_of_one_row_group_fetches_that_row_group_s_chunk(s3m, tmp_path):
+    """A query whose filter picks one row group by its statistics fetches the footer and that row group's
+    chunk of the column (128 kB), not the chunks of the row groups after it."""
+    s3 = s3m.filesystem()
+    body = _columns_object()
+    key = f"{s3m.bucket}/p/tables/t/w--sorted.parquet"
+    s3.pipe_file(key, body)
+    table = pq.read_table(io.BytesIO(body))
+    low, high = table["a"][20_000].as_py(), table["a"][20_010].as_py()  # in the second row group
+    fs = reading_filesystem(s3m.filesystem())
+    sql = f"select count(*) from read_parquet([{{files}}]) where a between {low} and {high}"
+    assert _scan(fs, [f"s3://{key}"], sql) == [(11,)]
+    chunk = len(body) // 64
+    assert fs.cache.counters.fetched_bytes < 3 * chunk, (fs.cache.counters, len(body))
