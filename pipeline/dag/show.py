@@ -14,7 +14,8 @@ from rich.text import Text
 
 from tracedag import queries
 from tracedag.pipeline.dag import dataflow, show_stored
-from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
+from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.views import (
     connect,
     create_shared_macros,
@@ -42,7 +43,11 @@ order by n.nested_left
 """
 
 
-_SPANS_SQL = "select count(*) from spans where trace_id like $p || '%'"
+_SPANS_SQL = "select count(*) from spans_all where trace_id like $p || '%'"
+
+SHOWN_TABLES = ("traces", "dag_nodes", "dag_edges", "step_scores", "spans", *materialized.views())
+"""The tables whose raw views ``load_shown`` makes (``views.create_raw_views``): the refined views it reads are
+restricted to the trace (``restrict_to_trace``); the other tables' views only when the cause is computed."""
 
 
 class TraceNotFound(TracedagError):  # type: ignore[misc,unused-ignore]
@@ -107,22 +112,20 @@ def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
     the views are restricted to that trace and build (``views.restrict_to_trace``) and the same SQL
     runs over them. A garbage collection or a new build between two reads makes it read again.
     """
-    con = connect(data, shared_macros=False)  # made only when the cause is computed (_needs_macros)
-    con.execute("set enable_progress_bar = false")
-    try:
-        for attempt in range(1, VANISHED_ATTEMPTS + 1):
-            try:
-                if attempt > 1:  # list the tables' files again: planning itself may meet a removed one
-                    create_views(con, data, shared_macros=False)
-                return _read_shown(con, data, trace_id, cause)
-            except (duckdb.IOException, _Superseded) as e:
-                if attempt == VANISHED_ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
-                    raise
-                logger.info("trace %s: read again (%s)", trace_id, e)
-                vanished_pause(attempt)
-        raise AssertionError("unreachable")
-    finally:
-        con.close()
+    for attempt in range(1, VANISHED_ATTEMPTS + 1):
+        con = connect(data, tables=SHOWN_TABLES)  # each attempt lists the tables' files again
+        try:
+            # its few reads open the same files: their footers parsed once (a published file never changes)
+            con.execute("set enable_progress_bar = false; set parquet_metadata_cache = true")
+            return _read_shown(con, data, trace_id, cause)
+        except (duckdb.IOException, _Superseded) as e:
+            if attempt == VANISHED_ATTEMPTS or (isinstance(e, duckdb.IOException) and not file_vanished(e)):
+                raise
+            logger.info("trace %s: read again (%s)", trace_id, e)
+            vanished_pause(attempt)
+        finally:
+            con.close()
+    raise AssertionError("unreachable")
 
 
 class _Superseded(Exception):
@@ -150,16 +153,20 @@ def _needs_macros(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
 
 
 def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause: bool) -> Shown:
+    listed = parquet_files(data, "traces")
     trace = _found(con, data, trace_id)
     tid, build = str(trace["trace_id"]), str(trace["build_id"])
     restrict_to_trace(con, tid, build)
     nodes = con.sql(_NODES_SQL, params={"t": tid}).to_arrow_table().to_pylist()
-    if cause and _needs_macros(con, tid):
+    if cause and _needs_macros(con, tid):  # the SQL reads tables beyond the trace's: every view, then the macros
+        create_views(con, data, shared_macros=False)
+        restrict_to_trace(con, tid, build)
         create_shared_macros(con)
     found = _cause(con, tid) if cause else None
     # A build of this trace after the first read, then a collection of the superseded build, may have
-    # removed rows read above: the build still being the latest afterwards means nothing was removed.
-    if [r["build_id"] for r in latest_by_id(con, tid, 1)] != [build]:
+    # removed rows read above: the build still being the latest afterwards means nothing was removed. A build
+    # or a collection writes a traces file: while their listing is the same, no build came.
+    if parquet_files(data, "traces") != listed and [r["build_id"] for r in latest_by_id(con, tid, 1)] != [build]:
         raise _Superseded(f"build {build} was superseded")
     return Shown(trace, nodes, found)
 

@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.serve.data import Store, rerun_if_vanished, state_key
 from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import keep_newest
-from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect, create_shared_macros
 from tracedag.schemas.layout import state_dir
@@ -46,7 +43,6 @@ from tracedag.schemas.layout import state_dir
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 LAG_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 _KINDS = ("node_consistency", "action_consistency", "action_input_consistency")
-Labels = tuple[tuple[str, str], ...]
 logger = logging.getLogger(__name__)
 
 
@@ -68,38 +64,36 @@ def _number(v: float) -> str:
     return repr(float(v)) if v != int(v) else str(int(v))
 
 
-def _histogram(name: str, help_text: str, groups: dict[Labels, list[float]], buckets: Iterable[float]) -> list[str]:
+def _histogram(name: str, help_text: str, groups: list[dict[str, Any]], buckets: Iterable[float]) -> list[str]:
+    """One histogram per group: its ``agent`` and ``service``, ``counts`` (at or below each bucket, in
+    order), ``values`` (summed in their order, as the text always did) and ``n``; groups sorted by labels."""
     lines = _family(name, "histogram", help_text)
     bounds = list(buckets)
-    for key in sorted(groups):
-        values, labels = groups[key], dict(key)
-        for b in bounds:
-            lines.append(f"{name}_bucket{_labels({**labels, 'le': _number(b)})} {sum(1 for v in values if v <= b)}")
-        lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {len(values)}")
-        lines.append(f"{name}_sum{_labels(labels)} {_number(round(sum(values), 6))}")
-        lines.append(f"{name}_count{_labels(labels)} {len(values)}")
+    for g in sorted(groups, key=lambda g: (g["agent"], g["service"])):
+        labels = {"agent": g["agent"], "service": g["service"]}
+        for b, count in zip(bounds, g["counts"], strict=True):
+            lines.append(f"{name}_bucket{_labels({**labels, 'le': _number(b)})} {count}")
+        lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {g['n']}")
+        lines.append(f"{name}_sum{_labels(labels)} {_number(round(sum(g['values']), 6))}")
+        lines.append(f"{name}_count{_labels(labels)} {g['n']}")
     return lines
 
 
-def _counts(name: str, help_text: str, counter: Counter[tuple[str, str, str, str]]) -> list[str]:
+def _counts(name: str, help_text: str, rows: list[dict[str, Any]]) -> list[str]:
+    """One sample per (agent, service, step type, category) row, sorted by labels (``n`` the count)."""
     lines = _family(name, "gauge", help_text)
-    for (agent, service, step, category), n in sorted(counter.items()):
-        labels = {"agent": agent, "service": service, "step_type": step, "category": category}
-        lines.append(f"{name}{_labels(labels)} {n}")
+    for r in sorted(rows, key=lambda r: (r["agent"], r["service"], r["step_type"], r["category"])):
+        labels = {"agent": r["agent"], "service": r["service"], "step_type": r["step_type"], "category": r["category"]}
+        lines.append(f"{name}{_labels(labels)} {r['n']}")
     return lines
-
-
-def _who(agents: Mapping[str, str], trace_id: str, service: str | None) -> tuple[str, str]:
-    """(agent name, service name) of a trace."""
-    return agents.get(trace_id) or service or "", service or ""
 
 
 def compute(data: Path) -> str:
     """The whole exposition text for the store at ``data`` (a full pass: call it once per build state).
 
     Every family is read on one connection, each named query narrowed to the columns a family needs
-    (from its stored rows when the store has them, ``store.materialized``), so that a cold scrape costs
-    one connection and a few column scans instead of a connection and a full result per query.
+    (from its stored rows when the store has them, ``store.materialized``) and aggregated in SQL, so that
+    a cold scrape costs one connection and a few column scans, not a Python object per trace.
     """
     def once() -> str:
         con = connect(data, shared_macros=False)
@@ -113,56 +107,101 @@ def compute(data: Path) -> str:
     return text
 
 
-def _named(con: duckdb.DuckDBPyConnection, data: Path, name: str, columns: str, tail: str = "") -> list[dict[str, Any]]:
-    """``select <columns> from <name's result> <tail>`` (defaults): its stored rows when current, else its SQL."""
+def _keep(con: duckdb.DuckDBPyConnection, data: Path, table: str, name: str, columns: str, tail: str = "") -> None:
+    """Temporary table ``table``: ``select <columns> from <name's result> <tail>`` (defaults), from its stored
+    rows when current, else its SQL."""
     values = bind_params(query_doc(name), {})
-    sql, params = materialized.named_statement(con, data, name, values) or (queries.load(name), values)
-    rows: list[dict[str, Any]] = con.sql(f"select {columns} from ({sql.strip().rstrip(';')}) {tail}",
-                                         params=params or None).to_arrow_table().to_pylist()
+    stored = materialized.named_statement(con, data, name, values, current="m_current")
+    if stored is not None:  # the current rounds, computed once for every stored query read
+        con.execute("create temp table if not exists m_current as "
+                    + materialized.CURRENT_SQL.format(latest="select trace_id, build_id from m_latest"))
+    sql, params = stored or (queries.load(name), values)
+    con.execute(f"create or replace temp table {table} as select {columns} from ({sql.strip().rstrip(';')}) {tail}",
+                params or None)
+
+
+def _named(con: duckdb.DuckDBPyConnection, data: Path, name: str, columns: str) -> list[dict[str, Any]]:
+    """``select <columns> from <name's result>`` (defaults): its stored rows when current, else its SQL."""
+    _keep(con, data, "m_named", name, columns)
+    return _rows(con, "select * from m_named")
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = con.sql(sql).to_arrow_table().to_pylist()
     return rows
+
+
+# Each trace's agent name (``who.agent``, else the row's own service name) and service label, as _who gave them.
+_AGENT = "coalesce(nullif(w.agent, ''), nullif({t}.service_name, ''), '') as agent, coalesce({t}.service_name, '') as service"
+
+_FAILED_SQL = f"""
+select {_AGENT.format(t='f')}, coalesce(cast(f.step_type as varchar), '') as step_type,
+       coalesce(nullif(f.taxonomy_l1, ''), 'unclassified') as category, count(*) as n
+from m_failures f left join m_who w using (trace_id) group by all
+"""
+
+_ROOTS_SQL = f"""
+select {_AGENT.format(t='s')}, coalesce(s.root_cause_type, '') as step_type,
+       coalesce(s.root_cause_category, '') as category, count(*) as n
+from m_summary s left join m_who w using (trace_id)
+where coalesce(s.root_cause_span_id, '') <> '' group by all
+"""
+
+
+def _buckets(value: str, bounds: Iterable[float]) -> str:
+    """SQL: the list of how many ``value``s are at or below each bound."""
+    return "[" + ", ".join(f"count(*) filter (where {value} <= {float(b)!r})" for b in bounds) + "]"
+
+
+_SCORES_SQL = f"""
+select {_AGENT.format(t='s')}, {_buckets('s.workflow_score', SCORE_BUCKETS)} as counts, count(*) as n,
+       list(s.workflow_score::double order by s.start_time_unix_nano, s.trace_id) as values
+from m_summary s left join m_who w using (trace_id)
+where s.workflow_score is not null group by all
+"""
+"""The workflow score histogram: each (agent, service)'s scores in trace_summary's order (their sum is the text's)."""
+
+_LAGS_SQL = f"""
+select {_AGENT.format(t='w')}, {_buckets('greatest(0.0, w.lag)', LAG_BUCKETS)} as counts, count(*) as n,
+       list(greatest(0.0, w.lag) order by w.trace_id) as values
+from m_who w where w.lag is not null group by all
+"""
+
+_SERVICES_SQL = f"""
+select distinct {_AGENT.format(t='s')} from m_summary s left join m_who w using (trace_id)
+"""
 
 
 def _compute(con: duckdb.DuckDBPyConnection, data: Path) -> str:
     t0 = time.perf_counter()
-    summary = _named(con, data, "trace_summary", "trace_id, service_name, root_cause_span_id, root_cause_type, "
-                                                 "root_cause_category, workflow_score")
-    failures = _named(con, data, "failures", "trace_id, service_name, step_type, taxonomy_l1, count(*) as n",
-                      "where not coalesce(recovered, false) group by all")
-    who = con.sql(_WHO_SQL).to_arrow_table()
-    agents = dict(zip(who["trace_id"].to_pylist(), (a or "" for a in who["agent"].to_pylist()), strict=True))
+    con.execute(f"create or replace temp table m_latest as {_LATEST_SQL}")
+    _keep(con, data, "m_summary", "trace_summary", "trace_id, service_name, root_cause_span_id, root_cause_type, "
+                                                   "root_cause_category, workflow_score, start_time_unix_nano")
+    _keep(con, data, "m_failures", "failures", "trace_id, service_name, step_type, taxonomy_l1",
+          "where not coalesce(recovered, false)")
+    con.execute(f"create or replace temp table m_who as {_WHO_SQL}")
     lines = _family("tracedag_traces_built", "gauge", "Built traces (latest build of each).")
-    lines.append(f"tracedag_traces_built {len(summary)}")
-    failed: Counter[tuple[str, str, str, str]] = Counter()
-    for f in failures:
-        failed[(*_who(agents, f["trace_id"], f["service_name"]), f["step_type"] or "",
-                f["taxonomy_l1"] or "unclassified")] += int(f["n"])
+    lines.append(f"tracedag_traces_built {con.execute('select count(*) from m_summary').fetchall()[0][0]}")
     lines += _counts("tracedag_failures", "Failed steps not recovered, by agent, service, step type and taxonomy category.",
-                     failed)
+                     _rows(con, _FAILED_SQL))
     lines += _counts("tracedag_root_causes", "Failed traces by agent, service, and their root cause's step type and category.",
-                     Counter((*_who(agents, s["trace_id"], s["service_name"]), s["root_cause_type"] or "",
-                              s["root_cause_category"] or "") for s in summary if s["root_cause_span_id"]))
-    scores: dict[Labels, list[float]] = {}
-    for s in summary:
-        if s["workflow_score"] is not None:
-            agent, service = _who(agents, s["trace_id"], s["service_name"])
-            scores.setdefault((("agent", agent), ("service", service)), []).append(float(s["workflow_score"]))
-    lines += _histogram("tracedag_workflow_score", "Workflow score of each built trace (1..5).", scores, SCORE_BUCKETS)
-    lines += _determinism(con, data, _services(agents, summary))
+                     _rows(con, _ROOTS_SQL))
+    lines += _histogram("tracedag_workflow_score", "Workflow score of each built trace (1..5).", _rows(con, _SCORES_SQL),
+                        SCORE_BUCKETS)
+    lines += _determinism(con, data, _services(_rows(con, _SERVICES_SQL)))
     lines += _step_latency(con)
     lines += _histogram("tracedag_build_lag_seconds", "Last span received to trace built, per trace (seconds).",
-                        _lags(who, agents), LAG_BUCKETS)
+                        _rows(con, _LAGS_SQL), LAG_BUCKETS)
     lines += _family("tracedag_metrics_compute_seconds", "gauge", "Seconds the last recomputation of these figures took.")
     lines.append(f"tracedag_metrics_compute_seconds {time.perf_counter() - t0:.6f}")
     return "\n".join(lines) + "\n"
 
 
-def _services(agents: Mapping[str, str], summary: list[dict[str, object]]) -> dict[str, str]:
+def _services(rows: list[dict[str, Any]]) -> dict[str, str]:
     """agent name -> its service names (comma separated when an agent runs in several services)."""
     found: dict[str, set[str]] = {}
-    for s in summary:
-        service = str(s["service_name"] or "")
-        agent, _ = _who(agents, str(s["trace_id"]), service)
-        found.setdefault(agent, set()).add(service)
+    for r in rows:
+        found.setdefault(r["agent"], set()).add(r["service"])
     return {a: ",".join(sorted(v)) for a, v in found.items()}
 
 
@@ -187,14 +226,16 @@ def _determinism(con: duckdb.DuckDBPyConnection, data: Path, services: Mapping[s
 
 
 # step_stats' 'step' rows narrowed to their latency (its p50_ms/p90_ms: quantile_cont of the duration over
-# the steps of every latest build); the whole query also joins scores, tokens and costs (4.5 s of a
-# 5 s scrape on 1M spans). tests/serve/test_metrics_cold.py checks both give the same figures.
-_LATENCY_SQL = f"""
-select cast(n.step_type as varchar) as step_type, n.step_name,
-       quantile_cont(n.duration_ns / 1e6, 0.5) as p50_ms, quantile_cont(n.duration_ns / 1e6, 0.9) as p90_ms
-from dag_nodes_all n semi join ({LATEST_BUILDS_SQL}) t using (trace_id, build_id)
-group by all
-order by count(*) desc, step_type, step_name  -- step_stats' order
+# the steps of every latest build, both quantiles from one sort of each group); the whole query also joins
+# scores, tokens and costs (4.5 s of a 5 s scrape on 1M spans). tests/serve/test_metrics_cold.py checks both
+# give the same figures.
+_LATENCY_SQL = """
+select step_type, step_name, q[1] as p50_ms, q[2] as p90_ms
+from (select cast(n.step_type as varchar) as step_type, n.step_name,
+             quantile_cont(n.duration_ns / 1e6, [0.5, 0.9]) as q, count(*) as steps
+      from dag_nodes_all n semi join m_latest t using (trace_id, build_id)
+      group by all)
+order by steps desc, step_type, step_name  -- step_stats' order
 """
 
 
@@ -211,27 +252,21 @@ def _step_latency(con: duckdb.DuckDBPyConnection) -> list[str]:
     return lines
 
 
-# Per trace: its agent name (tracelist.AGENTS_SQL), service name and build lag, from its latest build (one scan
-# of traces_all for both; the traces view keeps each trace's whole latest row: three of its columns cost a third).
-_WHO_SQL = f"""
-select t.trace_id, coalesce(a.agent, t.service_name) as agent, t.service_name, t.lag
-from (select trace_id, arg_max(service_name, (built_unix_nano, build_id)) as service_name,
-             arg_max((built_unix_nano - last_received_unix_nano) / 1e9, (built_unix_nano, build_id)) as lag
-      from traces_all group by trace_id) t
-left join ({SPAN_AGENTS_SQL}) a using (trace_id)
-order by t.trace_id
+# Each trace's latest build (``latest.LATEST_BUILDS_SQL``) with its service name and build lag: one scan of
+# traces_all for every family (the stored rows' current rounds, the agents, the lags, the step latency).
+_LATEST_SQL = """
+select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
+       arg_max(service_name, (built_unix_nano, build_id)) as service_name,
+       arg_max((built_unix_nano - last_received_unix_nano) / 1e9, (built_unix_nano, build_id)) as lag
+from traces_all group by trace_id
 """
 
-
-def _lags(who: pa.Table, agents: Mapping[str, str]) -> dict[Labels, list[float]]:
-    out: dict[Labels, list[float]] = {}
-    for tid, service, lag in zip(who["trace_id"].to_pylist(), who["service_name"].to_pylist(),
-                                 who["lag"].to_pylist(), strict=True):
-        if lag is None:
-            continue
-        agent, svc = _who(agents, tid, service)
-        out.setdefault((("agent", agent), ("service", svc)), []).append(max(0.0, float(lag)))
-    return out
+# Per trace: its agent name (tracelist.AGENTS_SQL), service name and build lag.
+_WHO_SQL = f"""
+select t.trace_id, coalesce(a.agent, t.service_name) as agent, t.service_name, t.lag
+from m_latest t left join ({SPAN_AGENTS_SQL}) a using (trace_id)
+order by t.trace_id
+"""
 
 
 DISK = "metrics"

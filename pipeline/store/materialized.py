@@ -70,6 +70,11 @@ def table_name(name: str) -> str:
     return PREFIX + name
 
 
+def views() -> tuple[str, ...]:
+    """The views reading the stored rows: the state's and each materialized query's (``freshness`` needs them all)."""
+    return (STATE, *(table_name(n) for n in SPECS))
+
+
 def defaults(name: str) -> dict[str, str]:
     """The header defaults of ``name``'s parameters: the values it is materialized with."""
     return {p.name: p.default for p in queries.describe(name).params}
@@ -254,12 +259,14 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     return Freshness(True, tuple(str(t) for t in stale), int(traces))
 
 
-_ALL_CUR = f"""cur as (
-    -- the newest round of each trace's latest build
-    select m.trace_id, max(m.mat_round) as mat_round
-    from {STATE} m semi join ({LATEST_BUILDS_SQL}) t on t.trace_id = m.trace_id and t.build_id = m.build_id
-    group by m.trace_id
-)"""
+CURRENT_SQL = f"""
+select m.trace_id, max(m.mat_round) as mat_round
+from {STATE} m semi join ({{latest}}) t on t.trace_id = m.trace_id and t.build_id = m.build_id
+group by m.trace_id
+"""
+"""``(trace_id, mat_round)``: the newest round of each trace's latest build; ``{latest}`` is a relation of
+``(trace_id, build_id)`` of the latest builds (``LATEST_BUILDS_SQL``, or a table a reader made of it)."""
+_ALL_CUR = f"cur as ({CURRENT_SQL.format(latest=LATEST_BUILDS_SQL)})"
 _ALL_WIN = "select trace_id from trace_window($since_ns, $trace_id)"
 _WHOLE_WIN = "select trace_id from cur where cast($since_ns as bigint) = 0 and cast($trace_id as varchar) = ''"
 # One trace: its latest build read from traces_all with the id compared alone, so that every scan
@@ -278,18 +285,19 @@ cur as (
 _ONE_WIN = ("select trace_id from latest where coalesce(start_time_unix_nano, 0) >= cast($since_ns as bigint)")
 
 
-def reader_sql(name: str, one_trace: bool = False, whole: bool = False, skip: str = "") -> str:
+def reader_sql(name: str, one_trace: bool = False, whole: bool = False, skip: str = "", current: str = "") -> str:
     """SQL reading ``name``'s current materialized rows; it binds ``$since_ns``, ``$trace_id`` (and ``$per``).
 
     ``one_trace``: ``$trace_id`` is a trace id (not ''), compared as such so that the scans skip the
     row groups of other traces (the files are sorted by trace id). ``whole``: the parameters pick
     every trace (``$since_ns`` 0, ``$trace_id`` ''): no window to compute. ``skip``: a relation of
-    ``trace_id``s whose rows are left out (computed from the SQL instead, ``store.mixed``).
+    ``trace_id``s whose rows are left out (computed from the SQL instead, ``store.mixed``). ``current``: a
+    relation holding ``CURRENT_SQL``'s rows, for a reader of several queries (else each computes them).
     """
     spec = SPECS[name]
     hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
     per = "and x.per = cast($per as varchar)" if spec.pers else ""
-    cur = _ONE_CUR if one_trace else _ALL_CUR
+    cur = _ONE_CUR if one_trace else f"cur as (select * from {current})" if current else _ALL_CUR
     skipped = f" and x.trace_id not in (select trace_id from {skip})" if skip else ""
     return f"""
 with {cur},
@@ -325,10 +333,10 @@ def answered(state: Freshness, trace_id: str) -> bool:
     return state.usable and not (i < len(state.stale) and state.stale[i] == trace_id)
 
 
-def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str,
-                    values: dict[str, object]) -> tuple[str, dict[str, object]] | None:
+def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object],
+                    current: str = "") -> tuple[str, dict[str, object]] | None:
     """The statement and values that answer ``name`` from materialized rows, or None (run its SQL, or
-    ``store.mixed`` when the stored rows answer most traces but not all).
+    ``store.mixed`` when the stored rows answer most traces but not all); ``current`` as ``reader_sql``'s.
 
     On a store whose newest builds are not all materialized yet, one trace the stored rows answer is
     still read from them."""
@@ -339,7 +347,7 @@ def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str,
     if not state.fresh and not (one and answered(state, str(values["trace_id"]))):
         return None
     logger.info("query %s: reading its materialized rows", name)
-    return reader_sql(name, one, whole), reader_values(name, values)
+    return reader_sql(name, one, whole, current=current), reader_values(name, values)
 
 
 def _condition(name: str) -> str:

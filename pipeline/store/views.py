@@ -19,6 +19,7 @@ import functools
 import logging
 import re
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -227,25 +228,42 @@ def _derived_tables(data: Path) -> list[str]:
 def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool = True) -> None:
     """(Re)create every view on ``con`` over the files now in ``data``, then (``shared_macros``) the shared
     query macros (``create_shared_macros``)."""
-    for table in SCHEMAS:
-        raw = f"{table}_all" if table in _LATEST else table
-        con.execute(f"create or replace view {raw} as {_source_sql(data, table)}")
-    for table in ("spans", "traces", "dag_nodes", "dag_edges", "step_scores"):
-        con.execute(f"create or replace view {table} as {_LATEST[table]}")
-    remote = remote_of(data)
-    for table in _derived_tables(data):
-        if remote is not None:
-            source = read_list_sql(data, parquet_files(data, table), by_name=True)
-            con.execute(f"create or replace view {table} as select * from {source}")
-            continue
-        pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
-        con.execute(
-            f"create or replace view {table} as select * from read_parquet('{pattern}', "
-            "union_by_name = true, hive_partitioning = false)"
-        )
+    statements = [_raw_view_sql(data, table) for table in SCHEMAS]
+    statements += [f"create or replace view {table} as {_LATEST[table]}" for table in _LATEST]
+    statements += [_derived_view_sql(data, table) for table in _derived_tables(data)]
+    # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
+    con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
     if shared_macros:
         create_shared_macros(con)
-    con.execute(f"set variable {DATA_VARIABLE} = ?", [str(data)])
+
+
+def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str]) -> None:
+    """(Re)create on ``con`` only the raw views of ``tables``: ``<table>_all`` of a core table the views refine
+    (``spans``, ``traces``, ``dag_nodes``, ``dag_edges``, ``step_scores``), the view of another core table
+    or of a derived table with files (none for a derived table without files). No refined view, no macro.
+
+    For a reader of one trace, which makes the refined views it reads itself (``restrict_to_trace``):
+    binding a view costs 1-5 ms CPU, and ``create_views`` binds ~20 of them on a scored store.
+    """
+    statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
+                  for t in dict.fromkeys(tables) if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
+    con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
+
+
+def _raw_view_sql(data: Path, table: str) -> str:
+    """The statement making the raw view of the core table ``table`` (``<table>_all`` when it is refined)."""
+    raw = f"{table}_all" if table in _LATEST else table
+    return f"create or replace view {raw} as {_source_sql(data, table)}"
+
+
+def _derived_view_sql(data: Path, table: str) -> str:
+    """The statement making the view of the derived table ``table`` (its files read by column name)."""
+    if remote_of(data) is not None:
+        source = read_list_sql(data, parquet_files(data, table), by_name=True)
+        return f"create or replace view {table} as select * from {source}"
+    pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
+    return (f"create or replace view {table} as select * from read_parquet('{pattern}', "
+            "union_by_name = true, hive_partitioning = false)")
 
 
 def create_shared_macros(con: duckdb.DuckDBPyConnection) -> None:
@@ -372,13 +390,18 @@ def _unavailable(name: str, error: duckdb.Error) -> str:
 
 
 def connect(data: Path | str, threads: int | None = None, query_macros: bool = False,
-            declare_macros: bool = False, shared_macros: bool = True) -> duckdb.DuckDBPyConnection:
+            declare_macros: bool = False, shared_macros: bool = True,
+            tables: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
     """Return an in-memory DuckDB connection with the tracedag views over ``data`` (a path or a string).
 
     ``query_macros``: also make every named query a table macro (``create_query_macros``; ~0.1 s CPU).
     ``declare_macros``: only their wrappers, bodies to come (``declare_query_macros``).
     ``shared_macros``: False leaves out the macros of ``queries/_*.sql`` (``create_shared_macros`` makes them).
+    ``tables``: only the raw views of these tables (``create_raw_views``), no macro; ``create_views`` makes the rest.
     """
+    if tables is not None and (query_macros or declare_macros):
+        raise ValueError("the named queries' macros read the refined views: connect with every view")
+    wanted = None if tables is None else list(tables)
     con = duckdb.connect(":memory:")
     if threads:
         con.execute(f"set threads = {int(threads)}")
@@ -387,7 +410,10 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
         con.register_filesystem(remote.reading_fs())  # through fsspec and the local object cache
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
-            create_views(con, Path(data), shared_macros)  # the shared macros bind over the views: they open files
+            if wanted is None:
+                create_views(con, Path(data), shared_macros)  # the shared macros bind over the views: they open files
+            else:
+                create_raw_views(con, Path(data), wanted)
             break
         except duckdb.IOException as e:  # a GC or compaction swap removed one meanwhile: list again
             if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
