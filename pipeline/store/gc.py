@@ -29,6 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,9 @@ import pyarrow.parquet as pq
 from tracedag.pipeline.store import materialized
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
+
+if TYPE_CHECKING:
+    import duckdb
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +103,8 @@ class Liveness:
     total: dict[str, int]  # build -> traces rows in traces_all
     live: dict[str, int]  # build -> live traces rows
     dead_spans: dict[str, int] = field(default_factory=dict)  # build -> spans of its superseded traces
+    replaced: pa.Array | None = None  # "trace_id\x1fbuild_id\x1fmat_round": stored rounds a later one of the pair replaced
+    stale_rounds: frozenset[int] = frozenset()  # the rounds among those
 
     def dead_bound(self, table: str, build: str) -> int | None:
         """At most this many rows of ``build`` in ``table`` are dead (None: no bound known)."""
@@ -126,6 +132,7 @@ def liveness(data: Path) -> Liveness:
         live = con.sql("select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id "
                        "from traces_all group by trace_id").to_arrow_table()
         builds = con.sql(_BUILDS_SQL).fetchall()
+        replaced, stale = _replaced(con)
     finally:
         con.close()
     keys = pc.binary_join_element_wise(live.column("trace_id"), live.column("build_id"), "\x1f")
@@ -134,7 +141,31 @@ def liveness(data: Path) -> Liveness:
         total={b: int(n) for b, n, _, _ in builds},
         live={b: int(n) for b, _, n, _ in builds},
         dead_spans={b: int(n) for b, _, _, n in builds},
+        replaced=replaced,
+        stale_rounds=stale,
     )
+
+
+_REPLACED_SQL = f"""
+select trace_id, build_id, mat_round from (
+    select trace_id, build_id, mat_round, max(mat_round) over (partition by trace_id, build_id) as newest
+    from {materialized.STATE}
+) where mat_round < newest
+"""
+"""The stored rounds of a (trace, build) older than its newest (readers take the newest, ``store.materialized``)."""
+
+
+def _replaced(con: duckdb.DuckDBPyConnection) -> tuple[pa.Array | None, frozenset[int]]:
+    """The (trace, build, round) keys of the stored rounds a later round of the same pair replaced (a later turn of
+    the conversation, new SQL or labels), whose rows are dead, and those rounds. Only what the state rows say
+    now: a round stored after this (a scorer may run before the collection takes its lock) is not in it, so its
+    rows and those it replaces stay until the next collection. (None, empty) when nothing is stored."""
+    if not con.execute("select count(*) from duckdb_views() where view_name = ?", [materialized.STATE]).fetchall()[0][0]:
+        return None, frozenset()
+    old = con.sql(_REPLACED_SQL).to_arrow_table()
+    text = pc.cast(old.column("mat_round"), pa.string())
+    keys = pc.binary_join_element_wise(old.column("trace_id"), old.column("build_id"), text, "\x1f")
+    return keys.combine_chunks(), frozenset(pc.unique(old.column("mat_round")).to_pylist())
 
 
 def single_build(path: Path) -> str | None:
@@ -153,9 +184,14 @@ def single_build(path: Path) -> str | None:
 
 
 def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:
-    """Per row of ``table``: whether it is live."""
+    """Per row of ``table``: whether it is live (a materialized table's row: and not of a replaced round)."""
     keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("build_id"), "\x1f")
-    return pc.or_(pc.is_in(keys, value_set=lv.keys), pc.is_null(table.column("build_id"))).combine_chunks()
+    live = pc.or_(pc.is_in(keys, value_set=lv.keys), pc.is_null(table.column("build_id")))
+    if lv.replaced is not None and len(lv.replaced) and "mat_round" in table.column_names:
+        text = pc.cast(table.column("mat_round"), pa.string())
+        old = pc.is_in(pc.binary_join_element_wise(keys, text, "\x1f"), value_set=lv.replaced)
+        live = pc.and_(live, pc.invert(pc.fill_null(old, False)))
+    return live.combine_chunks()
 
 
 def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int]:
@@ -167,18 +203,20 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
     """
     rows = pq.ParquetFile(path).metadata.num_rows
     build = single_build(path)
+    replaced = bool(lv.stale_rounds) and bool(lv.stale_rounds.intersection(rounds_of(path)))  # a later round's
     if build is not None:
         state = lv.status(build)
-        if state != "mixed":
+        if state == "dead" or (state == "live" and not replaced):
             return rows, rows if state == "dead" else 0
         bound = lv.dead_bound(table, build)
-        if bound is not None and bound <= rewrite_share * rows:
+        if bound is not None and bound <= rewrite_share * rows and not replaced:
             return rows, 0
     else:
         states = {lv.status(b) if b is not None else "live" for b in builds_of(path)}
-        if len(states) == 1 and "mixed" not in states:  # several builds (scores, merged files)
+        if states == {"dead"} or (states == {"live"} and not replaced):  # several builds (scores, merged files)
             return rows, rows if states == {"dead"} else 0
-    t = pq.read_table(path, columns=["trace_id", "build_id"])
+    columns = ["trace_id", "build_id", *(["mat_round"] if replaced else [])]
+    t = pq.read_table(path, columns=columns)
     return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0)
 
 
@@ -197,6 +235,23 @@ def builds_of(path: Path) -> list[str | None]:
         col = pq.read_table(path, columns=["build_id"]).column("build_id")
         _BUILDS_SEEN[key] = pc.unique(col.combine_chunks()).to_pylist()
     return _BUILDS_SEEN[key]
+
+
+_ROUNDS_SEEN: dict[tuple[str, int, int], list[int]] = {}
+"""(path, size, mtime) -> the distinct ``mat_round`` values of a materialized table's file (as ``_BUILDS_SEEN``)."""
+
+
+def rounds_of(path: Path) -> list[int]:
+    """The distinct stored rounds (``mat_round``) of ``path``; [] for a file without that column."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _ROUNDS_SEEN:
+        if len(_ROUNDS_SEEN) > 10_000:
+            _ROUNDS_SEEN.clear()
+        names = pq.ParquetFile(path).schema_arrow.names
+        col = pq.read_table(path, columns=["mat_round"]).column("mat_round") if "mat_round" in names else None
+        _ROUNDS_SEEN[key] = [] if col is None else [r for r in pc.unique(col.combine_chunks()).to_pylist() if r is not None]
+    return _ROUNDS_SEEN[key]
 
 
 def staging_root(data: Path) -> Path:
