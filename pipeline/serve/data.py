@@ -231,8 +231,10 @@ class Store:
     def _parts(self, trace_ids: list[str], state: str) -> dict[str, list[dict[str, Any]]]:
         """The nodes, edges, spans and scores rows of ``trace_ids`` (re-run when compaction removed a file)."""
         def read(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
-            parts = {name: cur.sql(sql, params={"t": trace_ids}).to_arrow_table().to_pylist()
-                     for name, sql in _TRACE_SQL.items()}
+            latest = cur.sql(_LATEST_SQL, params={"t": trace_ids}).fetchall()
+            values = {"t": trace_ids, "lt": [r[0] for r in latest], "lb": [r[1] for r in latest]}
+            parts = {name: cur.sql(sql, params={k: v for k, v in values.items() if f"${k}" in sql})
+                     .to_arrow_table().to_pylist() for name, sql in _TRACE_SQL.items()}
             scored(parts["nodes"], parts["scores"])
             return parts
         return self.on_state(state, read)
@@ -304,33 +306,29 @@ def _chain(root: dict[str, Any] | None, failures: list[dict[str, Any]]) -> list[
     return list(reversed(chain))
 
 
-# The latest build of each wanted trace, read from the raw views with the trace filter pushed down
-# (the ``traces``/``dag_nodes`` views pick the latest build of every trace first: 8x slower for one).
-_LATEST_BUILD = """
-with latest as (
-    select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id
-    from traces_all where trace_id in (select unnest($t)) group by trace_id
-),
-scores as (
-    select s.* from step_scores_all s
-    where s.trace_id in (select unnest($t))
-      and (s.build_id is null or exists (select 1 from latest l where l.trace_id = s.trace_id and l.build_id = s.build_id))
-)
+# The latest build of each wanted trace, read from the raw view with the trace filter pushed down (the
+# ``traces``/``dag_nodes`` views pick the latest build of every trace first: 8x slower for one); once per
+# request, the parts then read the rows of those (trace, build) pairs (``$lt``/``$lb``; each part computing it
+# again cost ~10 ms CPU more of a trace's first view on 1M spans).
+_LATEST_SQL = """
+select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id
+from traces_all where trace_id in (select unnest($t)) group by trace_id
 """
+_PAIRS = "(select unnest($lt::varchar[]) as trace_id, unnest($lb::varchar[]) as build_id)"
 
 _TRACE_SQL = {
-    "nodes": _LATEST_BUILD + """
+    "nodes": f"""
         select n.trace_id, n.span_id, n.parent_span_id, n.step_type, n.step_name, n.step_key, n.iteration,
                n.is_retry, n.depth, n.topo_index, n.status_code, n.start_time_unix_nano,
                n.duration_ns / 1e6 as duration_ms
-        from dag_nodes_all n semi join latest using (trace_id, build_id)
-        where n.trace_id in (select unnest($t))
+        from dag_nodes_all n semi join {_PAIRS} l using (trace_id, build_id)
+        where n.trace_id in (select unnest($lt::varchar[]))
         order by n.trace_id, n.nested_left
     """,
-    "edges": _LATEST_BUILD + """
+    "edges": f"""
         select e.trace_id, e.upstream_span_id as source, e.downstream_span_id as target, e.edge_kind
-        from dag_edges_all e semi join latest using (trace_id, build_id)
-        where e.trace_id in (select unnest($t))
+        from dag_edges_all e semi join {_PAIRS} l using (trace_id, build_id)
+        where e.trace_id in (select unnest($lt::varchar[]))
         order by e.trace_id, source, target
     """,
     "spans": """
@@ -340,9 +338,14 @@ _TRACE_SQL = {
                start_time_unix_nano, duration_ns / 1e6 as duration_ms
         from spans_all where trace_id in (select unnest($t)) order by trace_id, start_time_unix_nano, span_id
     """,
-    "scores": _LATEST_BUILD + """
-        select trace_id, span_id, metric, score, label, source, rule_name, explanation,
-               taxonomy_l1, taxonomy_l2, taxonomy_l3
-        from scores order by trace_id, span_id, metric
+    # A score belongs to the build it was computed on; human labels (build_id null) always count.
+    "scores": f"""
+        select s.trace_id, s.span_id, s.metric, s.score, s.label, s.source, s.rule_name, s.explanation,
+               s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3
+        from step_scores_all s
+        where s.trace_id in (select unnest($t))
+          and (s.build_id is null or exists (select 1 from {_PAIRS} l
+                                             where l.trace_id = s.trace_id and l.build_id = s.build_id))
+        order by s.trace_id, s.span_id, s.metric
     """,
 }
