@@ -26,6 +26,8 @@ BLOCK = 32 << 10
 """Bytes per cached block. A read fetches whole blocks: DuckDB reads a spans file's column chunks in runs
 of 12-80 kB, so 128 KiB blocks fetched 37.5 MB for the 20 MB a ``step_stats`` query on 200k spans reads,
 32 KiB ones 24 MB."""
+TAIL = 128 << 10
+"""A missed read that ends at an object's end also fetches the blocks of this many bytes before it (a footer)."""
 TIMEOUT = 120.0
 """Seconds a read waits for another thread's fetch of the blocks it needs (then fetches them itself)."""
 MAX_GET = 8 << 20
@@ -141,7 +143,7 @@ class EntryFile:
             slots = self.slots(first, last)
             missing = [first + i for i, slot in enumerate(slots) if not slot]
             if missing:
-                self.fill(missing, fetch)
+                self.fill(missing + self._footer(first, end), fetch, needed=len(missing))
                 fetched = True
                 slots = self.slots(first, last)
             blocks = self._blocks(first, last)
@@ -153,6 +155,16 @@ class EntryFile:
                 return raw[pos - first * self.block:end - first * self.block]
             self._drop(bad, attempt)
         raise OSError(f"{self.path}: blocks {bad} of {self.entry.path} do not match their checksums after a refetch")
+
+    def _footer(self, first: int, end: int) -> list[int]:
+        """With a missed read of an object's last bytes, its missing blocks in the ``TAIL`` bytes before: a
+        Parquet reader reads a footer's length, then the metadata before it (two GETs without this)."""
+        if end < self.entry.size:
+            return []
+        start = max(0, self.entry.size - TAIL) // self.block
+        if start >= first:
+            return []
+        return [start + i for i, slot in enumerate(self.slots(start, first - 1)) if not slot]
 
     def _drop(self, bad: list[int], attempt: int) -> None:
         """Clear the slots of blocks whose bytes do not match (fetched again by the caller)."""

@@ -432,3 +432,18 @@ def test_a_read_of_one_row_group_fetches_that_row_group_s_chunk(s3m, tmp_path):
     assert _scan(fs, [f"s3://{key}"], sql) == [(11,)]
     chunk = len(body) // 64
     assert fs.cache.counters.fetched_bytes < 3 * chunk, (fs.cache.counters, len(body))
+
+
+def test_a_read_of_an_object_s_last_bytes_fetches_its_footer_in_one_get(s3m, tmp_path):
+    """A Parquet reader reads a footer's length (the last bytes), then the metadata before it: the first read
+    fetches the last 128 KiB at once, so the second is answered from the cache."""
+    body = os.urandom(1 << 20)
+    fs, path, _entry = _object(s3m, "footer.bin", body)
+    with fs.open(path, "rb") as f:
+        f.seek(len(body) - 8)
+        assert f.read() == body[-8:]
+        assert fs.cache.counters.fills == 1
+        f.seek(len(body) - 100_000)
+        assert f.read(99_992) == body[-100_000:-8]
+    assert fs.cache.counters.fills == 1 and fs.cache.counters.fetched_bytes == 128 << 10
+    assert inspect(tmp_path / "cache" / _entry.name) == (128 << 10, 0)
