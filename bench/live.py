@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench.gen import whole_trace_requests
@@ -133,6 +134,7 @@ class Poller(threading.Thread):
         self.query_seconds: list[float] = []
         self.final: set[str] = set()
         self.built = 0  # traces scored (with step_scores rows), as of the last poll
+        self.errors: list[str] = []  # polls that failed (their first line), after the first build
         self.final_query = float("nan")
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--poll-child", str(data),
@@ -142,6 +144,9 @@ class Poller(threading.Thread):
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             kind, t, secs, built, *ids = line.split()
+            if kind == "error":
+                self.errors.append(" ".join(ids))
+                continue
             if kind == "final":
                 self.final, self.final_query = set(ids), float(secs)
                 continue
@@ -170,7 +175,9 @@ def poll_child(data: Path, every: float) -> None:
         t0 = time.monotonic()
         try:
             rows = run_named(data, "root_causes").column("trace_id").to_pylist()
-        except Exception:  # the views may not exist before the first build: poll again
+        except Exception as e:  # the views may not exist before the first build: poll again (said once built)
+            if seen:
+                print("error", t0, 0, 0, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "", flush=True)
             continue
         t1 = time.monotonic()
         new = [t for t in rows if t not in seen]
@@ -194,15 +201,22 @@ def poll_child(data: Path, every: float) -> None:
 
 
 def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
-    """Wait until every one of the ``traces`` sent is scored and no new root cause appeared for ``quiet`` seconds
-    (at most ``most`` seconds); return the seconds waited. Without the first condition a collector far behind
-    (a round longer than ``quiet``) ended the run early, and the figures counted the traces it had done."""
+    """Wait until every one of the ``traces`` sent is scored and then no new root cause appeared for ``quiet`` seconds
+    AND two polls (at most ``most`` seconds); return the seconds waited. Without the first condition a collector far
+    behind (a round longer than ``quiet``) ended the run early, and the figures counted the traces it had done; without
+    the polls, a poll slower than ``quiet`` (10-20 s at load 30-50) ended it before any poll saw the last traces, which
+    then counted as "missing" and left the latency figures (and the slowest traces) out."""
     start = last = time.monotonic()
-    count = -1
-    while time.monotonic() - last < quiet or (poller.built < traces and time.monotonic() - start < most):
+    count, polls_then = -1, 0
+    while time.monotonic() - start < most:
         time.sleep(poller.every)
+        polls = len(poller.query_seconds)
         if len(poller.seen) != count:
-            last, count = time.monotonic(), len(poller.seen)
+            last, count, polls_then = time.monotonic(), len(poller.seen), polls
+        if poller.built < traces:  # that poll's count: the next poll is the first to see them all
+            polls_then = polls
+        if time.monotonic() - last >= quiet and polls - polls_then >= 2:
+            break
     return time.monotonic() - start
 
 
@@ -224,6 +238,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
         shutil.rmtree(data, ignore_errors=True)
     f = figures(rate, sent, acked, poller, poller.final_query, args)
     f["built"], f["sent"], f["settle"] = poller.built, len(ack_times(sent, ids)), waited
+    f["first_poll_error"] = poller.errors[0] if poller.errors else ""
     return f
 
 
@@ -254,7 +269,7 @@ def figures(rate: float, sent: list[Sent], acked: dict[str, float], poller: Poll
         "traces": len(acked), "missing": len(acked) - len(lat),  # in the final result, never seen by a poll
         "p50": q(lat, 0.5), "p99": q(lat, 0.99), "ack_p50": q(acks, 0.5) * 1e3, "ack_p99": q(acks, 0.99) * 1e3,
         "poll": statistics.median(poller.query_seconds) if poller.query_seconds else float("nan"),
-        "final_query": final_query, "errors": sum(s.errors for s in sent),
+        "final_query": final_query, "errors": sum(s.errors for s in sent), "poll_errors": len(poller.errors),
     }
 
 
@@ -275,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=15.0,
                     help="after the load, stop once no new root cause appeared for this many seconds")
     ap.add_argument("--most", type=float, default=300.0,
-                    help="after the load, wait at most this long for every trace sent to be scored")
+                    help="after the load, wait at most this long for every trace sent to be scored and seen")
     ap.add_argument("--baseline-tree", action="append", default=[], metavar="[LABEL=]DIR",
                     help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
                          "also run with the collector (and the polls) from it, alternating, as a baseline of the "
@@ -302,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(label, *_cells(f))
                 console.print(f"{label} {rate:,.0f}: scored {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
                               f"p99 {f['p99']:.2f} "
-                              f"poll {f['poll']:.2f} load {f['load']:.1f}")
+                              f"poll {f['poll']:.2f} load {f['load']:.1f} failed polls {f['poll_errors']:.0f}"
+                              f"{' (first: ' + escape(str(f['first_poll_error'])) + ')' if f['poll_errors'] else ''}")
     console.print(table)
     if args.repeat > 1 or len(trees) > 1:
         console.print(_summary(results, [label for label, _ in trees]))
@@ -320,7 +336,7 @@ def _table(title: str) -> Table:
     table = Table(title=title)
     for col in ("code", "offered spans/s", "paced at", "traces scored/sent", "drained after s",
                 "traces with a root cause", "missing", "p50 s", "p99 s", "ack p50 ms", "ack p99 ms", "poll s",
-                "errors", "load"):
+                "failed polls", "errors", "load"):
         table.add_column(col, justify="right")
     return table
 
@@ -328,7 +344,7 @@ def _table(title: str) -> Table:
 def _cells(f: dict[str, float]) -> list[str]:
     return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", f"{f['built']:.0f}/{f['sent']:.0f}", f"{f['settle']:.0f}",
             str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
-            f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["errors"]),
+            f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["poll_errors"]), str(f["errors"]),
             f"{f['load']:.1f}"]
 
 
