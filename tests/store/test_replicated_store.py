@@ -1,4 +1,4 @@
-"""``bench/gen.py --replicate K``: a store K times the size of another in seconds, for the 10M-span benchmarks.
+"""``bench/gen.py --replicate K``: a store K times the spans of another without generating them again (10M spans).
 
 Copy k has its own trace, span and conversation ids, the same shapes: every span keeps its parent in its
 trace, every trace its one conversation, and ``tracedag build`` makes K times the traces of the source.
