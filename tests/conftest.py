@@ -6,6 +6,7 @@ and the repository root on its ``pythonpath``, set in pyproject.toml); nothing e
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -67,3 +68,17 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker collects its garbage once, then freezes what is left, before it reports that it finished.
+
+    Once the last worker reports, the controller asks every worker to exit and sends it SIGINT if it still runs
+    5 s later (execnet). After the report, pytest collects the garbage of the whole session twice (to catch
+    unraisable exceptions); on a worker's heap after hundreds of tests, under load, that took longer, and the
+    SIGINT landed in hypothesis' gc callback (a ``KeyboardInterrupt`` warning at the end of a full run). Done
+    here, before the report, the collection is not timed by anyone, and pytest's two collect only what came
+    after it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        gc.collect()
+        gc.freeze()
