@@ -45,9 +45,11 @@ order by n.nested_left
 
 _SPANS_SQL = "select count(*) from spans_all where trace_id like $p || '%'"
 
-SHOWN_TABLES = ("traces", "dag_nodes", "dag_edges", "step_scores", "spans", *materialized.views())
+SHOWN_TABLES = ("traces", "dag_nodes", "dag_edges", "step_scores", "spans", materialized.STATE,
+                materialized.table_name("propagation"))
 """The tables whose raw views ``load_shown`` makes (``views.create_raw_views``): the refined views it reads are
-restricted to the trace (``restrict_to_trace``); the other tables' views only when the cause is computed."""
+restricted to the trace (``restrict_to_trace``), the cause comes from ``propagation``'s stored rows
+(``show_stored``); every view is made only when the cause is computed from the SQL."""
 
 
 class TraceNotFound(TracedagError):  # type: ignore[misc,unused-ignore]

@@ -50,8 +50,9 @@ def test_only_the_named_tables_raw_views_are_made_with_the_same_rows(scored: Pat
 def test_shown_tables_answer_the_stored_rows_freshness(scored: Path) -> None:
     con = connect(scored, tables=SHOWN_TABLES)
     try:
-        assert set(materialized.views()) <= _views(con)
-        assert materialized._freshness_now(con, scored).fresh  # the check finds every view it needs
+        assert "materialized_failures" not in _views(con) and "materialized_propagation" in _views(con)
+        # the store's stored rows are current whichever views a connection has (the answer is kept per store)
+        assert materialized._freshness_now(con, scored).fresh
         assert con.sql("select count(*) from spans_all").fetchall() == [(6,)]
     finally:
         con.close()
