@@ -6,9 +6,11 @@ the spool converters (child processes, or a thread) and, with ``build``, the liv
 ``build_interval`` seconds the complete traces are built and their steps scored (rules and the
 evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
 named queries compute it from their SQL). The named queries' results are stored
-(``score.materialize``) by a round that built nothing, or, under continuous load, a part of
-``materialize_part`` traces every ``materialize_interval`` seconds, not by every round: storing them
-costs several times a round's build and rules (the queries' planning and scans), whatever its size. A configured LLM judge grades
+(``score.materialize``) a part of ``materialize_part`` traces at a time, by a round that built nothing
+and, under continuous load, every ``materialize_interval`` seconds, not by every round: storing them
+costs several times a round's build and rules (the queries' planning and scans), whatever its size; and
+never more than a part a round, so a round that catches up on a backlog holds the next traces back a
+bounded time. A configured LLM judge grades
 in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
 It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
 everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
@@ -59,7 +61,7 @@ class CollectorConfig(ReceiverConfig):
     build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
     materialize_interval: float = 60.0  # under continuous load, store a part of the named queries' results this often
-    materialize_part: int = 2_000  # traces (whole conversations) in that part; a round that built nothing stores all
+    materialize_part: int = 2_000  # traces (whole conversations) a round stores at most (a round that built nothing too)
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0
     publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
@@ -203,7 +205,7 @@ class RunningCollector:
             self._scored_once = True
             self._unmaterialized = True
         if self._materialize_due(built.traces_built):
-            self.materialize_once(busy=built.traces_built > 0)
+            self.materialize_once()
         return built.traces_built
 
     def _materialize_due(self, built: int) -> bool:
@@ -213,12 +215,12 @@ class RunningCollector:
             return False
         return not built or time.monotonic() - self._last_materialized >= self.config.materialize_interval
 
-    def materialize_once(self, busy: bool = False) -> int:
-        """Store the named queries' results of the traces whose latest build has none (``busy``: a part of about
-        ``materialize_part`` traces, which costs the loop a bounded time); return how many traces."""
+    def materialize_once(self, whole: bool = False) -> int:
+        """Store the named queries' results of a part of about ``materialize_part`` traces whose latest build has none
+        (a bounded time for the loop; ``whole``: all of them); return how many traces."""
         from tracedag.pipeline.score.runner import materialize_later
 
-        limit = self.config.materialize_part if busy else None
+        limit = None if whole else self.config.materialize_part
         # the traces scored since are among those without state rows: materialize_later finds them itself
         stats = materialize_later(self.data, [], limit)
         self._last_materialized = time.monotonic()

@@ -86,10 +86,10 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
               help="Seconds between live analysis rounds.")
 @click.option("--materialize-interval", default=60.0, show_default=True, type=float, callback=_seconds,
               help="With --build, under continuous load: seconds between the rounds that store a part of the named "
-                   "queries' results (root causes, failures, ...); a round that built nothing stores all that is "
-                   "left. Until stored, queries compute those traces from the SQL.")
+                   "queries' results (root causes, failures, ...); a round that built nothing stores a part too. "
+                   "Until stored, queries compute those traces from the SQL.")
 @click.option("--materialize-part", default=2_000, show_default=True, type=click.IntRange(min=1),
-              help="With --build: traces (whole conversations) in the part a busy round stores.")
+              help="With --build: traces (whole conversations) a round stores the results of, at most.")
 @click.option("--judge/--no-judge", "use_judge", default=None,
               help="With --build, also grade steps with the LLM judge, in its own thread (default: on when "
                    "TRACEDAG_JUDGE_MODEL is set; endpoint and key as for tracedag score).")
@@ -152,8 +152,8 @@ def collect(
     click.echo(f"tracedag collect: data in {data}; metrics at {scheme}://{shown}:{running.http_port}/metrics")
     if running.config.build:
         click.echo(f"tracedag collect: live analysis every {running.config.build_interval:g} s; named queries' "
-                   f"results stored when a round builds nothing, or {running.config.materialize_part} traces every "
-                   f"{running.config.materialize_interval:g} s under load")
+                   f"results stored {running.config.materialize_part} traces at a time, when a round builds nothing "
+                   f"and every {running.config.materialize_interval:g} s under load")
     click.echo(f"listening http_port={running.http_port} grpc_port={running.grpc_port}")
     while not stop.wait(0.5):
         pass

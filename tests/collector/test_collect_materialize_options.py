@@ -46,7 +46,8 @@ def test_the_values_reach_the_running_collector(tmp_path):
     finally:
         proc.kill()
     said = "".join(lines)
-    assert re.search(r"results stored when a round builds nothing, or 300 traces every 2\.5 s under load", said), said
+    assert re.search(r"results stored 300 traces at a time, when a round builds nothing and every 2\.5 s under load",
+                     said), said
     assert proc.returncode == 0, out + err
 
 

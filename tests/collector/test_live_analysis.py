@@ -169,6 +169,32 @@ def test_busy_live_rounds_leave_the_stored_results_to_a_round_that_built_nothing
         c.stop(2)
 
 
+def test_a_round_that_built_nothing_stores_a_bounded_part_of_a_backlog_and_the_next_ones_the_rest(tmp_path):
+    """A backlog left by busy rounds is stored ``materialize_part`` traces a round, not all at once: a trace
+    arriving meanwhile waited for the whole backlog to be stored (17k traces after a 20 s burst at 10k spans/s:
+    tens of seconds of the loop)."""
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
+                                        build_grace_seconds=0.3, materialize_part=1))
+    try:
+        first = _round_with_a_trace(c)
+        assert first not in _state(c.data)  # busy: stored later (the interval is 60 s)
+        assert c.analyze_once() == 0 and _state(c.data) == {first}  # the store's first round: whole, never cut
+        endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
+        left = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two more conversations of one turn
+        c.flush()
+        time.sleep(0.6)
+        assert c.analyze_once() == 2 and not left & _state(c.data)
+        stored = []
+        for _ in range(3):  # each round that builds nothing: one part of one trace
+            assert c.analyze_once() == 0
+            stored.append(len(_state(c.data)))
+            _sql_answers_equal(c.data)
+        assert stored == [2, 3, 3], stored
+        assert c.analyze_once() == 0 and c.materialize_once(whole=True) == 0  # nothing left
+    finally:
+        c.stop(2)
+
+
 def test_under_continuous_load_a_round_stores_a_bounded_part_every_materialize_interval(tmp_path):
     """A busy round whose interval has passed stores ``materialize_part`` traces (whole conversations), not the
     whole backlog (that would hold the next rounds back); the first round that built nothing stores the rest."""
