@@ -20,7 +20,8 @@ With ``--before CHECKOUT`` (a checkout of the code to compare with, e.g. ``git w
 HEAD~3``) it instead times, on the one store given, the code of CHECKOUT against this checkout in the
 same run (one child process each, ``bench/trace_by_id_child.py``, asked in alternating order): ``show``'s
 first view, serve's first view (``/api/traces/{id}/view`` on a warm server, the page's first request;
-``/api/traces/{id}`` on a store just opened), an unknown id and ``/metrics`` cold; medians of ``--runs``
+``/api/traces/{id}`` on a store just opened), an unknown id, ``/metrics`` cold and a live poll (``root_causes``
+on a connection of its own); medians of ``--runs``
 runs, each run on traces not read before, and the ratios after / before.
 
     python bench/trace_by_id.py --data /tmp/store-1m --before /tmp/base --runs 5
@@ -186,7 +187,7 @@ def files_as_written_now(src: Path, dst: Path) -> Path:
 
 READS = {"show first view": "show", "serve first view (/view, warm)": "view",
          "serve /api/traces/{id}, cold": "cold", "unknown id": "unknown", "/metrics cold": "metrics",
-         "/metrics, server restarted": "metrics_kept"}
+         "/metrics, server restarted": "metrics_kept", "live poll (root_causes)": "poll"}
 
 
 def before_after(data: Path, before: Path, runs: int, after: Path | None = None) -> int:

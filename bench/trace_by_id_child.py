@@ -15,7 +15,9 @@ seconds of its process (every DuckDB thread: on a loaded machine the wall time i
 - ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
   freshness answers forgotten too; the text a previous server kept on disk removed: a new build state);
 - ``metrics_kept``: the same on the build state a previous server computed (after ``metrics``: its text
-  is kept on disk since #31).
+  is kept on disk since #31);
+- ``poll``: a live poll, ``root_causes`` (defaults) on a connection of its own (``querying.run_named``, as
+  ``tracedag query`` and a dashboard's poll run it; the freshness check paid as a new process does).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def main() -> int:
     from tracedag.pipeline.serve import tracelist, traces_api
     from tracedag.pipeline.serve.data import NotFound, Store
     from tracedag.pipeline.serve.metrics import Metrics
+    from tracedag.pipeline.store.querying import run_named
 
     data = Path(sys.argv[1])
     warm = Store(data)
@@ -85,6 +88,10 @@ def main() -> int:
             shutil.rmtree(data / "state" / "metrics", ignore_errors=True)
         return _seconds(lambda: Metrics(Store(data)).text())
 
+    def poll() -> Timed:
+        _forget_freshness()  # a new process's poll
+        return _seconds(lambda: run_named(data, "root_causes"))
+
     commands: dict[str, Callable[[str], Timed]] = {
         "show": show,
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
@@ -92,6 +99,7 @@ def main() -> int:
         "unknown": lambda _: _seconds(unknown),
         "metrics": lambda _: metrics(False),
         "metrics_kept": lambda _: metrics(True),
+        "poll": lambda _: poll(),
     }
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
