@@ -18,7 +18,7 @@ from typing import Any
 from bench.gen import requests
 from tracedag.pipeline.engine import Engine
 from tracedag.pipeline.ingest.direct import ingest_requests
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import calls_shared_macros, connect
 
 HOUR = 3600 * 10**9
 T0 = 1_764_460_800_000_000_000
@@ -37,7 +37,7 @@ def spans_copy(source: Path, target: Path) -> Path:
 
 
 def rows(data: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = connect(data)
+    con = connect(data, shared_macros=calls_shared_macros(sql))  # as tests/dag/spanbuild.q
     try:
         return con.sql(sql).fetchall()
     finally:

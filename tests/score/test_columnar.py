@@ -35,7 +35,7 @@ E = "c" * 32  # a trace without tool definitions: its calm tool steps take the c
 
 
 def _rows(data: Path, source: str) -> list[tuple]:
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # a view, no query macro
     try:
         table = con.sql("select * exclude (scored_unix_nano) from step_scores_all where source = $s",
                         params={"s": source}).to_arrow_table()
