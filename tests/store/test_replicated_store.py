@@ -13,10 +13,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import gen
 
-import gen  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TRACEDAG = str(Path(sys.executable).parent / "tracedag")
 
