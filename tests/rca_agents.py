@@ -347,7 +347,7 @@ def analyse(case: Case, data: Path) -> Outcome:
     load_case([case], data)
     score_store(data)
     roots = run_named(data, "root_causes").to_pylist()
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         times = {r[0]: (r[1], r[2]) for r in con.execute(
             "select span_id, start_time_unix_nano, end_time_unix_nano from dag_nodes").fetchall()}
@@ -363,7 +363,7 @@ def llm_flagged(data: Path, case: Case) -> bool:
 
     if not case.made_up:
         return False
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         found = con.execute("select count(*) from step_scores where span_id = $s and taxonomy_l3 = 'invalid_tool_arguments'",
                             {"s": case.root_span_id}).fetchone()

@@ -70,7 +70,7 @@ def _travel_store(data: Path, without: str = "") -> Path:
 
 
 def _checks(data: Path) -> dict[str, dict[str, object]]:
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         rel = con.execute("select * from root_cause_checks order by checked_unix_nano")
         cols = [d[0] for d in rel.description]
@@ -190,7 +190,7 @@ def test_demo_confirm_line(tmp_path: Path) -> None:
     assert counts == {"confirm_checked": 1, "confirm_times": 2, "confirm_confirmed": 1, "confirm_refuted": 0,
                       "confirm_inconclusive": 0}
     assert (data / DEMO_CONFIRM_DIR / "tables" / "spans").is_dir()  # the runs are not in the demo's store
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         assert con.execute("select count(*) from spans where conversation_id like 'demo-confirm/%'").fetchone() == (0,)
     finally:

@@ -132,7 +132,7 @@ def _cfg(url, **kw):
 
 
 def _judge_rows(data):
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     rows = con.execute("select span_id, metric, score, judge_model, rubric_version, taxonomy_l1, taxonomy_l3, "
                        "explanation, build_id from step_scores where source = 'judge' order by span_id").fetchall()
     con.close()

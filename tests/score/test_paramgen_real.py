@@ -18,7 +18,7 @@ def cases():
 def _flagged(data):
     from tracedag.pipeline.store.views import connect
 
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         return con.execute("""
             select s.span_id, s.score, s.rule_name, s.explanation from step_scores s

@@ -88,7 +88,7 @@ EXPECTED = {
 
 
 def _scores(data):
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     rows = con.execute("select span_id, metric, score, rule_name, taxonomy_l1, taxonomy_l2, taxonomy_l3, "
                        "source, build_id, label from step_scores").fetchall()
     con.close()
@@ -217,7 +217,7 @@ def test_openinference_tool_schema_and_json_input(builder):
 
 
 def _explanation(data, span_id, metric):
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # views only, no query macro
     try:
         return con.execute("select explanation from step_scores where span_id = $s and metric = $m",
                            {"s": span_id, "m": metric}).fetchall()[0][0]
