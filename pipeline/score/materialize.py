@@ -63,7 +63,7 @@ class MaterializeStats:
     traces: int = 0
     rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    full: bool = False  # every trace (the human labels changed, or the first round)
+    full: bool = False  # every trace at once (the SQL or human labels changed, or the first round of tracedag score)
 
 
 def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
@@ -71,15 +71,17 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet
     (at most ``chunk`` traces, whole conversations, over one copy of their rows). ``limit``: stop after the
     part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending. A full
-    round (the first, or the SQL or human labels changed) is never cut: its traces are not pending after it."""
+    round after the SQL or human labels changed is never cut (its traces have state rows, so they would not be
+    pending after it); the store's first round is cut like any other (every trace is pending until stored)."""
     t0 = time.perf_counter()
     stats = MaterializeStats()
     con = connect(data)
     try:
         con.execute("set enable_progress_bar = false")
         signature = mat.signature(data)
-        stats.full = _signature_changed(con, signature)
-        scope = None if stats.full else _scope(con, scored_files)
+        first = limit is not None and not _has_view(con, mat.STATE)  # nothing stored yet: every trace pending
+        stats.full = not first and _signature_changed(con, signature)
+        scope = None if stats.full else _every_trace(con) if first else _scope(con, scored_files)
         if scope is not None and scope.num_rows == 0:
             return stats
         stats.traces = _run_round(con, data, scope, signature, stats, chunk if limit is None else min(chunk, limit),
@@ -104,6 +106,11 @@ def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
     except duckdb.BinderException:  # state files of an older layout only
         return True
     return str(row[0] or "") != signature
+
+
+def _every_trace(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """Every built trace's id (the store's first round, cut into parts)."""
+    return to_arrow(con.sql("select distinct trace_id from traces"))
 
 
 def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table:

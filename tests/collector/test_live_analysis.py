@@ -178,7 +178,7 @@ def test_a_round_that_built_nothing_stores_a_bounded_part_of_a_backlog_and_the_n
     try:
         first = _round_with_a_trace(c)
         assert first not in _state(c.data)  # busy: stored later (the interval is 60 s)
-        assert c.analyze_once() == 0 and _state(c.data) == {first}  # the store's first round: whole, never cut
+        assert c.analyze_once() == 0 and _state(c.data) == {first}  # the store's first stored round
         endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
         left = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two more conversations of one turn
         c.flush()
@@ -201,7 +201,7 @@ def test_under_continuous_load_a_round_stores_a_bounded_part_every_materialize_i
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
                                         build_grace_seconds=0.3, materialize_interval=0.0, materialize_part=1))
     try:
-        assert _round_with_a_trace(c) in _state(c.data)  # the store's first round: every trace, whole
+        assert _round_with_a_trace(c) in _state(c.data)  # the store's first stored round (a part of one trace)
         endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
         traces = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two conversations of one turn each
         c.flush()
