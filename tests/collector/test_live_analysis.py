@@ -46,12 +46,14 @@ def _agent_trace(endpoint: str) -> str:
 
 def test_root_cause_is_queryable_seconds_after_the_trace(tmp_path):
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
-                                        build_interval=0.2, build_grace_seconds=0.5))
+                                        build_interval=0.2, build_grace_seconds=0.5, build_idle_seconds=120))
     try:
         trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
         sent = time.monotonic()
-        wait_until(lambda: trace in _root_causes(c.data), 30, "no root cause while the collector runs")
-        assert time.monotonic() - sent < 15  # well inside the idle window: the root span made it complete
+        wait_until(lambda: trace in _root_causes(c.data), 90, "no root cause while the collector runs")
+        # well inside the idle window (120 s): the root span made it complete (a few seconds on a quiet machine;
+        # 21 s was seen at load 30, so the bound is the idle window's half, not a speed figure)
+        assert time.monotonic() - sent < 60
         assert _root_causes(c.data)[trace] == "get_weather"
         sources = run_sql(c.data, f"select distinct source from step_scores where trace_id = '{trace}'")
         assert sources.column("source").to_pylist() == ["rule"]
