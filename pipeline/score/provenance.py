@@ -285,7 +285,7 @@ def provenance_round(data: Path, scored_files: list[Path]) -> int:
     scope = _failed_traces(scored_files)
     if scope.num_rows == 0:
         return 0
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # the data edges' SQL calls none of the shared macros
     try:
         con.execute("set enable_progress_bar = false")
         return write_data_edges(data, con, scope)

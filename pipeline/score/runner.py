@@ -430,7 +430,7 @@ def materialize_later(data: Path, scored_files: list[Path], limit: int | None = 
 
 
 def _connect(data: Path) -> duckdb.DuckDBPyConnection:
-    con: duckdb.DuckDBPyConnection = connect(data)
+    con: duckdb.DuckDBPyConnection = connect(data, shared_macros=False)  # scoring calls none of them
     con.execute("set enable_progress_bar = false")  # our own bars, not DuckDB's
     return con
 
