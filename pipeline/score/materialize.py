@@ -79,7 +79,7 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     try:
         con.execute("set enable_progress_bar = false")
         signature = mat.signature(data)
-        first = limit is not None and not _has_view(con, mat.STATE)  # nothing stored yet: every trace pending
+        first = limit is not None and not mat.has_state_view(con)  # nothing stored yet: every trace pending
         stats.full = not first and _signature_changed(con, signature)
         scope = None if stats.full else _every_trace(con) if first else _scope(con, scored_files)
         if scope is not None and scope.num_rows == 0:
@@ -93,13 +93,9 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     return stats
 
 
-def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("select count(*) from duckdb_views() where view_name = ?", [name]).fetchall()[0][0])
-
-
 def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
     """Whether no round is stored yet or the newest one saw other SQL or human labels (then: every trace)."""
-    if not _has_view(con, mat.STATE):
+    if not mat.has_state_view(con):
         return True
     try:
         row = con.execute(f"select arg_max(signature, mat_round) from {mat.STATE}").fetchall()[0]

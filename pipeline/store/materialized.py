@@ -197,7 +197,7 @@ def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     file never changes, a rewrite has a new name) and the signature, per process and on disk (``KEPT``):
     a reader asks the tables again only when a build, a round, a collection or a label import wrote files.
     """
-    if not _has_state_view(con):  # made before the store's first round landed: it has no view of the stored rows
+    if not has_state_view(con):  # made before the store's first round landed: it has no view of the stored rows
         return Freshness(False)
     key = _fresh_key(data)
     if key not in _FRESH:
@@ -212,9 +212,10 @@ def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     return _FRESH[key]
 
 
-def _has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether ``con`` has the state's view. A round writes its state last, so a connection that has it has the
-    view of every stored table too (each has a ``schema.parquet`` before its first state row)."""
+def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``con`` has the state's view, i.e. a round was stored when it connected. A round writes its state
+    last, so a connection that has it has the view of every stored table too (each has a ``schema.parquet``
+    before its first state row)."""
     found = con.execute("select count(*) from duckdb_views() where view_name = ?", [STATE]).fetchall()
     return bool(found[0][0])
 
