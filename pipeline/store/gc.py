@@ -160,7 +160,7 @@ def _replaced(con: duckdb.DuckDBPyConnection) -> tuple[pa.Array | None, frozense
     the conversation, new SQL or labels), whose rows are dead, and those rounds. Only what the state rows say
     now: a round stored after this (a scorer may run before the collection takes its lock) is not in it, so its
     rows and those it replaces stay until the next collection. (None, empty) when nothing is stored."""
-    if not con.execute("select count(*) from duckdb_views() where view_name = ?", [materialized.STATE]).fetchall()[0][0]:
+    if not materialized.has_state_view(con):
         return None, frozenset()
     old = con.sql(_REPLACED_SQL).to_arrow_table()
     text = pc.cast(old.column("mat_round"), pa.string())
