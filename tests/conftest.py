@@ -20,8 +20,10 @@ from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
 from tests.serve.serve_support import serve_store
 from tests.store.s3_server import s3, s3_module_server
+from tests.timeouts import pytest_timeout_set_timer
 
-__all__ = ["builder", "collector", "data", "demo_newcomer", "query_store", "rca_store", "s3", "s3_module_server", "serve_store", "small_collector", "store"]
+__all__ = ["builder", "collector", "data", "demo_newcomer", "pytest_timeout_set_timer", "query_store", "rca_store", "s3",
+           "s3_module_server", "serve_store", "small_collector", "store"]
 
 
 def pytest_configure(config):
