@@ -20,7 +20,7 @@ from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
 from tests.serve.serve_support import serve_store
 from tests.store.s3_server import s3, s3_module_server
-from tests.timeouts import pytest_timeout_set_timer
+from tests.timeouts import arm_run_deadline, pytest_timeout_set_timer
 
 __all__ = ["builder", "collector", "data", "demo_newcomer", "pytest_timeout_set_timer", "query_store", "rca_store", "s3",
            "s3_module_server", "serve_store", "small_collector", "store"]
@@ -30,12 +30,14 @@ def pytest_configure(config):
     """The ``tracedag`` command of the interpreter that runs the tests comes first on PATH.
 
     ``VENV/bin/python -m pytest`` without an activated venv must find VENV's ``tracedag`` (and every
-    subprocess a test starts inherits this PATH), never another installation's or none.
+    subprocess a test starts inherits this PATH), never another installation's or none. The run also gets
+    its deadline (``TRACEDAG_TESTS_DEADLINE``, tests/timeouts.py).
     """
     own_bin = str(Path(sys.executable).parent)
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
     os.environ["PATH"] = os.pathsep.join([own_bin, *parts])
     _bytecode_outside_the_tree()
+    arm_run_deadline(config)  # the whole run's guard (tests/timeouts.py)
 
 
 def _bytecode_outside_the_tree() -> None:

@@ -16,8 +16,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 import pytest_timeout
 
 GRACE_SECONDS = 3.0
@@ -114,3 +116,79 @@ def pytest_timeout_set_timer(item, settings):
     item.cancel_timeout = cancel
     timer.start()
     return True
+
+
+DEADLINE_ENV = "TRACEDAG_TESTS_DEADLINE"
+DEFAULT_DEADLINE_SECONDS = 5400.0
+"""A whole run's deadline: 90 min, against 13-17 min on CI and 49 min seen on a machine loaded by six others."""
+
+
+class RunDeadline:
+    """The whole run's guard (the process that runs the session: xdist's controller, or pytest with ``-n 0``).
+
+    A test past ``--timeout`` ends its worker, and xdist starts another; but a worker stuck where no test
+    timer runs (a fixture's teardown at the end of its module, the session's end) or a controller left
+    waiting for a worker that never reports kept the run hanging until someone noticed. Past the deadline
+    (``TRACEDAG_TESTS_DEADLINE`` seconds, 0: none) this says so on stderr with the tests still running, ends
+    every process below the run (the workers and what they started) and exits with status 3.
+    """
+
+    def __init__(self, config, seconds: float) -> None:
+        self.config, self.seconds = config, seconds
+        self.running: dict[str, None] = {}  # started, not yet finished (insertion order)
+        self.timer = threading.Timer(seconds, self._expired)
+        self.timer.name = "tracedag run deadline"
+        self.timer.daemon = True  # never keeps a finished run alive
+
+    def pytest_runtest_logstart(self, nodeid, location) -> None:
+        self.running[nodeid] = None
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.running.pop(nodeid, None)
+
+    def pytest_unconfigure(self, config) -> None:
+        self.timer.cancel()
+
+    def _expired(self) -> None:
+        still = "\n".join(f"  {n}" for n in list(self.running)) or "  (none: no test started or all ended)"
+        try:
+            capman = self.config.pluginmanager.getplugin("capturemanager")
+            if capman:
+                capman.suspend_global_capture(in_=True)  # to the terminal, not a test's captured output
+            writer = self.config.get_terminal_writer()
+            writer.line(f"\n!!! the test run passed its deadline of {self.seconds:g} s ({DEADLINE_ENV}); tests still "
+                        f"running:\n{still}\nending the workers and every process they started", red=True, bold=True)
+            writer.flush()
+            end_descendants()
+        finally:
+            os._exit(3)
+
+
+def deadline_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """The run's deadline from ``TRACEDAG_TESTS_DEADLINE`` (seconds; 0 turns it off), else the default."""
+    text = environ.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return DEFAULT_DEADLINE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise pytest.UsageError(f"{DEADLINE_ENV}={text!r}: give the whole run's deadline in seconds (0: none)")
+    return seconds
+
+
+def arm_run_deadline(config) -> None:
+    """Start the run's deadline in the process that runs the session (not in an xdist worker)."""
+    if hasattr(config, "workerinput"):
+        return
+    seconds = deadline_seconds()
+    if seconds > 0:
+        guard = RunDeadline(config, seconds)
+        config.pluginmanager.register(guard, "tracedag-run-deadline")
+        guard.timer.start()
+
+
+def pytest_configure(config) -> None:
+    """As a plugin (``-p tests.timeouts``; the suite's conftest calls ``arm_run_deadline`` itself)."""
+    arm_run_deadline(config)
