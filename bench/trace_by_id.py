@@ -187,7 +187,8 @@ def files_as_written_now(src: Path, dst: Path) -> Path:
 
 READS = {"show first view": "show", "serve first view (/view, warm)": "view",
          "serve /api/traces/{id}, cold": "cold", "unknown id": "unknown", "/metrics cold": "metrics",
-         "/metrics, server restarted": "metrics_kept", "live poll (root_causes)": "poll"}
+         "/metrics, server restarted": "metrics_kept", "live poll (root_causes)": "poll",
+         "live poll, first after a round": "poll_first"}
 
 
 def before_after(data: Path, before: Path, runs: int, after: Path | None = None) -> int:

@@ -17,7 +17,9 @@ seconds of its process (every DuckDB thread: on a loaded machine the wall time i
 - ``metrics_kept``: the same on the build state a previous server computed (after ``metrics``: its text
   is kept on disk since #31);
 - ``poll``: a live poll, ``root_causes`` (defaults) on a connection of its own (``querying.run_named``, as
-  ``tracedag query`` and a dashboard's poll run it; the freshness check paid as a new process does).
+  ``tracedag query`` and a dashboard's poll run it; the freshness check paid as a new process does);
+- ``poll_first``: the same as the first poll after a round or a build: what readers keep on disk for the
+  store's listing (``state/materialized/``) removed first.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ def _seconds(fn: Callable[[], object]) -> Timed:
 
 
 def _forget_freshness() -> None:
-    try:
-        from tracedag.pipeline.store import materialized
-    except ImportError:
-        return
+    """Forget what this process remembers of the store's stored rows (a new process knows only what is on disk)."""
+    from tracedag.pipeline.store import materialized
+
     getattr(materialized, "_FRESH", {}).clear()
+    try:
+        from tracedag.pipeline.store import current_rounds
+    except ImportError:  # a tracedag before #31's current rounds
+        return
+    current_rounds._LAST.clear()
 
 
 def main() -> int:
@@ -88,8 +94,12 @@ def main() -> int:
             shutil.rmtree(data / "state" / "metrics", ignore_errors=True)
         return _seconds(lambda: Metrics(Store(data)).text())
 
-    def poll() -> Timed:
-        _forget_freshness()  # a new process's poll
+    def poll(first: bool = False) -> Timed:
+        """A new process's poll; ``first``: the first after a round or a build (nothing kept on disk for the
+        store's listing: the freshness answer and, since #31's current rounds, each trace's newest round)."""
+        _forget_freshness()
+        if first:
+            shutil.rmtree(data / "state" / "materialized", ignore_errors=True)
         return _seconds(lambda: run_named(data, "root_causes"))
 
     commands: dict[str, Callable[[str], Timed]] = {
@@ -100,6 +110,7 @@ def main() -> int:
         "metrics": lambda _: metrics(False),
         "metrics_kept": lambda _: metrics(True),
         "poll": lambda _: poll(),
+        "poll_first": lambda _: poll(True),
     }
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

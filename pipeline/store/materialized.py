@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracedag import queries
+from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store.files import keep_newest, parquet_files
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
 from tracedag.queries import macros
@@ -74,6 +75,12 @@ def views() -> tuple[str, ...]:
     """The views reading the stored rows: the state's and each materialized query's (``freshness`` asks that each
     table has files: a round writes state rows, and a ``schema.parquet`` in each query's table even without rows)."""
     return (STATE, *(table_name(n) for n in SPECS))
+
+
+def reader_tables(name: str) -> tuple[str, ...]:
+    """The tables a read of ``name``'s stored rows for one trace or every trace needs views of
+    (``views.connect(data, tables=...)``): the builds, the state, its table and the checks of root causes."""
+    return ("traces", STATE, table_name(name), "root_cause_checks")
 
 
 def defaults(name: str) -> dict[str, str]:
@@ -140,15 +147,17 @@ def labels_signature(data: Path) -> str:
 
 
 _STALE_SQL = f"""
-select (select count(*) from ({LATEST_BUILDS_SQL}) t
-        where not exists (select 1 from {STATE} m where m.trace_id = t.trace_id and m.build_id = t.build_id)),
-       (select arg_max(signature, mat_round) from {STATE})
+with latest as ({LATEST_BUILDS_SQL})
+select count(*) filter (where l.build_id is distinct from c.build_id),
+       (select arg_max(signature, mat_round) from {current_rounds.RELATION})
+from latest l full join {current_rounds.RELATION} c on c.trace_id = l.trace_id
 """
-"""The number of latest builds without a state row, and the signature of the newest round (a scan of each)."""
+"""The number of traces whose latest build is not their newest stored row's (``current_rounds``: a build not
+stored yet; a trace no longer built), and the signature of the newest round (one scan of ``traces_all``)."""
 
 # The traces the stored rows do not answer: every trace of a conversation one of whose traces has a latest
-# build without a state row (a new turn changes the earlier turns' rows: a materialize round widens its
-# scope the same way), and the number of built traces.
+# build other than its newest stored row's (a new turn changes the earlier turns' rows: a materialize round
+# widens its scope the same way), the stored traces no longer built, and the number of built traces.
 _SCOPE_SQL = f"""
 with latest as (
     select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
@@ -156,12 +165,16 @@ with latest as (
     from traces_all group by trace_id
 ),
 stale as (
-    select conversation_key from latest l
-    where not exists (select 1 from {STATE} m where m.trace_id = l.trace_id and m.build_id = l.build_id)
+    select l.conversation_key from latest l left join {current_rounds.RELATION} c on c.trace_id = l.trace_id
+    where c.build_id is distinct from l.build_id
+),
+gone as (
+    select trace_id from {current_rounds.RELATION} c where not exists (select 1 from latest l where l.trace_id = c.trace_id)
 )
 select (select count(*) from latest),
-       (select coalesce(list(trace_id order by trace_id), []) from latest
-        where conversation_key in (select conversation_key from stale))
+       (select coalesce(list(trace_id order by trace_id), []) from (
+            select trace_id from latest where conversation_key in (select conversation_key from stale)
+            union all select trace_id from gone))
 """
 
 
@@ -181,13 +194,15 @@ class Freshness:
         return self.usable and not self.stale
 
 
+FRESH_VERSION = "stale=latest-build-not-newest-stored"
+"""What a kept answer's ``stale`` means (part of its key): answers of an older meaning are asked again."""
 _FRESH: dict[tuple[str, ...], Freshness] = {}
 """Answers of ``freshness`` by the files it depends on (files never change: a new state has new names)."""
 
 
 def _fresh_key(data: Path) -> tuple[str, ...]:
     names = [str(f) for t in ("traces", STATE) for f in parquet_files(data, t)]
-    return (str(data), signature(data), *names)
+    return (str(data), signature(data), FRESH_VERSION, *names)
 
 
 def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
@@ -256,6 +271,8 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     if not all(parquet_files(data, t) for t in views()):  # the store's, not the connection's views: a reader of
         return Freshness(False)                           # one trace makes only those it reads (show.SHOWN_TABLES)
     try:
+        if current_rounds.register(con, data) is None:
+            return Freshness(False)
         missing, sig = con.execute(_STALE_SQL).fetchall()[0]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
         return Freshness(False)

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.views import restrict_traces
 
 logger = logging.getLogger(__name__)
@@ -37,15 +37,27 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     state = materialized.freshness(con, data)
     if not state.usable or not state.stale:
         return None
-    one, whole = materialized.scope_flags(values)
     con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
-    reader = materialized.reader_sql(name, one, whole, skip=SCOPE)
-    stored = _arrow(con.sql(reader, params=materialized.reader_values(name, values)))
+    stored = _stored(con, data, name, values)
     restrict_traces(con, SCOPE)
     computed = _arrow(con.sql(sql, params=values or None))
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
                 name, stored.num_rows, computed.num_rows, len(state.stale))
     return ordered(name, stored, computed)
+
+
+def _stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object]) -> pa.Table:
+    """The stored rows of the traces not in ``SCOPE``; of a whole store through the kept current rounds
+    (``current_rounds``), unless a round or a collection changed them meanwhile (then the SQL's own join)."""
+    params = materialized.reader_values(name, values)
+    one, whole = materialized.scope_flags(values)
+    current = current_rounds.register(con, data) if whole and not one else None
+    if current is not None:
+        reader = materialized.reader_sql(name, one, whole, skip=SCOPE, current=current_rounds.RELATION)
+        table = _arrow(con.sql(reader, params=params))
+        if current_rounds.listing(data) == current.listing:
+            return table
+    return _arrow(con.sql(materialized.reader_sql(name, one, whole, skip=SCOPE), params=params))
 
 
 def _arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
