@@ -12,6 +12,18 @@ from tracedag.pipeline.commands._options import data_option
 from tracedag.pipeline.commands._table import print_whole
 
 
+def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``--memory-limit`` (or ``TRACEDAG_SCORE_MEMORY``) in bytes; None: the default share of the available memory."""
+    from tracedag.pipeline.score.memory import mem_available, parse_memory
+
+    if value is None or not value.strip():
+        return None
+    try:
+        return parse_memory(value, mem_available())
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+
+
 @click.command("score")
 @data_option  # type: ignore[untyped-decorator, unused-ignore]
 @click.option("--judge/--no-judge", "use_judge", default=None,
@@ -25,11 +37,18 @@ from tracedag.pipeline.commands._table import print_whole
               help="USD per million input and output tokens (env TRACEDAG_JUDGE_PRICE_IN/_OUT).")
 @click.option("--max-iterations", type=int, help="Flag loop iterations at or above this bound.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--materialize-part", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Store the named queries' results of every trace in parts of this many traces (whole "
+                   "conversations) when the store has more: memory follows the part, not the store.")
+@click.option("--memory-limit", envvar="TRACEDAG_SCORE_MEMORY", callback=_memory, metavar="SIZE",
+              help="DuckDB's memory while storing the results: e.g. 8GB or 30% of the available memory "
+                   "(default 50%; env TRACEDAG_SCORE_MEMORY); beyond it, it spills to the store's disk.")
 @engine_options
 def score_command(data: Path, use_judge: bool | None, judge_model: str | None, judge_base_url: str | None,
                   judge_concurrency: int | None, judge_max_steps: int | None,
                   judge_price: tuple[float, float] | None, max_iterations: int | None, no_progress: bool,
-                  engine: str = "local", ray_address: str | None = None, workers: int | None = None) -> None:
+                  materialize_part: int = 100_000, memory_limit: int | None = None, engine: str = "local",
+                  ray_address: str | None = None, workers: int | None = None) -> None:
     """Score every built step not scored yet: rules, evaluations in the spans, optional LLM judge."""
 
     from tracedag.pipeline.score import JudgeConfig, score_store
@@ -44,7 +63,7 @@ def score_command(data: Path, use_judge: bool | None, judge_model: str | None, j
                                      max_steps=judge_max_steps, price_in=price_in, price_out=price_out)
     with engine_for(engine, ray_address, workers) as running:
         stats = score_store(data, judge=judge, progress=not no_progress, max_iterations=max_iterations,
-                            engine=running)
+                            engine=running, materialize_part=materialize_part, memory=memory_limit)
     print_whole(stats_renderable(stats))
 
 

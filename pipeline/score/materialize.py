@@ -27,10 +27,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag import queries
+from tracedag.pipeline.score.memory import bounded_connection, memory_limit
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params, to_arrow
-from tracedag.pipeline.store.views import _LATEST, connect
+from tracedag.pipeline.store.views import _LATEST
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ SNAPSHOT = "__tracedag_mat_copy_"
 CHUNK_TRACES = 20_000
 """Traces (whole conversations) materialized over one copy of their rows: a backlog of a live collector is
 stored in parts of this size (each costs the queries' planning once, its copy stays small)."""
+PART_TRACES = 100_000
+"""A round of every trace is cut into parts of this many traces when the store has more: storing the results of
+a 10M-span store (870k traces) in one go took more than 19 GB (``tracedag score --materialize-part``)."""
 ROW_GROUP = 16 * 1024
 
 _TRACES_SQL = f"""
@@ -66,31 +70,49 @@ class MaterializeStats:
     full: bool = False  # every trace at once (the SQL or human labels changed, or the first round of tracedag score)
 
 
-def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
-                limit: int | None = None) -> MaterializeStats:
+def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES, limit: int | None = None,
+                part: int = PART_TRACES, memory: int | None = None) -> MaterializeStats:
     """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet
     (at most ``chunk`` traces, whole conversations, over one copy of their rows). ``limit``: stop after the
-    part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending. A full
-    round after the SQL or human labels changed is never cut (its traces have state rows, so they would not be
-    pending after it); the store's first round is cut like any other (every trace is pending until stored)."""
+    part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending; the
+    store's first round is then cut like any other (every trace is pending until stored). A round of every
+    trace (``tracedag score``'s first, or any after the SQL or human labels changed) runs over the store as it
+    is, or in parts of ``part`` traces when the store has more (``_whole``). ``memory``: DuckDB's memory limit
+    in bytes (None: ``score.memory.memory_limit``, a share of the available memory); it spills to the store's
+    disk beyond it."""
     t0 = time.perf_counter()
     stats = MaterializeStats()
-    con = connect(data)
-    try:
+    with bounded_connection(data, memory_limit() if memory is None else memory) as con:
         con.execute("set enable_progress_bar = false")
         signature = mat.signature(data)
-        first = limit is not None and not mat.has_state_view(con)  # nothing stored yet: every trace pending
-        stats.full = not first and _signature_changed(con, signature)
-        scope = None if stats.full else _every_trace(con) if first else _scope(con, scored_files)
-        if scope is not None and scope.num_rows == 0:
-            return stats
-        stats.traces = _run_round(con, data, scope, signature, stats, chunk if limit is None else min(chunk, limit),
-                                  limit)
-    finally:
-        con.close()
+        first = not mat.has_state_view(con)  # nothing stored yet: every trace pending
+        stats.full = not (first and limit is not None) and _signature_changed(con, signature)
+        if stats.full:
+            stats.traces = _whole(con, data, signature, stats, part, first)
+        else:
+            scope = _every_trace(con) if first else _scope(con, scored_files)
+            if scope.num_rows == 0:
+                return stats
+            stats.traces = _run_round(con, data, scope, signature, stats,
+                                      chunk if limit is None else min(chunk, limit), limit)
     stats.seconds = round(time.perf_counter() - t0, 3)
     logger.info("materialized %d traces in %.2fs (%s)", stats.traces, stats.seconds, stats.rows)
     return stats
+
+
+def _whole(con: duckdb.DuckDBPyConnection, data: Path, signature: str, stats: MaterializeStats, part: int,
+           first: bool) -> int:
+    """Every trace: over the views as they are when there are at most ``part``; else in parts of ``part`` traces
+    (whole conversations), each over a copy of its rows, so that memory follows the part, not the store. In the
+    store's first round each part's state lands with it (readers take the SQL for the traces not stored yet, and
+    an interrupted round leaves them pending); after a change of the SQL or labels every trace has state rows of
+    the old signature, so the state of every part is written at the end, in one file: readers keep the SQL until
+    then, and an interrupted round is redone whole by the next."""
+    every = _every_trace(con)
+    if every.num_rows <= part:
+        return _run_round(con, data, None, signature, stats)
+    logger.info("storing the named queries' results of %d traces in parts of %d", every.num_rows, part)
+    return _run_round(con, data, every, signature, stats, part, defer_state=not first)
 
 
 def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
@@ -119,9 +141,11 @@ def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table
 
 
 def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | None, signature: str,
-               stats: MaterializeStats, chunk: int = CHUNK_TRACES, limit: int | None = None) -> int:
+               stats: MaterializeStats, chunk: int = CHUNK_TRACES, limit: int | None = None,
+               defer_state: bool = False) -> int:
     """Every trace (``scope`` None) at once over the views as they are; else the scope's conversations, at most
-    ``chunk`` traces at a time (whole conversations), each over a copy of its rows (``_snapshot``)."""
+    ``chunk`` traces at a time (whole conversations), each over a copy of its rows (``_snapshot``). ``defer_state``:
+    the parts' state rows are written after the last part, in one file (``_whole``)."""
     if scope is None:
         scope = to_arrow(con.sql("select trace_id from traces"))
         con.register(SCOPE, scope)
@@ -129,15 +153,18 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
         return _write_round(con, data, state, stats)
     con.register(SCOPE, scope)
     state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
-    done = 0
+    done, deferred = 0, []
     for part in _chunks(state, chunk):
         part = part.set_column(part.schema.get_field_index("mat_round"), "mat_round",
                                pa.array([time.time_ns()] * part.num_rows, pa.int64()))
         con.register(SCOPE + "_all", part.select(["trace_id"]))
         _snapshot(con)
-        done += _write_round(con, data, part, stats)
-        if limit is not None and done >= limit:
+        done += _write_round(con, data, part, stats, write_state=not defer_state)
+        deferred += [part] if defer_state else []
+        if limit is not None and done >= limit and not defer_state:
             break
+    if deferred:
+        _write_state(data, pa.concat_tables(deferred))
     return done
 
 
@@ -168,17 +195,25 @@ def _snapshot(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"create or replace view {table} as {refined}")
 
 
-def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, stats: MaterializeStats) -> int:
-    """Write every named query's rows over ``con``'s views, then ``state`` (the round is visible from then on)."""
+def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, stats: MaterializeStats,
+                 write_state: bool = True) -> int:
+    """Write every named query's rows over ``con``'s views, then ``state`` (the round is visible from then on;
+    ``write_state`` False: the caller writes it later)."""
     round_ns = int(state.column("mat_round")[0].as_py()) if state.num_rows else time.time_ns()
     con.register("__tracedag_mat_builds", state.select(["trace_id", "build_id"]))
     for name, spec in mat.SPECS.items():
         for per in spec.pers or (None,):
             n = _write_result(con, data, name, per, round_ns)
             stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
+    if write_state:
+        _write_state(data, state)
+    return int(state.num_rows)
+
+
+def _write_state(data: Path, state: pa.Table) -> None:
+    """The state rows of a round (or of every part of one), by trace id, in one file."""
     state = state.take(pc.sort_indices(state, sort_keys=[("trace_id", "ascending")]))
     write_parquet_atomic(state, table_dir(data, mat.STATE), row_group_size=ROW_GROUP)
-    return int(state.num_rows)
 
 
 def _label(name: str, per: str | None) -> str:

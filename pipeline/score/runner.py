@@ -38,7 +38,7 @@ from tracedag.pipeline.score.evaluations import MapStats, map_evaluations
 from tracedag.pipeline.score.judge.cache import JudgeCache
 from tracedag.pipeline.score.judge.config import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge.rubrics import load_rubrics
-from tracedag.pipeline.score.materialize import MaterializeStats, materialize
+from tracedag.pipeline.score.materialize import PART_TRACES, MaterializeStats, materialize
 from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.scan import read_scan, with_input_texts
@@ -353,7 +353,8 @@ _SCORE_WINDOW = "score-window.json"
 
 def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = False,
                 *, max_iterations: int | None = None, live: LiveRound | None = None,
-                engine: Engine | None = None) -> ScoreStats:
+                engine: Engine | None = None, materialize_part: int = PART_TRACES,
+                memory: int | None = None) -> ScoreStats:
     """Score the built steps not scored yet (rules, evaluations, and the judge when configured).
 
     Args:
@@ -363,12 +364,17 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         max_iterations: flag loop iterations at or above this bound (rule ``iteration_bound``).
         live: a live round's hint (``LiveRound``); None looks at every build.
         engine: run the rule pass as one task per trace-id bucket on this engine (None: here).
+        materialize_part: a round storing every trace's results does it in parts of this many traces.
+        memory: DuckDB's memory limit (bytes) while storing results; None: ``score.memory.memory_limit``.
     Returns:
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
     with score_lock(data):
         _score_locked(data, judge, progress, max_iterations, stats, live, engine)
+        _provenance(data, stats)
+        if live is None or live.materialize:
+            _materialize(data, stats, part=materialize_part, memory=memory)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
 
@@ -392,9 +398,6 @@ def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_ite
                 score_judge(data, con, judge, stats, advance)
     finally:
         con.close()
-    _provenance(data, stats)
-    if live is None or live.materialize:
-        _materialize(data, stats)
 
 
 def _provenance(data: Path, stats: ScoreStats) -> None:
@@ -406,14 +409,15 @@ def _provenance(data: Path, stats: ScoreStats) -> None:
         logger.exception("storing the data edges (value provenance) failed")
 
 
-def _materialize(data: Path, stats: ScoreStats, limit: int | None = None) -> None:
+def _materialize(data: Path, stats: ScoreStats, limit: int | None = None, part: int = PART_TRACES,
+                 memory: int | None = None) -> None:
     """Write the named queries' results of the traces scored (``score.materialize``), inside the score lock.
 
     A failure here loses nothing: the named queries compute from their SQL until a later round
     materializes the traces left (they are the ones without a ``materialized_traces`` row).
     """
     try:
-        stats.materialized = materialize(data, stats.files, limit=limit)
+        stats.materialized = materialize(data, stats.files, limit=limit, part=part, memory=memory)
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.demo.demo_support import DemoRun, private_demo
@@ -20,7 +21,7 @@ from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import materialized, mixed
-from tracedag.pipeline.store.querying import bind_params, run_named, to_arrow
+from tracedag.pipeline.store.querying import bind_params, run_named, run_sql, to_arrow
 from tracedag.pipeline.store.views import connect, create_query_macros
 
 CASES = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
@@ -251,4 +252,46 @@ def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a
     assert not _freshness(data).usable
     score_store(data)
     assert _freshness(data).fresh
+    assert_materialized_equal(data)
+
+
+def _state_files(data: Path) -> list[Path]:
+    return sorted((data / "tables" / materialized.STATE).glob("part-*.parquet"))
+
+
+@pytest.mark.parametrize("fixture", ["query_store", "rca_store"])
+def test_a_store_with_more_traces_than_a_part_is_stored_in_parts_that_equal_the_sql(
+        fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """``tracedag score``'s first round of a store with more traces than a part stores them a part at a time (at
+    10M spans one round of every trace took more than 19 GB and was killed): whole conversations in each part,
+    each part's state with it, and the rows equal the SQL's."""
+    data = _copy(request.getfixturevalue(fixture), tmp_path)
+    stats = materialize(data, [], part=2)
+    traces = run_sql(data, "select count(*) as n, count(distinct coalesce(conversation_id, trace_id)) as c "
+                           "from traces").to_pylist()[0]
+    assert stats.full and stats.traces == traces["n"] > 2
+    parts = run_sql(data, "select mat_round, count(*) as n, count(distinct conversation_key) as c "
+                          "from materialized_traces group by mat_round").to_pylist()
+    assert len(parts) == len(_state_files(data)) > 1  # one state file a part
+    assert all(p["n"] <= 2 or p["c"] == 1 for p in parts)  # at most 2 traces, or one conversation with more
+    assert sum(p["c"] for p in parts) == traces["c"]  # no conversation split between parts
+    assert_materialized_equal(data)
+
+
+def test_changed_labels_are_stored_again_in_parts_and_their_state_lands_at_once(query_store: Path,
+                                                                                tmp_path: Path) -> None:
+    """After the human labels change every trace is stored again; a store with more traces than a part is done in
+    parts, and the state of every part is written after the last one, in one file: until then readers see the old
+    signature and take the SQL, and an interrupted round leaves nothing that looks current."""
+    data = _copy(query_store, tmp_path)
+    materialize(data, [])
+    before = _state_files(data)
+    human = data / "tables" / "step_scores" / "human.parquet"
+    shutil.copy(next((data / "tables" / "step_scores").glob("*.parquet")), human)
+    assert not _reads_stored(data, "failures", {})
+    stats = materialize(data, [], part=2)
+    assert stats.full
+    new = [f for f in _state_files(data) if f not in before]
+    assert len(new) == 1
+    assert len(set(pq.read_table(new[0]).column("mat_round").to_pylist())) > 1  # several parts, one state file
     assert_materialized_equal(data)

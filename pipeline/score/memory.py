@@ -1,0 +1,91 @@
+"""How much memory DuckDB may take while the named queries' results are stored, and where it spills the rest.
+
+DuckDB's own default is 80 % of the machine's RAM, whatever else runs on it: storing the results of a 10M-span
+store in one go was killed by the kernel's OOM killer at 19.7 GB resident on a shared 23 GB machine. The limit
+here is a share of the memory available when the connection is made (``MemAvailable`` in ``/proc/meminfo``),
+half by default: the process also holds Arrow tables DuckDB does not count (each part's results, the state),
+and DuckDB may overshoot its limit a little. ``TRACEDAG_SCORE_MEMORY`` (or ``tracedag score --memory-limit``)
+overrides it with a size (``8GB``, ``512MB``) or another share of the available memory (``30%``). What does
+not fit spills to a directory on the store's disk, removed when the connection closes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+
+from tracedag.pipeline.store.views import connect
+
+MEMORY_ENV = "TRACEDAG_SCORE_MEMORY"
+DEFAULT_SHARE = 0.5
+"""Of the memory available at connect time, when neither the option nor the environment says otherwise."""
+FLOOR = 256 * 2**20
+"""A limit below this is raised to it: DuckDB cannot plan the named queries in less."""
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|[kmgt]i?b|b)?\s*$", re.IGNORECASE)
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The bytes the kernel says are available (``MemAvailable``), or None where it does not say."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return None if found is None else int(found.group(1)) * 1024
+
+
+def parse_memory(text: str, available: int | None) -> int | None:
+    """``text`` (``8GB``, ``512MiB``, ``30%`` of ``available``) in bytes; None for a share when the available memory
+    is unknown. Raises ValueError with what is accepted when ``text`` is none of these."""
+    found = _SIZE.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a memory size: give e.g. 8GB, 512MB or 30% (of the available memory)")
+    number, unit = float(found.group(1)), (found.group(2) or "").lower()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError(f"{text!r}: a share of the available memory is more than 0% and at most 100%")
+        return None if available is None else max(int(available * number / 100), FLOOR)
+    if number <= 0:
+        raise ValueError(f"{text!r}: a memory limit must be more than 0")
+    return max(int(number * _UNITS[unit]), FLOOR)
+
+
+def memory_limit(given: str | None = None, env: Mapping[str, str] = os.environ) -> int | None:
+    """DuckDB's memory limit in bytes for storing results: ``given``, else ``TRACEDAG_SCORE_MEMORY``, else half of
+    the available memory; None when nothing says (DuckDB's default then)."""
+    available = mem_available()
+    text = given if given is not None else env.get(MEMORY_ENV, "").strip()
+    if text:
+        try:
+            return parse_memory(text, available)
+        except ValueError as e:
+            source = "--memory-limit" if given is not None else MEMORY_ENV
+            raise ValueError(f"{source}: {e}") from None
+    return None if available is None else max(int(available * DEFAULT_SHARE), FLOOR)
+
+
+@contextmanager
+def bounded_connection(data: Path, limit: int | None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection with every view over ``data`` (``views.connect``), the memory ``limit`` (bytes; None: DuckDB's
+    default) and a spill directory in ``data/state``, removed once the connection is closed."""
+    spill = Path(data) / "state" / f"duckdb-spill-{os.getpid()}"
+    spill.mkdir(parents=True, exist_ok=True)
+    con = connect(data)
+    try:
+        if limit is not None:
+            con.execute(f"set memory_limit = '{int(limit) // 2**20}MiB'")
+        quoted = str(spill).replace("'", "''")
+        con.execute(f"set temp_directory = '{quoted}'")
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
