@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from tracedag import queries
 from tracedag.pipeline.score.memory import bounded_connection, memory_limit
+from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params, to_arrow
@@ -211,9 +212,12 @@ def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, st
 
 
 def _write_state(data: Path, state: pa.Table) -> None:
-    """The state rows of a round (or of every part of one), by trace id, in one file."""
+    """The state rows of a round (or of every part of one), by trace id, in one file; the kept table of each
+    trace's newest round (``store.current_rounds``) advances with them, so no reader recomputes it."""
     state = state.take(pc.sort_indices(state, sort_keys=[("trace_id", "ascending")]))
+    before = current_rounds.listing(data)
     write_parquet_atomic(state, table_dir(data, mat.STATE), row_group_size=ROW_GROUP)
+    current_rounds.advance(data, before, state)
 
 
 def _label(name: str, per: str | None) -> str:

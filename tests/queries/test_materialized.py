@@ -295,3 +295,17 @@ def test_changed_labels_are_stored_again_in_parts_and_their_state_lands_at_once(
     assert len(new) == 1
     assert len(set(pq.read_table(new[0]).column("mat_round").to_pylist())) > 1  # several parts, one state file
     assert_materialized_equal(data)
+
+
+def test_a_round_keeps_each_traces_newest_round_for_the_readers(query_store: Path, tmp_path: Path) -> None:
+    """Each part's state advances the table of each trace's newest stored round kept for the state files'
+    listing (``store.current_rounds``): the first reader after a round finds it instead of computing it."""
+    data = _copy(query_store, tmp_path)
+    materialize(data, [], part=2)
+    kept = list((data / "state" / "materialized").glob("current-*.parquet"))
+    assert len(kept) == 1  # no reader ran yet: the round kept it
+    want = run_sql(data, "select trace_id, arg_max(mat_round, mat_round) as mat_round from materialized_traces "
+                         "group by trace_id order by trace_id").to_pylist()
+    got = pq.read_table(kept[0], columns=["trace_id", "mat_round"]).sort_by("trace_id").to_pylist()
+    assert got == want
+    assert_materialized_equal(data)
