@@ -116,7 +116,7 @@ def analyze(
     ``graphs``: agent graphs for adherence and the pictures; each agent uses the graph named like
     it, else the only graph given (``agent_graph.graph_for``).
     """
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # run_steps calls no shared query macro
     try:
         con.execute("set enable_progress_bar = false")  # the caller's bars, not DuckDB's
         progress("reading run steps", 0, None)

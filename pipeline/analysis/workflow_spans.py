@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 def graph_from_store(data: Path, name: str | None = None, agent: str | None = None) -> AgentGraph:
     """The most used workflow graph in the store (of ``agent`` when given), as a DSL graph."""
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # workflow_graphs calls no shared query macro
     try:
         row = con.execute(queries.load("workflow_graphs"), {"agent": agent or ""}).fetchone()
     finally:

@@ -84,7 +84,12 @@ _FULL_SQL = f"""
 with s as ({_FIGURES_SQL.format(count="distinct span_id", source="{source}")})
 select s.*, t.trace_id is null or t.last_received_unix_nano is distinct from s.last_received
            or t.span_count is distinct from s.n as changed, true as known
-from s left join traces t using (trace_id)
+from s left join (
+    -- each trace's latest build, as the ``traces`` view keeps it (the plan connects with traces_all only)
+    select trace_id, arg_max(last_received_unix_nano, (built_unix_nano, build_id)) as last_received_unix_nano,
+           arg_max(span_count, (built_unix_nano, build_id)) as span_count
+    from traces_all group by trace_id
+) t using (trace_id)
 order by s.trace_id
 """
 
@@ -319,7 +324,7 @@ def build_store(
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
         window = None if full else load_window(data)
         clear_window(data)  # until this build is done: a crash in it makes the next plan a full one
-        con = connect(data, shared_macros=False)  # the plan reads views only: no query macros
+        con = connect(data, tables=["traces"])  # the plan reads traces_all only: not every view and macro
         con.execute("set enable_progress_bar = false")
         try:
             with stage("plan"):

@@ -26,7 +26,7 @@ from tracedag.schemas.layout import table_dir
 
 
 def _count(data: Path, view: str) -> int:
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # a count over a view: no shared query macro
     try:
         row = con.execute(f"select count(*) from {view}").fetchone()
         return int(row[0]) if row else 0

@@ -186,7 +186,7 @@ def plan_checks(data: Path, sources: Sequence[SourceConversation], causes: Mappi
     """A check for every source: the tool calls before its root step, and the root's replacement (``judge``
     writes a model step's correction when no passing run of the scenario has the step)."""
     file_result = _read_replacement(replacement_file) if replacement_file is not None else None
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # plain views: the plan's SQL calls no shared query macro
     try:
         return [_plan_one(con, s, causes[s.conversation_id], (replacement_file, file_result), judge) for s in sources]
     finally:

@@ -260,7 +260,7 @@ def _settled(data: Path, turns: Mapping[str, int], local_service: str) -> bool:
     from tracedag.pipeline.replay.remote import StoredSpan, settled
     from tracedag.pipeline.store.views import connect
 
-    con = connect(data, threads=1)
+    con = connect(data, threads=1, tables=["spans"])  # a poll reads spans_all only: not every view and macro
     try:
         rows = con.execute(AGENT_SPANS_SQL, {"ids": sorted(turns), "local": local_service}).fetchall()
     finally:

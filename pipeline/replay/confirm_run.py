@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from tracedag.instrument.recorded import RECORDED_ATTRIBUTE
@@ -92,39 +93,36 @@ def judge(data: Path, checks: Sequence[PlannedCheck], result: ReplayResult | Non
     """One ``root_cause_checks`` row per check, from the runs' stored spans (in ``runs_data``, default
     ``data``: the store of the sources)."""
     records = result.records if result is not None else []
-    spans = _run_spans(runs_data or data, [r.run.run_id for r in records])
-    con = connect(data)
+    # one connection per store for every check (plain views: none of the SQL here calls a shared macro)
+    con = connect(data, shared_macros=False)
+    runs_con = con if runs_data is None else connect(runs_data, shared_macros=False)
     try:
-        rows = []
-        for check in checks:
-            mine = [r for r in records if r.run.source.conversation_id == check.cause.conversation_id]
-            found = con.execute(SOURCE_ERRORS_SQL, {
-                "cid": check.cause.conversation_id, "root_start": check.root_start_ns,
-                "root_span": check.cause.root_span_id}).fetchone()
-            before_root, after_root = found if found is not None else (0, 0)  # an aggregate: always one row
-            scores = _downstream(data, runs_data or data, check, mine)
-            rows.append(_row(check, mine, spans, (int(before_root), int(after_root)), scores, agent, replay_id))
+        spans = _run_spans(runs_con, [r.run.run_id for r in records])
+        return [_judged(con, runs_con, check, records, spans, (agent, replay_id)) for check in checks]
     finally:
+        if runs_con is not con:
+            runs_con.close()
         con.close()
-    return rows
 
 
-def _downstream(data: Path, runs_data: Path, check: PlannedCheck, records: list[RunRecord]) -> Downstream:
+def _judged(con: duckdb.DuckDBPyConnection, runs_con: duckdb.DuckDBPyConnection, check: PlannedCheck,
+            records: list[RunRecord], spans: dict[str, RunSpans], ids: tuple[str, str]) -> dict[str, Any]:
+    """The ``root_cause_checks`` row of ``check`` (``ids``: the agent and the replay id)."""
+    mine = [r for r in records if r.run.source.conversation_id == check.cause.conversation_id]
+    found = con.execute(SOURCE_ERRORS_SQL, {
+        "cid": check.cause.conversation_id, "root_start": check.root_start_ns,
+        "root_span": check.cause.root_span_id}).fetchone()
+    before_root, after_root = found if found is not None else (0, 0)  # an aggregate: always one row
     cause = check.cause
-    return downstream_scores(data, runs_data, cause.conversation_id, cause.root_span_id, cause.root_step_name,
-                             check.root_start_ns, [r.run.run_id for r in records])
+    scores = downstream_scores(con, runs_con, cause.conversation_id, cause.root_span_id, cause.root_step_name,
+                               check.root_start_ns, [r.run.run_id for r in mine])
+    return _row(check, mine, spans, (int(before_root), int(after_root)), scores, *ids)
 
 
-def _run_spans(data: Path, run_ids: list[str]) -> dict[str, RunSpans]:
+def _run_spans(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[str, RunSpans]:
     failed: dict[str, list[str]] = {r: [] for r in run_ids}
     served: dict[str, set[str]] = {r: set() for r in run_ids}
-    rows: list[Any] = []
-    if run_ids:
-        con = connect(data)
-        try:
-            rows = con.execute(RUN_SPANS_SQL, {"ids": run_ids}).fetchall()
-        finally:
-            con.close()
+    rows: list[Any] = con.execute(RUN_SPANS_SQL, {"ids": run_ids}).fetchall() if run_ids else []
     for run_id, step_name, tool_name, is_failed, is_served in rows:
         if is_failed:
             failed.setdefault(str(run_id), []).append(str(step_name))

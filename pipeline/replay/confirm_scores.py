@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from tracedag.instrument.recorded import RECORDED_ATTRIBUTE
-from tracedag.pipeline.store.views import connect
 
 SCORE_THRESHOLD = 0.30
 """The rise of the mean downstream step score that counts as improved (AgentEval §3.4 step_score level)."""
@@ -63,19 +64,16 @@ class Downstream:
         return sum(scored) / len(scored) if scored else None
 
 
-def downstream_scores(data: Path, runs_data: Path, conversation_id: str, root_span_id: str, root_step_name: str,
-                      root_start_ns: int, run_ids: Sequence[str]) -> Downstream:
-    """The source's downstream steps' mean score in ``data`` and the runs' in ``runs_data``."""
-    con = connect(data)
-    try:
-        rows = con.execute(SOURCE_SCORES_SQL, {"cid": conversation_id, "root_start": root_start_ns,
-                                               "root_span": root_span_id, "root_name": root_step_name}).fetchall()
-    finally:
-        con.close()
+def downstream_scores(con: duckdb.DuckDBPyConnection, runs_con: duckdb.DuckDBPyConnection, conversation_id: str,
+                      root_span_id: str, root_step_name: str, root_start_ns: int, run_ids: Sequence[str]) -> Downstream:
+    """The source's downstream steps' mean score in the store of ``con`` and the runs' in that of ``runs_con``
+    (the same connection when the runs are stored with the sources)."""
+    rows = con.execute(SOURCE_SCORES_SQL, {"cid": conversation_id, "root_start": root_start_ns,
+                                           "root_span": root_span_id, "root_name": root_step_name}).fetchall()
     names = sorted({str(r[0]) for r in rows})
     if not rows or not run_ids:
         return Downstream(_mean([r[1] for r in rows]), {})
-    return Downstream(_mean([r[1] for r in rows]), _run_scores(runs_data, list(run_ids), names))
+    return Downstream(_mean([r[1] for r in rows]), _run_scores(runs_con, list(run_ids), names))
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -83,12 +81,8 @@ def _mean(values: Sequence[Any]) -> float | None:
     return sum(scored) / len(scored) if scored else None
 
 
-def _run_scores(runs_data: Path, run_ids: list[str], names: list[str]) -> dict[str, float]:
-    con = connect(runs_data)
-    try:
-        rows = con.execute(RUN_SCORES_SQL, {"ids": run_ids, "names": names}).fetchall()
-    finally:
-        con.close()
+def _run_scores(runs_con: duckdb.DuckDBPyConnection, run_ids: list[str], names: list[str]) -> dict[str, float]:
+    rows = runs_con.execute(RUN_SCORES_SQL, {"ids": run_ids, "names": names}).fetchall()
     return {str(r[0]): float(r[1]) for r in rows if r[1] is not None}
 
 

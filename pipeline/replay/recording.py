@@ -32,7 +32,7 @@ order by conversation_id, start_time_unix_nano, span_id
 def recorded_calls(data: Path, conversation_ids: Sequence[str]) -> dict[str, list[RecordedCall]]:
     """Every recorded tool call of each conversation, in order."""
     out: dict[str, list[RecordedCall]] = {c: [] for c in conversation_ids}
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # plain views: this SQL calls no shared query macro
     try:
         rows = con.execute(TOOL_CALLS_SQL, {"ids": list(conversation_ids)}).fetchall()
     finally:

@@ -94,7 +94,7 @@ class StoreSpans:
 
         if self._con is None:
             self._globbed = self._reads_new_files()  # looked at before connecting: the view is made after
-            self._con = connect(self.data, threads=1)
+            self._con = connect(self.data, threads=1, tables=["spans"])  # NODE_SQL reads spans_all only
         rows: list[tuple[Any, ...]] = self._con.execute(NODE_SQL, [trace_ids]).fetchall()
         if not self._globbed:  # the view lists the files there were: look again next time
             self._con.close()

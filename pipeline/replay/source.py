@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracedag.instrument.recorded import RecordedCall
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import calls_shared_macros, connect
 from tracedag.schemas.errors import TracedagError
 
 USER_EVENT = "gen_ai.user.message"
@@ -150,7 +150,7 @@ def select_conversations(data: Path, sel: Selection) -> list[SourceConversation]
     turns, or a selection that matched nothing.
     """
     where, params = _condition(sel)
-    con = connect(data)
+    con = connect(data, shared_macros=calls_shared_macros(where))  # only if --where calls one: our SQL calls none
     try:
         try:
             rows = con.execute(f"select * from ({CONVERSATIONS_SQL}) where {where} "

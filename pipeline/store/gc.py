@@ -125,7 +125,8 @@ def liveness(data: Path) -> Liveness:
     """Read the live pairs and per-build counts from the ``traces`` views."""
     from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
 
-    con = connect(data, shared_macros=False)  # reads traces_all only: no query macros
+    # reads traces_all and the stored rounds' state only: their raw views, not every view and macro
+    con = connect(data, tables=["traces", materialized.STATE])
     try:
         con.execute("set enable_progress_bar = false")
         # the pairs the ``traces`` view keeps, without reading the other columns of traces_all

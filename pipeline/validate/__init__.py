@@ -73,7 +73,7 @@ from spans group by trace_id having source is not null
 
 def replay_sources(data: Path) -> dict[str, str]:
     """``trace id -> source trace id`` of every replayed trace in the store."""
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # plain views: this SQL calls no shared query macro
     try:
         con.execute("set enable_progress_bar = false")
         return {str(t): str(s) for t, s in con.execute(_REPLAYS_SQL).fetchall()}

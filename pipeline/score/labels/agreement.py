@@ -101,7 +101,7 @@ def _l1(l3: str | None) -> str | None:
 
 def agreement_report(data: Path, metric: str | None = None) -> tuple[list[Agreement], int]:
     """Agreement of every source with the human labels, and the number of human-labelled steps."""
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # score_agreement_pairs calls no shared query macro
     try:
         pairs = con.execute(load("score_agreement_pairs"), {"metric": metric}).fetchall()
         labelled = con.execute(

@@ -119,7 +119,7 @@ _KEY = ("trace_id", "span_id", "metric", "annotator", "score", "label", "taxonom
 
 
 def _existing(data: Path) -> set[tuple[Any, ...]]:
-    con = connect(data)
+    con = connect(data, tables=["human_labels"])  # its one table: not every view and macro
     try:
         rows = con.execute("""select trace_id, span_id, metric, annotator, score, label, taxonomy_l3
                               from human_labels qualify row_number() over (
@@ -164,7 +164,7 @@ def _store_labels(data: Path, good: list[dict[str, Any]], result: ImportResult) 
 def _count_not_built(data: Path, rows: list[dict[str, Any]]) -> int:
     if not rows:
         return 0
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # reads the dag_nodes view: no shared query macro
     try:
         built = {(t, s) for t, s in con.execute("select trace_id, span_id from dag_nodes").fetchall()}
     finally:
@@ -198,7 +198,7 @@ def _human_row(r: dict[str, Any]) -> ScoreRow:
 
 def write_human_scores(data: Path) -> Path:
     """Rewrite ``tables/step_scores/human.parquet`` from every human label (atomic replace)."""
-    con = connect(data)
+    con = connect(data, tables=["human_labels"])  # its one table: not every view and macro
     try:
         rows = con.sql(HUMAN_SCORES_SQL).to_arrow_table().to_pylist()
     finally:
