@@ -340,11 +340,20 @@ def load_case(cases: list[Case], data: Path) -> None:
 
 def analyse(case: Case, data: Path) -> Outcome:
     """Ingest, build, score and ask ``root_causes`` about one case, in a fresh store at ``data``."""
+    return analyse_together([case], data)[0]
+
+
+def analyse_together(cases: list[Case], data: Path) -> list[Outcome]:
+    """``analyse`` of each case, the cases in ONE fresh store at ``data`` (one build and one scoring for all).
+
+    Root causes are one row per failed trace, so a case's answer is the first ``root_causes`` row of its own
+    traces: the row ``analyse`` reads from a store of that case alone, unless one conversation's analysis
+    leaked into another's (which this then shows as a wrong answer too)."""
     from tracedag.pipeline.score import score_store
     from tracedag.pipeline.store.querying import run_named
     from tracedag.pipeline.store.views import connect
 
-    load_case([case], data)
+    load_case(cases, data)
     score_store(data)
     roots = run_named(data, "root_causes").to_pylist()
     con = connect(data, shared_macros=False)  # views only, no query macro
@@ -353,8 +362,24 @@ def analyse(case: Case, data: Path) -> Outcome:
             "select span_id, start_time_unix_nano, end_time_unix_nano from dag_nodes").fetchall()}
     finally:
         con.close()
-    right = sum(1 for c, s in case.remote_calls if times[c][0] <= times[s][0] <= times[c][1])
-    return Outcome(roots[0]["root_span_id"] if roots else None, right, len(case.remote_calls))
+    out = []
+    for case in cases:
+        mine = [r for r in roots if r["trace_id"] in trace_ids(case)]
+        right = sum(1 for c, s in case.remote_calls if times[c][0] <= times[s][0] <= times[c][1])
+        out.append(Outcome(mine[0]["root_span_id"] if mine else None, right, len(case.remote_calls)))
+    return out
+
+
+def trace_ids(case: Case) -> set[str]:
+    """The ids (hex) of the traces in the case's OTLP requests."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    found = set()
+    for body in case.requests:
+        for resource in ExportTraceServiceRequest.FromString(body).resource_spans:
+            for scope in resource.scope_spans:
+                found.update(span.trace_id.hex() for span in scope.spans)
+    return found
 
 
 def llm_flagged(data: Path, case: Case) -> bool:

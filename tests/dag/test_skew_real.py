@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rca_agents import analyse, load_case, skew_cases
+from tests.rca_agents import analyse_together, load_case, skew_cases
 
 SKEWS = (-300.0, 0.0, 300.0)
 
@@ -66,5 +66,6 @@ def test_the_remote_subtree_moves_with_its_server_span(cases, tmp_path):
 def test_the_right_root_cause_at_every_remote_call(cases, tmp_path):
     mine = [c for c in cases if "+300" in c.name]
     assert len(mine) == 3
-    for case in mine:  # healthy, a backend fault (the remote tool), arguments it rejects (the model step)
-        assert analyse(case, tmp_path / case.name / "data").root_span_id == case.root_span_id, case.name
+    # healthy, a backend fault (the remote tool), arguments it rejects (the model step): one store, one scoring
+    for case, outcome in zip(mine, analyse_together(mine, tmp_path / "data"), strict=True):
+        assert outcome.root_span_id == case.root_span_id, case.name

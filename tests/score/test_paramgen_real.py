@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rca_agents import DIALECTS, analyse, load_case, paramgen_cases
+from tests.rca_agents import DIALECTS, analyse_together, load_case, paramgen_cases
 from tests.score.test_columnar import assert_same_as_reference
 
 
@@ -55,9 +55,10 @@ def test_the_model_step_is_the_root_cause_and_a_tool_fault_stays_the_tools(cases
     assert {"missing-field", "control-tool-fault", "recovered"} <= set(by_name)
     # every scenario: also where the model's next call (an apology) repeats its step key without
     # redoing the rejected call, which must not count as the model step's recovery
-    for name, case in sorted(by_name.items()):
-        got = analyse(case, tmp_path / name / "data")
-        assert got.root_span_id == case.root_span_id, name
+    names = sorted(by_name)
+    got = analyse_together([by_name[n] for n in names], tmp_path / "data")  # one store: one build, one scoring
+    for name, outcome in zip(names, got, strict=True):
+        assert outcome.root_span_id == by_name[name].root_span_id, name
 
 
 def test_columnar_pass_writes_the_reference_rows(cases, tmp_path):
