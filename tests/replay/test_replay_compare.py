@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 import pytest
+from click.testing import CliRunner
 
 from tests.dag.spanbuild import q
 from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store, run_tracedag
+from tracedag.pipeline.cli import cli
+from tracedag.pipeline.dag import build_store
+from tracedag.pipeline.score import score_store
 
 REPLAY = ("--agent", "example", "--agent-opt", "fault_rate=0", "--agent-opt", "noise=0",
           "--label", "service_version=candidate")
@@ -40,15 +45,22 @@ def unlabelled(tmp_path_factory):
 
 
 def _replay_and_build(data, *args):
+    """``tracedag replay`` as a process of its own (it sets up the agent's instrumentation), then the build and
+    the scoring in this one (their commands' own process tests are elsewhere)."""
     res = run_tracedag("replay", "--data", data, *REPLAY, *args)
     assert res.returncode == 0, res.stdout + res.stderr
-    for command in (("build", "--idle", "0"), ("score",)):
-        done = run_tracedag(command[0], "--data", data, *command[1:])
-        assert done.returncode == 0, done.stdout + done.stderr
+    build_store(data, idle_seconds=0)
+    score_store(data)
+
+
+def _tracedag(*args) -> subprocess.CompletedProcess[str]:
+    """``tracedag ARGS`` (regress, validate) in this process; test_demo_hints runs both as processes, printed."""
+    done = CliRunner().invoke(cli, [str(a) for a in args], env={"COLUMNS": "200"})
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
 
 
 def _regress(data):
-    res = run_tracedag("regress", "--data", data, "--baseline", "service_version=1.0", "--candidate",
+    res = _tracedag("regress", "--data", data, "--baseline", "service_version=1.0", "--candidate",
                        "service_version=candidate", "--format", "json", "--no-save")
     assert res.returncode in (0, 1), res.stdout + res.stderr  # 2 would be "no common cases"
     return json.loads(res.stdout)
@@ -61,7 +73,7 @@ def test_a_replay_keeps_the_source_labels_and_names_its_source(labelled):
                           from spans where run_id like 'rl/%' group by 1 order by 1""")
     assert rows == [(f"rl/{s}-r{i}/r0", s, i, f"{s}-r{i}", True) for s in ("book", "info") for i in range(2)]
     # the source label is a run label every selection reads (regress, validate --runs)
-    res = run_tracedag("regress", "--data", labelled, "--baseline", "sql:t.service_version = '1.0'",
+    res = _tracedag("regress", "--data", labelled, "--baseline", "sql:t.service_version = '1.0'",
                        "--candidate", "source_conversation_id=book-r1", "--format", "json", "--no-save")
     assert json.loads(res.stdout)["candidate"]["traces"] == 1, res.stdout + res.stderr
 
@@ -81,13 +93,13 @@ def test_regress_pairs_unlabelled_conversations_with_their_replays(unlabelled):
 
 def test_validate_learns_from_the_originals_and_checks_the_replays(labelled, tmp_path):
     model = tmp_path / "model.json"
-    learned = run_tracedag("validate", "learn", "--data", labelled, "--out", model)
+    learned = _tracedag("validate", "learn", "--data", labelled, "--out", model)
     assert learned.returncode == 0, learned.stdout + learned.stderr
     assert "left out 4 replayed run(s)" in learned.stdout
     doc = json.loads(model.read_text())
     learned_runs = sorted(r for s in doc["scenarios"].values() for r in s["runs"])
     assert learned_runs == sorted(LABELLED)  # the originals' runs (run key = conversation), no replay
-    checked = run_tracedag("validate", "check", "--data", labelled, "--model", model,
+    checked = _tracedag("validate", "check", "--data", labelled, "--model", model,
                            "--runs", "service_version=candidate")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rows = q(labelled, "select run_key, scenario, passed from validations order by 1")
@@ -95,10 +107,10 @@ def test_validate_learns_from_the_originals_and_checks_the_replays(labelled, tmp
 
 
 def test_validate_learns_from_replays_only_when_asked(labelled, tmp_path):
-    only = run_tracedag("validate", "learn", "--data", labelled, "--runs", "service_version=candidate",
+    only = _tracedag("validate", "learn", "--data", labelled, "--runs", "service_version=candidate",
                         "--out", tmp_path / "m.json")
     assert only.returncode == 2 and "--include-replays" in only.stderr, only.stdout + only.stderr
-    asked = run_tracedag("validate", "learn", "--data", labelled, "--runs", "service_version=candidate",
+    asked = _tracedag("validate", "learn", "--data", labelled, "--runs", "service_version=candidate",
                          "--include-replays", "--min-runs", "1", "--out", tmp_path / "m.json")
     assert asked.returncode == 0, asked.stdout + asked.stderr
     doc = json.loads((tmp_path / "m.json").read_text())
@@ -110,10 +122,10 @@ def test_replays_of_unlabelled_conversations_are_checked_under_their_source_scen
     data = tmp_path / "data"
     shutil.copytree(unlabelled, data)
     model = tmp_path / "model.json"
-    learned = run_tracedag("validate", "learn", "--data", data, "--out", model, "--min-runs", "1")
+    learned = _tracedag("validate", "learn", "--data", data, "--out", model, "--min-runs", "1")
     assert learned.returncode == 0, learned.stdout + learned.stderr
     assert list(json.loads(model.read_text())["scenarios"]) == ["(unlabelled)"]
-    checked = run_tracedag("validate", "check", "--data", data, "--model", model, "--runs",
+    checked = _tracedag("validate", "check", "--data", data, "--model", model, "--runs",
                            "service_version=candidate")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     rows = q(data, "select scenario, count(*), count(passed) from validations group by 1")
