@@ -18,8 +18,8 @@ seconds of its process (every DuckDB thread: on a loaded machine the wall time i
   is kept on disk since #31);
 - ``poll``: a live poll, ``root_causes`` (defaults) on a connection of its own (``querying.run_named``, as
   ``tracedag query`` and a dashboard's poll run it; the freshness check paid as a new process does);
-- ``poll_first``: the same as the first poll after a round or a build: what readers keep on disk for the
-  store's listing (``state/materialized/``) removed first.
+- ``poll_first``: the same as the first poll after a round or a build: the freshness answer kept on disk for
+  the store's listing removed first (the table of each trace's newest round, which a round keeps, stays).
 """
 
 from __future__ import annotations
@@ -95,11 +95,13 @@ def main() -> int:
         return _seconds(lambda: Metrics(Store(data)).text())
 
     def poll(first: bool = False) -> Timed:
-        """A new process's poll; ``first``: the first after a round or a build (nothing kept on disk for the
-        store's listing: the freshness answer and, since #31's current rounds, each trace's newest round)."""
+        """A new process's poll; ``first``: the first after a round or a build: no freshness answer is kept for
+        the store's listing (a round keeps the table of each trace's newest round itself, since #31's current
+        rounds: that one stays)."""
         _forget_freshness()
         if first:
-            shutil.rmtree(data / "state" / "materialized", ignore_errors=True)
+            for kept in (data / "state" / "materialized").glob("fresh-*.json"):
+                kept.unlink()
         return _seconds(lambda: run_named(data, "root_causes"))
 
     commands: dict[str, Callable[[str], Timed]] = {

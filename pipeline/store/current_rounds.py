@@ -5,7 +5,7 @@ its latest build. Joining the state's rows (``materialized_traces``, one per tra
 latest builds each time cost ~110 ms CPU on 1M spans, more than the rest of a poll. The newest state row
 of each trace (its build, round and the signature that round saw) depends on the state files alone, and
 a published file never changes (a round or a collection writes new names): so it is computed once per
-listing of those files, by the first reader that needs it or by the round that wrote the listing
+listing of those files (names, sizes, modification times), by the first reader that needs it or by the round that wrote the listing
 (``advance``), and kept as ``<data>/state/materialized/current-<digest of the listing>.parquet`` (the
 tables of older listings are removed). ``materialized.freshness`` counts a trace whose latest build is not
 its newest stored row's build as not answered, so the rows a reader takes through it are those of the
@@ -43,6 +43,9 @@ _SCHEMA = pa.schema([("trace_id", pa.string()), ("build_id", pa.string()), ("mat
 _DICTIONARY = ("build_id", "signature")
 """Columns of few distinct values, read as dictionaries (87k signatures as strings took 40% of a read)."""
 
+ROW_GROUP = 16 * 1024
+"""Rows a kept table's row group holds: ``lookup`` reads the one whose trace id statistics can hold the trace."""
+
 _NEWEST_SQL = """
 select trace_id, arg_max(build_id, mat_round) as build_id, max(mat_round) as mat_round,
        arg_max(signature, mat_round) as signature
@@ -59,8 +62,24 @@ class Current:
 
 
 def listing(data: Path) -> tuple[str, ...]:
-    """The state files of ``data`` now (their names: what the kept table is for)."""
-    return tuple(str(f) for f in parquet_files(data, STATE))
+    """The state files of ``data`` now: what the kept table is for. Each is its path, with its size and
+    modification time when it is here (a file rewritten in place under its name counts as another file)."""
+    return tuple(_stamp(f) for f in parquet_files(data, STATE))
+
+
+_STAMP_SEP = "\x1f"
+
+
+def _stamp(f: Path) -> str:
+    try:
+        st = f.stat()
+    except OSError:  # published by another writer to an object store (its bytes never change), or just removed
+        return str(f)
+    return f"{f}{_STAMP_SEP}{st.st_size}{_STAMP_SEP}{st.st_mtime_ns}"
+
+
+def _files(names: tuple[str, ...]) -> list[Path]:
+    return [Path(n.split(_STAMP_SEP, 1)[0]) for n in names]
 
 
 def _path(data: Path, names: tuple[str, ...]) -> Path:
@@ -89,6 +108,38 @@ def newest(con: duckdb.DuckDBPyConnection, data: Path) -> Current | None:
     return _LAST[str(data)]
 
 
+def lookup(data: Path, trace_id: str) -> int | None:
+    """The newest stored round of ``trace_id`` for the state files now, from the table kept for them (this
+    process's, else the file's one row group that can hold it); None: no table kept, or no row of the trace."""
+    names = listing(data)
+    last = _LAST.get(str(data))
+    if last is not None and last.listing == names:
+        table = last.table
+    else:
+        found = _group_of(_path(data, names), trace_id)
+        if found is None:
+            return None
+        table = found
+    i = pc.index(table.column("trace_id"), trace_id).as_py()
+    return None if i < 0 else int(table.column("mat_round")[i].as_py())
+
+
+def _group_of(path: Path, trace_id: str) -> pa.Table | None:
+    """The ``trace_id`` and ``mat_round`` of the kept table's row group whose statistics can hold ``trace_id``
+    (an empty table when none can; None when no table is kept). Read by its footer, without pyarrow's dataset
+    filters, which cost ~100 ms CPU to import in a new process."""
+    try:
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(0).statistics  # trace_id, the first column
+            if stats is None or not stats.has_min_max or stats.min <= trace_id <= stats.max:
+                return pf.read_row_group(g, columns=["trace_id", "mat_round"])
+    except (OSError, pa.ArrowInvalid):  # none kept for this listing
+        return None
+    return pa.table({"trace_id": pa.array([], pa.string()), "mat_round": pa.array([], pa.int64())})
+
+
 def register(con: duckdb.DuckDBPyConnection, data: Path) -> Current | None:
     """``newest`` registered on ``con`` as ``RELATION`` (None: no round stored, nothing registered)."""
     current = newest(con, data)
@@ -106,8 +157,8 @@ def _read(path: Path) -> pa.Table | None:
 
 
 def _compute(con: duckdb.DuckDBPyConnection, data: Path, names: tuple[str, ...]) -> pa.Table:
-    """The newest state row of each trace, from exactly the files ``names`` (not the view, whose files may differ)."""
-    uris = ", ".join("'" + u.replace("'", "''") + "'" for u in source_uris(data, [Path(n) for n in names]))
+    """The newest state row of each trace, from exactly the files of ``names`` (not the view's, which may differ)."""
+    uris = ", ".join("'" + u.replace("'", "''") + "'" for u in source_uris(data, _files(names)))
     source = f"read_parquet([{uris}], union_by_name = true, hive_partitioning = false)"
     table: pa.Table = con.sql(_NEWEST_SQL.format(source=source)).to_arrow_table()
     return table.select(list(COLUMNS)).cast(_SCHEMA)
@@ -122,7 +173,7 @@ def keep(data: Path, names: tuple[str, ...], table: pa.Table) -> bool:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP)
         tmp.replace(path)
         for old in path.parent.glob("current-*.parquet"):
             if old != path:

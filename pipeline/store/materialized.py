@@ -343,6 +343,21 @@ order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
 """
 
 
+def pinned_sql(name: str) -> str:
+    """SQL reading one trace's rows of ``name`` stored by the round ``$mat_round`` (its newest round, known from
+    ``current_rounds.lookup``): no scan of the builds or the state. Binds ``$trace_id``, ``$mat_round`` (and
+    ``$per``); the table's row groups without the trace are skipped by their statistics."""
+    spec = SPECS[name]
+    hidden = ", ".join(HIDDEN if spec.pers else HIDDEN[:2])
+    per = "and x.per = cast($per as varchar)" if spec.pers else ""
+    return f"""
+select x.* exclude ({hidden}){_CURRENT_CHECK if name == "root_causes" else ""}
+from {table_name(name)} x
+where x.trace_id = cast($trace_id as varchar) and x.mat_round = cast($mat_round as bigint) {per}
+order by {', '.join('x.' + c.strip() for c in spec.order.split(','))}
+"""
+
+
 _CURRENT_CHECK = """ replace ((select arg_max(k.verdict, k.checked_unix_nano) from root_cause_checks k
                   where k.root_trace_id = x.root_trace_id and k.root_span_id = x.root_span_id) as confirmed)"""
 """root_causes' ``confirmed`` as the checks say now: ``tracedag confirm`` runs after the rows were stored."""
@@ -380,6 +395,11 @@ def named_statement(con: duckdb.DuckDBPyConnection, data: Path, name: str, value
     if not state.fresh and not (one and answered(state, str(values["trace_id"]))):
         return None
     logger.info("query %s: reading its materialized rows", name)
+    if one and values.get("since_ns") in (0, None):  # one trace, no time window: its newest round is all it needs
+        newest = current_rounds.lookup(data, str(values["trace_id"]))
+        if newest is not None:
+            pinned: dict[str, object] = {k: v for k, v in reader_values(name, values).items() if k != "since_ns"}
+            return pinned_sql(name), {**pinned, "mat_round": newest}
     return reader_sql(name, one, whole, current=current), reader_values(name, values)
 
 

@@ -43,7 +43,16 @@ def _assert_poll_is_the_sql(data) -> None:
     assert _exact(_poll(data)) == _reference(data, "root_causes", {})
     kept = _kept(data)
     assert len(kept) == 1  # the table of the listing now, the older ones removed
-    assert pq.read_table(kept[0]).to_pylist() == _from_the_state(data)
+    newest = _from_the_state(data)
+    assert pq.read_table(kept[0]).to_pylist() == newest
+    for row in newest:  # one trace: its newest round looked up in the kept file (a new process), then in memory
+        for forget in (True, False):
+            if forget:
+                current_rounds._LAST.clear()
+            assert current_rounds.lookup(data, row["trace_id"]) == row["mat_round"]
+            for name in ("root_causes", "trace_summary"):
+                given = {"trace_id": row["trace_id"]}
+                assert _exact(run_named(data, name, given).to_pylist()) == _reference(data, name, given), name
 
 
 def test_later_rounds_and_a_collection_keep_the_poll_equal_to_the_sql(tmp_path):
@@ -98,22 +107,28 @@ def test_a_trace_whose_newest_stored_round_is_not_of_its_latest_build_is_compute
 
 
 def test_a_round_keeps_the_next_listings_table_from_the_last_one_and_its_own_rows(tmp_path):
-    """``advance``: the table a round keeps from the previous listing's and its state rows is the one a reader
-    computes from every state file; after anything else changed the listing it keeps nothing."""
+    """``advance`` (each state write calls it): the table a round keeps from the previous listing's and its state
+    rows, before any reader, is the one a reader computes from every state file; after anything else changed the
+    listing it keeps nothing."""
     data = tmp_path / "data"
     sb = StoreBuilder(data)
     sb.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
     build_store(data, idle_seconds=0)
     score_store(data)
     _assert_poll_is_the_sql(data)
-    before = current_rounds.listing(data)
+    state_dir = data / "tables" / materialized.STATE
+    before, files, last = current_rounds.listing(data), set(state_dir.glob("*.parquet")), _kept(data)[0]
+    last_bytes = last.read_bytes()
     sb.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup"))
     build_store(data, idle_seconds=0)
     score_store(data)  # stores conv-a again: a1's row is replaced, a2's added, x1's kept
-    added = [f for f in current_rounds.listing(data) if f not in before]
-    assert len(added) == 1
-    assert current_rounds.advance(data, before, pq.read_table(added[0]))
     kept = _kept(data)
-    assert len(kept) == 1 and pq.read_table(kept[0]).to_pylist() == _from_the_state(data)
-    assert not current_rounds.advance(data, before[:0], pq.read_table(added[0]))  # not the listing before it
+    assert kept != [last] and len(kept) == 1 and pq.read_table(kept[0]).to_pylist() == _from_the_state(data)
+    added = sorted(set(state_dir.glob("*.parquet")) - files)
+    assert len(added) == 1
+    kept[0].unlink()  # as if the round had not kept it: advancing the previous listing's table gives it again
+    last.write_bytes(last_bytes)
+    assert current_rounds.advance(data, before, pq.read_table(added[0]))
+    assert [pq.read_table(k).to_pylist() for k in _kept(data)] == [_from_the_state(data)]
+    assert not current_rounds.advance(data, before[:1] + ("another file",), pq.read_table(added[0]))
     _assert_poll_is_the_sql(data)
