@@ -12,6 +12,7 @@ SQL stays the reference: tests/queries/test_materialized.py checks that both giv
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import duckdb
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, materialized
-from tracedag.pipeline.store.views import restrict_traces
+from tracedag.pipeline.store.views import _LATEST, restrict_traces
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +40,35 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
         return None
     con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
     stored = _stored(con, data, name, values)
-    restrict_traces(con, SCOPE)
+    _restrict(con, len(state.stale))
     computed = _arrow(con.sql(sql, params=values or None))
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
                 name, stored.num_rows, computed.num_rows, len(state.stale))
     return ordered(name, stored, computed)
+
+
+COPY_TRACES = 5_000
+"""Up to this many traces computed from the SQL (a live round's backlog), the rows of those traces in the tables
+sorted by trace id are copied first: a named query's SQL scans ``traces`` a dozen times and ``step_scores``,
+``dag_nodes``, ``dag_edges`` several times, each a semi join on the traces' ids over the whole table (root_causes
+over 10 traces on 1M spans: 1.25 -> 0.74 s CPU, 300 traces 2.4 -> 1.6 s). ``spans`` is not sorted by trace: a copy
+reads most of its row groups whole, so it stays filtered in place. More traces: filtered in place (memory)."""
+_COPIED = ("traces", "dag_nodes", "dag_edges", "step_scores")
+
+
+def _restrict(con: duckdb.DuckDBPyConnection, traces: int) -> None:
+    """Make ``con``'s refined views hold only the traces of ``SCOPE`` (``views.restrict_traces``), those of the
+    tables sorted by trace id over a copy of their rows when they are few (``COPY_TRACES``)."""
+    restrict_traces(con, SCOPE)
+    if traces > COPY_TRACES:
+        return
+    for table in _COPIED:
+        copy = f"{SCOPE}_{table}"
+        con.execute(f"create or replace temp table {copy} as select * from {table}_all "
+                    f"where trace_id in (select trace_id from {SCOPE})")
+        body = re.sub(rf"\bfrom {table}_all\b", f"from {copy}", _LATEST[table])
+        assert body != _LATEST[table], table
+        con.execute(f"create or replace view {table} as {body}")
 
 
 def _stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object]) -> pa.Table:
