@@ -4,6 +4,10 @@ DuckDB asks a registered fsspec filesystem to ``glob`` each file of a ``read_par
 several times (binding, then each thread); s3fs answers each with HEAD requests and ranged GETs. Here the
 ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds), and its
 bytes from ``tracedag.pipeline.store.objcache``: after the first read, a query sends the store listings only.
+
+A view made inside ``cachereads.native_reads(con)`` names the complete local copy of each object that has one
+(``cachereads.local_copies``), pinned until ``con`` is gone: DuckDB reads it as a local file, without this
+filesystem.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
     kept in ``cache``."""
 
     cachable = False
+    native_copies = True  # cachereads.local_copies: its cache's complete copies can be named instead of URLs
 
     def __init__(self, make_inner: Callable[[], Any], cache: ObjectCache, lite: Any = None,
                  ttl: float = LISTING_TTL) -> None:
@@ -42,6 +47,7 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         self.cache = cache
         self.ttl = ttl
         self._listings: dict[str, tuple[float, dict[str, Entry]]] = {}
+        self._together: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         for name in _DELEGATED:
             setattr(self, name, _delegate(self, name))
@@ -115,7 +121,25 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         if found is None or found.size > self.cache.limit:
             return self.inner._open(path, mode=mode, block_size=block_size, autocommit=autocommit,
                                     cache_options=cache_options, **kwargs)
+        self._prefetch_together(found)
         return self.cache.open(found, self._fetcher(found))
+
+    def read_together(self, uris: list[str]) -> None:
+        """``uris`` are one view's files, which a scan opens one after the other: when the first is opened, the
+        cache fetches the others (those it fetches whole) in the background."""
+        keys = tuple(self._strip_protocol(u) for u in uris)
+        with self._lock:
+            self._together.update(dict.fromkeys(keys, keys))
+
+    def _prefetch_together(self, opened: Entry) -> None:
+        with self._lock:
+            keys = self._together.get(opened.path, ())
+            for key in keys:
+                self._together.pop(key, None)
+        for key in keys:
+            found = self.entry(key) if key != opened.path else None
+            if found is not None:
+                self.cache.prefetch(found, self._fetcher(found))
 
     def _fetcher(self, entry: Entry) -> Fetch:
         """``fetch(start, end)`` of ``entry``'s bytes from the store (a ranged GET)."""

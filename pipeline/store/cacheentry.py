@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracedag.pipeline.store.cachecopy import SUFFIX as COPY_SUFFIX
+
 logger = logging.getLogger(__name__)
 
 BLOCK = 32 << 10
@@ -51,9 +53,16 @@ class Entry:
 
     @property
     def name(self) -> str:
-        """The entry's file name: a hash of the key, and the size."""
-        digest = hashlib.sha256(f"{self.path}\0{self.etag}\0{self.size}".encode()).hexdigest()[:40]
-        return f"{digest}-{self.size}.blk"
+        """The file name of the entry's block copy: a hash of the key, and the size."""
+        return f"{self._digest()}-{self.size}.blk"
+
+    @property
+    def copy_name(self) -> str:
+        """The file name of the entry's complete copy (``cachecopy``): the object's bytes alone."""
+        return f"{self._digest()}-{self.size}{COPY_SUFFIX}"
+
+    def _digest(self) -> str:
+        return hashlib.sha256(f"{self.path}\0{self.etag}\0{self.size}".encode()).hexdigest()[:40]
 
 
 @dataclass
@@ -65,6 +74,9 @@ class Counters:
     fetched_bytes: int = 0
     refetched: int = 0  # blocks found damaged and fetched again
     evicted: int = 0
+    whole: int = 0  # objects fetched whole in one GET into a complete copy
+    copy_opens: int = 0  # opens answered by a complete copy
+    prefetched: int = 0  # whole fetches made in the background (``ObjectCache.prefetch``)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -127,6 +139,16 @@ class EntryFile:
                 bad += 1
         return good, bad
 
+    def whole(self) -> bytes | None:
+        """The object's bytes when every block is held and matches its CRC (a complete copy is made of them)."""
+        slots = self.slots(0, self.blocks - 1)
+        if not all(slots):
+            return None
+        blocks = self._blocks(0, self.blocks - 1)
+        if not all(_crc_ok(data, slots[b]) for b, data in blocks):
+            return None
+        return b"".join(data for _, data in blocks)
+
     def _blocks(self, first: int, last: int) -> list[tuple[int, bytes]]:
         start = first * self.block
         raw = os.pread(self.fd, min(self.entry.size, (last + 1) * self.block) - start, self.data_at + start)
@@ -181,7 +203,7 @@ class EntryFile:
         ``blocks`` (all by default) are waited for, the rest left to that thread."""
         mine, others = self.claims.claim(self.entry.name, blocks, len(blocks) if needed is None else needed)
         try:
-            runs = _runs(mine, max(1, MAX_GET // self.block))
+            runs = _runs(self._still_missing(mine), max(1, MAX_GET // self.block))
             if len(runs) == 1:
                 self._fill_run(runs[0], fetch)
             elif runs:
@@ -191,6 +213,15 @@ class EntryFile:
             self.claims.release(self.entry.name, mine)
         for done in others:
             done.wait(TIMEOUT)
+
+    def _still_missing(self, blocks: list[int]) -> list[int]:
+        """``blocks`` whose slot is still empty: another thread may have stored one between the caller's read
+        of the slots and its claim (then fetching it again was a second GET of the same bytes)."""
+        if not blocks:
+            return []
+        first = min(blocks)
+        slots = self.slots(first, max(blocks))
+        return [b for b in blocks if not slots[b - first]]
 
     def _fill_run(self, run: tuple[int, int], fetch: Fetch) -> None:
         first, last = run
@@ -249,7 +280,10 @@ class Claims:
 
 
 def inspect(path: Path) -> tuple[int, int]:
-    """An entry file's (bytes held whole, damaged blocks): what a test or ``du`` of the cache cannot tell."""
+    """An entry file's (bytes held whole, damaged blocks): what a test or ``du`` of the cache cannot tell.
+    A complete copy holds all its bytes (checked once, when it was made)."""
+    if path.suffix == COPY_SUFFIX:
+        return path.stat().st_size, 0
     with open(path, "rb") as f:
         magic, size, block = _HEAD.unpack(f.read(_HEAD.size))
     if magic != MAGIC:

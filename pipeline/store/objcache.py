@@ -20,6 +20,12 @@ concurrent processes share one file per object; two that fill the same block wri
 read sets the entry's mtime, and eviction removes the oldest mtimes first once the entries' allocated
 bytes pass the bound.
 
+An object of at most ``TRACEDAG_CACHE_WHOLE`` bytes (default ``32M``; ``0``: none) is fetched whole on its
+first read, in one GET, into a **complete copy** (``cachecopy``): a plain file of its bytes, which a
+connection's views name in ``read_parquet`` instead of its URL, so DuckDB reads it natively (no Python call
+per read); a block copy whose last missing block arrives becomes one too. A complete copy a connection
+names is pinned (a shared ``flock``): eviction passes over it until the connection is gone.
+
 ``TRACEDAG_CACHE_DIR``: the directory (default ``$XDG_CACHE_HOME/tracedag/objects``, i.e.
 ``~/.cache/tracedag/objects``). ``TRACEDAG_CACHE_SIZE``: the bound in bytes, with an optional ``K``/``M``/
 ``G``/``T`` suffix (default ``4G``); ``0`` or ``off`` turns the cache off (every read goes to the store).
@@ -34,7 +40,17 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from tracedag.pipeline.store.cachecopy import SUFFIX as COPY_SUFFIX
+from tracedag.pipeline.store.cachecopy import (
+    CopyReader,
+    Pins,
+    check_whole,
+    open_copy,
+    remove_unpinned,
+    write_copy,
+)
 from tracedag.pipeline.store.cacheentry import (
     BLOCK,
     MAGIC,
@@ -54,7 +70,10 @@ logger = logging.getLogger(__name__)
 
 CACHE_DIR = "TRACEDAG_CACHE_DIR"
 CACHE_SIZE = "TRACEDAG_CACHE_SIZE"
+CACHE_WHOLE = "TRACEDAG_CACHE_WHOLE"
 DEFAULT_SIZE = 4 << 30
+DEFAULT_WHOLE = 32 << 20
+"""Objects up to this size are fetched whole on their first read (one GET) into a complete copy."""
 STALE_TMP_SECONDS = 3600.0
 """A temporary file this old is one a dead process left: eviction removes it."""
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -65,13 +84,13 @@ class CacheSettingError(TracedagError):  # type: ignore[misc,unused-ignore]
     """``TRACEDAG_CACHE_SIZE`` is not a size."""
 
 
-def parse_size(text: str) -> int:
-    """``"4G"`` → 4 GiB; ``"0"`` and ``"off"`` → 0 (no cache)."""
+def parse_size(text: str, variable: str = CACHE_SIZE) -> int:
+    """``"4G"`` → 4 GiB; ``"0"`` and ``"off"`` → 0 (no cache; for ``TRACEDAG_CACHE_WHOLE``: nothing whole)."""
     if text.strip().lower() in ("off", "no", "false", "none"):
         return 0
     found = _SIZE.match(text)
     if found is None:
-        raise CacheSettingError(f"{CACHE_SIZE}={text!r}: give a size such as 4G, 500M or 0 (off)")
+        raise CacheSettingError(f"{variable}={text!r}: give a size such as 4G, 500M or 0 (off)")
     return int(float(found.group(1)) * _UNITS[found.group(2).lower()])
 
 
@@ -83,20 +102,101 @@ def default_dir() -> Path:
 class ObjectCache:
     """One cache directory with a size bound, shared by every process that uses it."""
 
-    def __init__(self, root: Path, limit: int, block: int = BLOCK) -> None:
+    def __init__(self, root: Path, limit: int, block: int = BLOCK, whole: int = DEFAULT_WHOLE) -> None:
         self.root = root
         self.limit = limit
         self.block = block
+        self.whole = whole
         self.counters = Counters()
         self.claims = Claims()
+        self.pins = Pins()
+        self._fetching: dict[str, threading.Lock] = {}
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
 
-    def open(self, entry: Entry, fetch: Fetch) -> BlockReader:
-        """``entry`` opened for reading through its cached copy; ``fetch`` gets the blocks not held yet."""
+    def open(self, entry: Entry, fetch: Fetch) -> BlockReader | CopyReader:
+        """``entry`` opened for reading through its cached copy; ``fetch`` gets the bytes not held yet: the
+        whole object when it is at most ``whole`` bytes, else the blocks a read lacks."""
         self.root.mkdir(parents=True, exist_ok=True)
+        fd = self.complete(entry)
+        if fd is None and entry.size <= self.whole:
+            fd = self._fetch_whole(entry, fetch)
+        if fd is not None:
+            return CopyReader(fd, entry.size)
         copy = EntryFile.open(self.root, entry, self.block, self.counters)
         copy.claims = self.claims
         _touch(copy.path)
         return BlockReader(copy, fetch, self)
+
+    def complete(self, entry: Entry) -> int | None:
+        """A descriptor of ``entry``'s complete copy (marked used now), or None when there is none."""
+        path = self.root / entry.copy_name
+        fd: int | None = open_copy(path, entry.size)
+        if fd is not None:
+            _touch(path)
+            self.counters.add(copy_opens=1)
+        return fd
+
+    def pin(self, entry: Entry) -> Path | None:
+        """The path of ``entry``'s complete copy, pinned against eviction (``pins.release`` unpins it), or None."""
+        path: Path = self.root / entry.copy_name
+        if not self.pins.pin(path, entry.size):
+            return None
+        _touch(path)
+        return path
+
+    def _fetch_whole(self, entry: Entry, fetch: Fetch) -> int | None:
+        """Fetch ``entry`` in one GET into its complete copy (one thread of the process at a time)."""
+        with self._lock:
+            lock = self._fetching.setdefault(entry.copy_name, threading.Lock())
+        with lock:
+            found = self.complete(entry)
+            if found is not None:
+                return found
+            data = fetch(0, entry.size)
+            check_whole(data, entry.size, entry.path)
+            self.counters.add(fills=1, fetched_bytes=len(data), whole=1)
+            return self._store_copy(entry, data)
+
+    def prefetch(self, entry: Entry, fetch: Fetch) -> None:
+        """Fetch ``entry`` whole in the background, unless it is too big or held: the file after the one a scan
+        opens (DuckDB opens a list's files one after the other; meanwhile the next one's GET is under way)."""
+        if entry.size > self.whole or (self.root / entry.copy_name).exists():
+            return
+        with self._lock:
+            if entry.copy_name in self._queued:
+                return
+            self._queued.add(entry.copy_name)
+        _prefetcher().submit(self._prefetch_one, entry, fetch)
+
+    def _prefetch_one(self, entry: Entry, fetch: Fetch) -> None:
+        try:
+            fd = self._fetch_whole(entry, fetch)
+            if fd is not None:
+                os.close(fd)
+            self.counters.add(prefetched=1)
+        except Exception:  # the read that needs it fetches it then, and says why it cannot
+            logger.warning("prefetching %s failed", entry.path, exc_info=True)
+        finally:
+            with self._lock:
+                self._queued.discard(entry.copy_name)
+
+    def _store_copy(self, entry: Entry, data: bytes) -> int | None:
+        """Write ``data`` (checked) as ``entry``'s complete copy, drop its block copy, evict; its descriptor."""
+        path = self.root / entry.copy_name
+        write_copy(path, data)
+        (self.root / entry.name).unlink(missing_ok=True)
+        self.evict(keep=path)
+        fd: int | None = open_copy(path, entry.size)
+        return fd
+
+    def completed(self, copy: EntryFile) -> None:
+        """Make a block copy whose every block is now held (each CRC checked) a complete copy."""
+        data = copy.whole()
+        if data is not None:
+            fd = self._store_copy(copy.entry, data)
+            if fd is not None:
+                os.close(fd)
 
     def evict(self, keep: Path | None = None) -> int:
         """Remove the least recently used entries until their allocated bytes are at most ``limit``."""
@@ -107,7 +207,11 @@ class ObjectCache:
                 break
             if path == keep:
                 continue
-            path.unlink(missing_ok=True)
+            if path.suffix == COPY_SUFFIX:
+                if not remove_unpinned(path):  # a connection reads it natively: kept until it is gone
+                    continue
+            else:
+                path.unlink(missing_ok=True)
             total -= size
             removed += 1
         self.counters.add(evicted=removed)
@@ -156,6 +260,8 @@ class BlockReader:
         self._where.pos = pos + len(data)
         if self._copy.counters.fills != before:
             self._cache.evict(keep=self._copy.path)
+            if all(self._copy.slots(0, self._copy.blocks - 1)):
+                self._cache.completed(self._copy)
         return data
 
     def readable(self) -> bool:
@@ -205,7 +311,23 @@ def _touch(path: Path) -> None:
         os.utime(path)
 
 
-_CACHES: dict[tuple[Path, int], ObjectCache] = {}
+PREFETCHERS = 2
+"""Background whole fetches one process makes at once (``ObjectCache.prefetch``)."""
+_PREFETCH: list[Any] = []
+
+
+def _prefetcher() -> Any:
+    """The process's prefetch threads (made on first use)."""
+    with _PREFETCH_LOCK:
+        if not _PREFETCH:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _PREFETCH.append(ThreadPoolExecutor(PREFETCHERS, thread_name_prefix="tracedag-prefetch"))
+        return _PREFETCH[0]
+
+
+_PREFETCH_LOCK = threading.Lock()
+_CACHES: dict[tuple[Path, int, int], ObjectCache] = {}
 
 
 def configured() -> ObjectCache | None:
@@ -213,5 +335,6 @@ def configured() -> ObjectCache | None:
     limit = parse_size(os.environ.get(CACHE_SIZE, str(DEFAULT_SIZE)))
     if limit <= 0:
         return None
+    whole = parse_size(os.environ.get(CACHE_WHOLE, str(DEFAULT_WHOLE)), CACHE_WHOLE)
     root = Path(os.environ.get(CACHE_DIR) or default_dir()).expanduser()
-    return _CACHES.setdefault((root, limit), ObjectCache(root, limit))
+    return _CACHES.setdefault((root, limit, whole), ObjectCache(root, limit, whole=whole))

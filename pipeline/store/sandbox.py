@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracedag.pipeline.store.cachereads import pinned_copies
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
@@ -51,6 +52,9 @@ def lock_down(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         allowed.append(remote.uri(""))
     listed = ", ".join("'" + a.replace("'", "''") + "'" for a in allowed)
     con.execute(f"set allowed_directories = [{listed}]")
+    copies = pinned_copies(con)  # the store's objects its views read from the local object cache
+    if copies:
+        con.execute("set allowed_paths = [" + ", ".join("'" + c.replace("'", "''") + "'" for c in copies) + "]")
     for setting in ("enable_external_access", "autoinstall_known_extensions", "autoload_known_extensions",
                     "allow_community_extensions", "python_enable_replacements"):
         con.execute(f"set {setting} = false")

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
@@ -210,7 +211,8 @@ def _writers_of(files: list[Path]) -> set[str]:
 
 def read_list_sql(data: Path, files: list[Path], by_name: bool = False) -> str:
     """``read_parquet([...])`` of listed files of ``data`` (local paths or store URLs)."""
-    names = ", ".join("'" + uri.replace("'", "''") + "'" for uri in source_uris(data, files))
+    uris = local_copies(data, source_uris(data, files))  # complete local copies, inside native_reads(con)
+    names = ", ".join("'" + uri.replace("'", "''") + "'" for uri in uris)
     return f"read_parquet([{names}], union_by_name = {str(by_name).lower()}, hive_partitioning = false)"
 
 
@@ -228,9 +230,10 @@ def _derived_tables(data: Path) -> list[str]:
 def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool = True) -> None:
     """(Re)create every view on ``con`` over the files now in ``data``, then (``shared_macros``) the shared
     query macros (``create_shared_macros``)."""
-    statements = [_raw_view_sql(data, table) for table in SCHEMAS]
-    statements += [f"create or replace view {table} as {_LATEST[table]}" for table in _LATEST]
-    statements += [_derived_view_sql(data, table) for table in _derived_tables(data)]
+    with native_reads(con):  # a store's objects cached whole are read as local files, pinned for con's life
+        statements = [_raw_view_sql(data, table) for table in SCHEMAS]
+        statements += [f"create or replace view {table} as {_LATEST[table]}" for table in _LATEST]
+        statements += [_derived_view_sql(data, table) for table in _derived_tables(data)]
     # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
     con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
     if shared_macros:
@@ -245,8 +248,9 @@ def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterabl
     For a reader of one trace, which makes the refined views it reads itself (``restrict_to_trace``):
     binding a view costs 1-5 ms CPU, and ``create_views`` binds ~20 of them on a scored store.
     """
-    statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
-                  for t in dict.fromkeys(tables) if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
+    with native_reads(con):
+        statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
+                      for t in dict.fromkeys(tables) if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
     con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
 
 

@@ -9,6 +9,7 @@ path after a wipe is never answered from the old copy; ``TRACEDAG_CACHE_SIZE=0``
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -38,8 +39,9 @@ from tests.store.s3_server import (
     weed_binary,
     with_bucket,
 )
+from tracedag.pipeline.store.cachecopy import CopyMismatch
 from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
-from tracedag.pipeline.store.objcache import MAGIC, inspect
+from tracedag.pipeline.store.objcache import inspect
 
 PAR1 = b"PAR1"
 
@@ -59,6 +61,12 @@ def s3m(s3m_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
     """The module's SeaweedFS with a bucket of this test's own: the server counts requests and bytes sent per
     bucket, so what a test reads from its metrics is its own traffic only."""
     yield from with_bucket(s3m_server, bucket_name("objcache", tmp_path), tmp_path / "cache", monkeypatch)
+
+
+@pytest.fixture
+def blocks(monkeypatch) -> None:
+    """Objects of any size kept as block copies (none fetched whole): what the block tests are about."""
+    monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", "0")
 
 
 def _metrics(server: S3Server) -> tuple[int, int]:
@@ -108,7 +116,8 @@ def test_a_cold_query_fills_the_cache_and_a_warm_one_reads_no_object_bytes(s3m, 
     assert _query(url, tmp_path / "r1") == reference  # cold: fills the cache
     gets1, sent1 = _metrics(s3m)
     entries = _entries(cache)
-    assert entries and all(p.read_bytes()[:8] == MAGIC for p in entries)
+    # the store's files are small: each read is a complete copy, the Parquet file itself
+    assert entries and all(p.suffix == ".obj" and p.read_bytes()[:4] == p.read_bytes()[-4:] == PAR1 for p in entries)
     cached_bytes = sum(inspect(p)[0] for p in entries)
     assert _query(url, tmp_path / "r2") == reference  # warm: another fresh work directory, the same cache
     gets2, sent2 = _metrics(s3m)
@@ -133,20 +142,30 @@ def test_concurrent_readers_share_one_cache_and_see_no_partial_file(s3m, tmp_pat
         assert inspect(entry)[0] > 0 and inspect(entry)[1] == 0  # blocks held, none damaged
 
 
-def test_a_damaged_copy_is_fetched_again(s3m, tmp_path):
-    url = _store(s3m, tmp_path)
-    reference = _query(url, tmp_path / "r1")
-    entries = _entries(tmp_path / "cache")
-    truncated, scribbled = entries[0], entries[-1]
-    sizes = {p: p.stat().st_size for p in entries}
-    truncated.write_bytes(truncated.read_bytes()[: sizes[truncated] // 2])  # a partial file (disk full, a crash)
-    body = bytearray(scribbled.read_bytes())
-    body[-4:] = b"XXXX"  # its footer magic damaged, the block's slot still says present
-    scribbled.write_bytes(bytes(body))
+def test_a_damaged_copy_is_fetched_again(s3m, tmp_path, blocks):
+    """Block copies (objects read in part): one truncated (a disk full, a crash), one with its last bytes written
+    over while their block's slot still says present; the next reads give the object's bytes and mend both."""
+    bodies = {name: os.urandom(1 << 20) for name in ("cut.bin", "scribbled.bin")}
+    held = {}
+    for name, body in bodies.items():
+        fs, path, entry = _object(s3m, name, body)
+        with fs.open(path, "rb") as f:
+            f.seek(len(body) - 200_000)
+            assert f.read() == body[-200_000:]
+        held[name] = (fs, path, tmp_path / "cache" / entry.name)
+    truncated, scribbled = held["cut.bin"][2], held["scribbled.bin"][2]
+    sizes = {p: p.stat().st_size for p in (truncated, scribbled)}
+    truncated.write_bytes(truncated.read_bytes()[: sizes[truncated] // 2])
+    damaged = bytearray(scribbled.read_bytes())
+    damaged[-4:] = b"XXXX"
+    scribbled.write_bytes(bytes(damaged))
     assert inspect(scribbled)[1] == 1
-    assert _query(url, tmp_path / "r2") == reference
+    for name, (fs, path, _copy) in held.items():
+        with fs.open(path, "rb") as f:
+            f.seek(len(bodies[name]) - 200_000)
+            assert f.read() == bodies[name][-200_000:]
     for p in (truncated, scribbled):
-        assert p.stat().st_size == sizes[p] and p.read_bytes()[-4:] == PAR1 and inspect(p)[1] == 0
+        assert p.stat().st_size == sizes[p] and inspect(p) == (7 * (32 << 10), 0)  # blocks 25-31 of 32
 
 
 def _parquet(values: list[int]) -> bytes:
@@ -182,7 +201,9 @@ def _blob(fs, path: str) -> bytes:
         return bytes(f.read())
 
 
-def test_the_size_bound_evicts_the_least_recently_used_copy(s3m, tmp_path, monkeypatch):
+@pytest.mark.parametrize("whole", ["0", "32M"])  # block copies, complete copies
+def test_the_size_bound_evicts_the_least_recently_used_copy(s3m, tmp_path, monkeypatch, whole):
+    monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", whole)
     monkeypatch.setenv("TRACEDAG_CACHE_SIZE", "250K")
     monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "small"))
     s3 = s3m.filesystem()
@@ -193,7 +214,7 @@ def test_the_size_bound_evicts_the_least_recently_used_copy(s3m, tmp_path, monke
     for name in ("a", "b", "a"):  # a used last: b is the least recently used
         assert _blob(fs, f"{s3m.bucket}/o/{name}.bin") == blobs[name]
         time.sleep(0.05)
-    assert fs.cache.counters.fills == 2 and fs.cache.counters.hits == 1
+    assert fs.cache.counters.fills == 2 and fs.cache.counters.hits + fs.cache.counters.copy_opens == 1
     assert _blob(fs, f"{s3m.bucket}/o/c.bin") == blobs["c"]  # 300 kB > 250K: one copy goes
     held = _entries(tmp_path / "small")
     assert len(held) == 2 and sum(p.stat().st_size for p in held) <= 250 * 1024
@@ -244,7 +265,7 @@ def _parquet_object(rows: int = 400_000) -> bytes:
     return buf.getvalue()
 
 
-def test_a_query_caches_only_the_blocks_it_reads(s3m, tmp_path):
+def test_a_query_caches_only_the_blocks_it_reads(s3m, tmp_path, blocks):
     """One column of one row group of a 10 MB file: the cache fetches and keeps a small part of it, and the
     same query again fetches nothing."""
     s3 = s3m.filesystem()
@@ -277,7 +298,7 @@ def _object(s3m, name: str, body: bytes):
     return fs, path, fs.entry(path)
 
 
-def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path):
+def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, tmp_path, blocks):
     body = os.urandom(1 << 20)  # 32 blocks
     fs, path, entry = _object(s3m, "cut.bin", body)
     block = fs.cache.block
@@ -306,7 +327,8 @@ def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, t
     with fs.cache.open(entry, real) as f:
         assert f.read() == body
     assert fs.cache.counters.fetched_bytes - fetched == len(body) - 4 * block  # only what was missing
-    assert inspect(copy) == (len(body), 0)
+    assert not copy.exists()  # every block held: a complete copy, its blocks' CRCs checked, replaced it
+    assert (tmp_path / "cache" / entry.copy_name).read_bytes() == body
 
 
 READER = """
@@ -347,7 +369,9 @@ def test_concurrent_processes_fill_one_object_and_a_full_cache_stays_bounded(s3m
     assert all(inspect(p) == (100_000, 0) for p in held)
 
 
-def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path):
+@pytest.mark.parametrize("whole", ["0", "32M"])
+def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path, monkeypatch, whole):
+    monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", whole)
     body = os.urandom(3 << 20)
     fs, path, _entry = _object(s3m, "shared3m.bin", body)
     start = threading.Barrier(8)
@@ -371,7 +395,10 @@ def test_threads_filling_one_object_at_once_each_get_its_bytes(s3m, tmp_path):
     for t in threads:
         t.join(60)
     assert not errors, errors
-    assert inspect(tmp_path / "cache" / _entry.name)[1] == 0
+    assert all(inspect(p)[1] == 0 for p in _entries(tmp_path / "cache"))
+    assert _blob(fs, path) == body  # every block read: a complete copy either way (from the checked blocks)
+    assert _entries(tmp_path / "cache") == [tmp_path / "cache" / _entry.copy_name]
+    assert inspect(tmp_path / "cache" / _entry.copy_name) == (len(body), 0)
     # no block was fetched twice: a thread waits for the blocks another is fetching (read-ahead included)
     assert fs.cache.counters.fetched_bytes <= len(body), (fs.cache.counters.fetched_bytes, len(body))
 
@@ -392,7 +419,7 @@ def _scan(fs, urls: list[str], sql: str) -> list[tuple]:
     return con.execute(sql.format(files=", ".join(f"'{u}'" for u in urls))).fetchall()
 
 
-def test_a_scan_of_two_columns_fetches_their_chunks_and_not_the_file(s3m, tmp_path):
+def test_a_scan_of_two_columns_fetches_their_chunks_and_not_the_file(s3m, tmp_path, blocks):
     """Two columns of eight, every row group, two files: the cache fetches the blocks of their chunks and the
     footers, not the other six columns (a read-ahead of the next megabytes after each miss fetched them)."""
     s3 = s3m.filesystem()
@@ -418,7 +445,7 @@ def test_a_scan_of_two_columns_fetches_their_chunks_and_not_the_file(s3m, tmp_pa
     assert fs.cache.counters.fetched_bytes == fetched  # warm: nothing fetched
 
 
-def test_a_read_of_one_row_group_fetches_that_row_group_s_chunk(s3m, tmp_path):
+def test_a_read_of_one_row_group_fetches_that_row_group_s_chunk(s3m, tmp_path, blocks):
     """A query whose filter picks one row group by its statistics fetches the footer and that row group's
     chunk of the column (128 kB), not the chunks of the row groups after it."""
     s3 = s3m.filesystem()
@@ -434,7 +461,7 @@ def test_a_read_of_one_row_group_fetches_that_row_group_s_chunk(s3m, tmp_path):
     assert fs.cache.counters.fetched_bytes < 3 * chunk, (fs.cache.counters, len(body))
 
 
-def test_a_read_of_an_object_s_last_bytes_fetches_its_footer_in_one_get(s3m, tmp_path):
+def test_a_read_of_an_object_s_last_bytes_fetches_its_footer_in_one_get(s3m, tmp_path, blocks):
     """A Parquet reader reads a footer's length (the last bytes), then the metadata before it: the first read
     fetches the last 128 KiB at once, so the second is answered from the cache."""
     body = os.urandom(1 << 20)
@@ -447,3 +474,133 @@ def test_a_read_of_an_object_s_last_bytes_fetches_its_footer_in_one_get(s3m, tmp
         assert f.read(99_992) == body[-100_000:-8]
     assert fs.cache.counters.fills == 1 and fs.cache.counters.fetched_bytes == 128 << 10
     assert inspect(tmp_path / "cache" / _entry.name) == (128 << 10, 0)
+
+
+# ---------------------------------------------------------------- complete copies, read natively
+
+
+def test_a_small_object_is_fetched_whole_in_one_get_into_a_plain_copy(s3m, tmp_path):
+    """An object under TRACEDAG_CACHE_WHOLE is fetched whole by its first read, however small (a footer's 8
+    bytes), in one GET; the cache keeps its bytes as a plain file, and the next opens fetch nothing."""
+    body = _parquet_object(100_000)
+    fs, path, entry = _object(s3m, "small.parquet", body)
+    gets = _metrics(s3m)[0]
+    with fs.open(path, "rb") as f:
+        f.seek(len(body) - 8)
+        assert f.read() == body[-8:]
+    assert _metrics(s3m)[0] - gets == 1
+    assert (fs.cache.counters.fills, fs.cache.counters.whole, fs.cache.counters.fetched_bytes) == (1, 1, len(body))
+    assert _entries(tmp_path / "cache") == [tmp_path / "cache" / entry.copy_name]
+    assert (tmp_path / "cache" / entry.copy_name).read_bytes() == body
+    assert _blob(fs, path) == body and fs.cache.counters.copy_opens == 1 and fs.cache.counters.fills == 1
+
+
+def test_a_whole_fetch_cut_short_is_refused_and_leaves_no_copy(s3m, tmp_path):
+    body = os.urandom(50_000)
+    fs, _path, entry = _object(s3m, "short.bin", body)
+    real = fs._fetcher(entry)
+    with pytest.raises(CopyMismatch, match="sent 49999"):
+        fs.cache.open(entry, lambda start, end: real(start, end)[:-1])  # the connection closed early
+    assert _entries(tmp_path / "cache") == []
+    with fs.cache.open(entry, real) as f:
+        assert f.read() == body
+
+
+def test_a_block_copy_whose_last_block_arrives_becomes_a_complete_copy(s3m, tmp_path, blocks):
+    body = os.urandom((1 << 20) + 5)
+    fs, path, entry = _object(s3m, "grown.bin", body)
+    with fs.open(path, "rb") as f:
+        f.seek(100_000)
+        assert f.read(10) == body[100_000:100_010]
+        assert (tmp_path / "cache" / entry.name).exists() and not (tmp_path / "cache" / entry.copy_name).exists()
+        f.seek(0)
+        assert f.read() == body
+    assert _entries(tmp_path / "cache") == [tmp_path / "cache" / entry.copy_name]
+    assert (tmp_path / "cache" / entry.copy_name).read_bytes() == body
+
+
+def test_a_truncated_complete_copy_is_fetched_again(s3m, tmp_path):
+    url = _store(s3m, tmp_path, traces=4)
+    reference = _query(url, tmp_path / "r1")
+    copies = _entries(tmp_path / "cache")
+    sizes = {p: p.stat().st_size for p in copies}
+    for p in copies:
+        p.write_bytes(p.read_bytes()[: sizes[p] // 2])  # a disk full, or a copy someone cut
+    assert _query(url, tmp_path / "r2") == reference
+    assert {p: p.stat().st_size for p in _entries(tmp_path / "cache")} == sizes
+
+
+EVICT = """
+import sys
+from pathlib import Path
+from tracedag.pipeline.store.objcache import ObjectCache
+print(ObjectCache(Path(sys.argv[1]), 1).evict())
+"""
+
+
+def _evict_elsewhere(cache: Path) -> int:
+    """Another process squeezes ``cache`` to one byte: how many entries it removed."""
+    r = subprocess.run([sys.executable, "-c", EVICT, str(cache)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip())
+
+
+def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_while_it_lives(s3m, tmp_path):
+    """After a cold read, a new connection's views name the complete copies, not the URLs: DuckDB reads them
+    as local files (no open, read or GET through the cache's filesystem). Another process evicting the
+    whole cache meanwhile leaves them (the connection pins them) and the connection still answers; once the
+    connection is gone they are evicted."""
+    from tracedag.pipeline.store.cachereads import urls_only
+    from tracedag.pipeline.store.remote import bind_store
+    from tracedag.pipeline.store.views import connect
+
+    url = _store(s3m, tmp_path, traces=4)
+    cache = tmp_path / "cache"
+    work = bind_store(url, tmp_path / "r1", None, False)
+    sql = "select count(*), count(distinct trace_id) from spans_all"
+    cold = connect(work)
+    expected = cold.execute(sql).fetchall()  # through the cache's filesystem: fetched whole
+    assert expected[0][1] == 4
+    cold.close()
+    copies = _entries(cache)
+    assert copies and all(p.suffix == ".obj" for p in copies)
+    fs = reading_filesystem(s3m.filesystem())  # the same cache object as the store's filesystem
+    counters = (fs.cache.counters.copy_opens, fs.cache.counters.hits, fs.cache.counters.fills)
+    con = connect(work)
+    [(view,)] = con.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()
+    assert "s3://" not in view and len([p for p in copies if str(p) in view]) == 1  # the one spans file
+    assert con.execute(sql).fetchall() == expected
+    assert (fs.cache.counters.copy_opens, fs.cache.counters.hits, fs.cache.counters.fills) == counters
+    assert fs.cache.pins.held() == sorted(str(p) for p in copies)  # every view's files (the macros read them)
+    assert _evict_elsewhere(cache) == 0 and _entries(cache) == copies  # pinned: kept
+    assert con.execute(sql).fetchall() == expected
+    with urls_only():  # SQL kept for later (tracedag sql --init): the URLs, nothing pinned
+        shown = connect(work)
+    [(view,)] = shown.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()
+    assert "s3://" in view and not [p for p in copies if str(p) in view]
+    shown.close()
+    con.close()
+    del con
+    gc.collect()
+    assert fs.cache.pins.held() == []
+    assert _evict_elsewhere(cache) == len(copies) and _entries(cache) == []
+
+
+def test_opening_one_file_of_a_view_fetches_the_others_whole_in_the_background(s3m, tmp_path):
+    """A view's files are scanned one after the other: opening the first starts the GETs of the others, so
+    their opens find them fetched (or wait for the GET under way) instead of each making its own in turn."""
+    bodies = {f"{s3m.bucket}/p/tables/t/w--part-{k}.parquet": _parquet(list(range(k, 1000 + k))) for k in range(3)}
+    s3 = s3m.filesystem()
+    for path, body in bodies.items():
+        s3.pipe_file(path, body)
+    fs = reading_filesystem(s3m.filesystem())
+    paths = sorted(bodies)
+    fs.read_together([f"s3://{p}" for p in paths])
+    assert _blob(fs, paths[0]) == bodies[paths[0]]
+    deadline = time.monotonic() + 30
+    while fs.cache.counters.prefetched < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (fs.cache.counters.prefetched, fs.cache.counters.whole, fs.cache.counters.fills) == (2, 3, 3)
+    assert sorted(p.name for p in _entries(tmp_path / "cache")) == sorted(fs.entry(p).copy_name for p in paths)
+    assert [_blob(fs, p) for p in paths] == [bodies[p] for p in paths] and fs.cache.counters.fills == 3
+    assert _blob(fs, paths[1]) and fs.cache.counters.prefetched == 2  # once per view: no prefetch again

@@ -116,7 +116,8 @@ def test_listing_and_ranges_of_keys_that_need_encoding(signing_s3):
         lite.ls(f"{signing_s3.bucket}/nothing")
 
 
-def test_a_range_of_an_object_replaced_since_the_listing_is_refused(signing_s3):
+def test_a_range_of_an_object_replaced_since_the_listing_is_refused(signing_s3, monkeypatch):
+    monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", "0")  # a block copy: its blocks come from several GETs
     s3 = signing_s3.filesystem()
     path = f"{signing_s3.bucket}/o/replaced.bin"
     old, new = os.urandom(300_000), os.urandom(300_000)
@@ -130,3 +131,17 @@ def test_a_range_of_an_object_replaced_since_the_listing_is_refused(signing_s3):
             f.read(1000)  # not new's bytes under old's name
         f.seek(0)
         assert f.read(1000) == old[:1000]
+
+
+def test_an_object_replaced_since_the_listing_is_not_fetched_whole_under_its_old_name(signing_s3):
+    """Fetched whole (one GET of the listed ETag), an object replaced after the listing is refused, and no
+    complete copy is made of the new bytes under the old version's key."""
+    s3 = signing_s3.filesystem()
+    path = f"{signing_s3.bucket}/o/replaced-whole.bin"
+    s3.pipe_file(path, os.urandom(300_000))
+    fs = reading_filesystem(lambda: signing_s3.filesystem(), lite=S3Lite.from_env(), protocol=("s3", "s3a"))
+    listed = fs.entry(path)
+    s3.pipe_file(path, os.urandom(300_000))  # replaced within the listing's TTL: same size, another ETag
+    with pytest.raises(ObjectChanged):
+        fs.open(path, "rb")
+    assert not (fs.cache.root / listed.copy_name).exists()
