@@ -146,35 +146,29 @@ def labels_signature(data: Path) -> str:
     return ";".join(parts)
 
 
-_STALE_SQL = f"""
-with latest as ({LATEST_BUILDS_SQL})
-select count(*) filter (where l.build_id is distinct from c.build_id),
-       (select arg_max(signature, mat_round) from {current_rounds.RELATION})
-from latest l full join {current_rounds.RELATION} c on c.trace_id = l.trace_id
-"""
-"""The number of traces whose latest build is not their newest stored row's (``current_rounds``: a build not
-stored yet; a trace no longer built), and the signature of the newest round (one scan of ``traces_all``)."""
-
-# The traces the stored rows do not answer: every trace of a conversation one of whose traces has a latest
-# build other than its newest stored row's (a new turn changes the earlier turns' rows: a materialize round
-# widens its scope the same way), the stored traces no longer built, and the number of built traces.
-_SCOPE_SQL = f"""
-with latest as (
+# One statement (the latest builds computed once): the number of built traces; how many traces' latest build is not
+# their newest stored row's (``current_rounds``: a build not stored yet; a trace no longer built); the signature
+# of the newest round; and the traces the stored rows do not answer: every trace of a conversation one of whose
+# traces has such a build (a new turn changes the earlier turns' rows: a materialize round widens its scope the
+# same way) and the stored traces no longer built.
+_FRESHNESS_SQL = f"""
+with latest as materialized (
     select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
            arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
     from traces_all group by trace_id
 ),
-stale as (
-    select l.conversation_key from latest l left join {current_rounds.RELATION} c on c.trace_id = l.trace_id
-    where c.build_id is distinct from l.build_id
-),
-gone as (
-    select trace_id from {current_rounds.RELATION} c where not exists (select 1 from latest l where l.trace_id = c.trace_id)
+pairs as materialized (
+    select l.trace_id as built, c.trace_id as stored, l.conversation_key
+    from latest l full join {current_rounds.RELATION} c on c.trace_id = l.trace_id
+    where l.build_id is distinct from c.build_id
 )
 select (select count(*) from latest),
+       (select count(*) from pairs),
+       (select arg_max(signature, mat_round) from {current_rounds.RELATION}),
        (select coalesce(list(trace_id order by trace_id), []) from (
-            select trace_id from latest where conversation_key in (select conversation_key from stale)
-            union all select trace_id from gone))
+            select trace_id from latest
+            where conversation_key in (select conversation_key from pairs where built is not null)
+            union all select stored from pairs where built is null))
 """
 
 
@@ -273,14 +267,13 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     try:
         if current_rounds.register(con, data) is None:
             return Freshness(False)
-        missing, sig = con.execute(_STALE_SQL).fetchall()[0]
+        traces, missing, sig, stale = con.execute(_FRESHNESS_SQL).fetchall()[0]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
         return Freshness(False)
     if str(sig or "") != signature(data):
         return Freshness(False)
     if not missing:
         return Freshness(True)
-    traces, stale = con.execute(_SCOPE_SQL).fetchall()[0]
     if 2 * len(stale) > int(traces):  # the SQL over every trace costs about as much
         return Freshness(False)
     return Freshness(True, tuple(str(t) for t in stale), int(traces))
