@@ -34,7 +34,7 @@ import duckdb
 from tracedag import queries
 from tracedag.pipeline.serve.data import Store, rerun_if_vanished, state_key
 from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.files import keep_newest
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect, create_shared_macros
@@ -112,9 +112,11 @@ def _keep(con: duckdb.DuckDBPyConnection, data: Path, table: str, name: str, col
     rows when current, else its SQL."""
     values = bind_params(query_doc(name), {})
     stored = materialized.named_statement(con, data, name, values, current="m_current")
-    if stored is not None:  # the current rounds, computed once for every stored query read
-        con.execute("create temp table if not exists m_current as "
-                    + materialized.CURRENT_SQL.format(latest="select trace_id, build_id from m_latest"))
+    if stored is not None:  # the current rounds, once for every stored query read: kept per listing of the state
+        current = current_rounds.register(con, data)  # files (a fresh store: one row per built trace, its newest)
+        source = (f"select trace_id, mat_round from {current_rounds.RELATION}" if current is not None
+                  else materialized.CURRENT_SQL.format(latest="select trace_id, build_id from m_latest"))
+        con.execute(f"create temp table if not exists m_current as {source}")
     sql, params = stored or (queries.load(name), values)
     con.execute(f"create or replace temp table {table} as select {columns} from ({sql.strip().rstrip(';')}) {tail}",
                 params or None)
