@@ -42,7 +42,7 @@ def _memory(ctx: click.Context, param: click.Parameter, value: str | None) -> in
                    "conversations) when the store has more: memory follows the part, not the store.")
 @click.option("--memory-limit", envvar="TRACEDAG_SCORE_MEMORY", callback=_memory, metavar="SIZE",
               help="DuckDB's memory while storing the results: e.g. 8GB or 30% of the available memory "
-                   "(default 50%; env TRACEDAG_SCORE_MEMORY); beyond it, it spills to the store's disk.")
+                   "(default 25%; env TRACEDAG_SCORE_MEMORY); beyond it, it spills to the store's disk.")
 @engine_options
 def score_command(data: Path, use_judge: bool | None, judge_model: str | None, judge_base_url: str | None,
                   judge_concurrency: int | None, judge_max_steps: int | None,

@@ -3,8 +3,10 @@
 DuckDB's own default is 80 % of the machine's RAM, whatever else runs on it: storing the results of a 10M-span
 store in one go was killed by the kernel's OOM killer at 19.7 GB resident on a shared 23 GB machine. The limit
 here is a share of the memory available when the connection is made (``MemAvailable`` in ``/proc/meminfo``),
-half by default: the process also holds Arrow tables DuckDB does not count (each part's results, the state),
-and DuckDB may overshoot its limit a little. ``TRACEDAG_SCORE_MEMORY`` (or ``tracedag score --memory-limit``)
+a quarter by default: DuckDB keeps what it is allowed (the parts' copies, its caches), so the limit is about what
+the process takes (``bench/score_memory.py``, 2.5M spans in parts of 100k traces: peak RSS 2.5 GB at a 2 GB
+limit, 7.5 GB at half of 21 GB available, more than the one round's 4.8 GB; 10M spans: 5.7 GB at 5 GB), and the
+process also holds Arrow tables DuckDB does not count. ``TRACEDAG_SCORE_MEMORY`` (or ``tracedag score --memory-limit``)
 overrides it with a size (``8GB``, ``512MB``) or another share of the available memory (``30%``). What does
 not fit spills to a directory on the store's disk, removed when the connection closes.
 """
@@ -23,7 +25,7 @@ import duckdb
 from tracedag.pipeline.store.views import connect
 
 MEMORY_ENV = "TRACEDAG_SCORE_MEMORY"
-DEFAULT_SHARE = 0.5
+DEFAULT_SHARE = 0.25
 """Of the memory available at connect time, when neither the option nor the environment says otherwise."""
 FLOOR = 256 * 2**20
 """A limit below this is raised to it: DuckDB cannot plan the named queries in less."""
@@ -60,8 +62,8 @@ def parse_memory(text: str, available: int | None) -> int | None:
 
 
 def memory_limit(given: str | None = None, env: Mapping[str, str] = os.environ) -> int | None:
-    """DuckDB's memory limit in bytes for storing results: ``given``, else ``TRACEDAG_SCORE_MEMORY``, else half of
-    the available memory; None when nothing says (DuckDB's default then)."""
+    """DuckDB's memory limit in bytes for storing results: ``given``, else ``TRACEDAG_SCORE_MEMORY``, else a quarter
+    of the available memory; None when nothing says (DuckDB's default then)."""
     available = mem_available()
     text = given if given is not None else env.get(MEMORY_ENV, "").strip()
     if text:

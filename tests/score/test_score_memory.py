@@ -1,6 +1,6 @@
 """Scoring a store larger than memory (issue #31): ``tracedag score`` stores the named queries' results of every
 trace in parts of ``--materialize-part`` traces, DuckDB gets a memory limit from ``--memory-limit`` /
-``TRACEDAG_SCORE_MEMORY`` (default: half the available memory) and spills to the store's disk; a bad value is
+``TRACEDAG_SCORE_MEMORY`` (default: a quarter of the available memory) and spills to the store's disk; a bad value is
 refused before anything is written. On a 10M-span store the one round of every trace was killed by the kernel
 at 19.7 GB resident (DuckDB's default limit is 80 % of the machine's RAM)."""
 
@@ -73,10 +73,11 @@ def test_memory_sizes_and_shares() -> None:
     assert memory_limit(env={MEMORY_ENV: "2GB"}) == 2 * 10**9
 
 
-def test_the_default_limit_is_half_the_available_memory() -> None:
+def test_the_default_limit_is_a_quarter_of_the_available_memory() -> None:
     available = mem_available()
     if available is None:
         pytest.skip("no /proc/meminfo here")
+    assert DEFAULT_SHARE == 0.25
     limit = memory_limit(env={})
     assert limit is not None and abs(limit - available * DEFAULT_SHARE) < 0.1 * available  # it moves meanwhile
 
