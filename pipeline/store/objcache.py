@@ -39,6 +39,7 @@ import os
 import re
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,8 @@ CACHE_WHOLE = "TRACEDAG_CACHE_WHOLE"
 DEFAULT_SIZE = 4 << 30
 DEFAULT_WHOLE = 32 << 20
 """Objects up to this size are fetched whole on their first read (one GET) into a complete copy."""
+FETCH_LOCKS = 64
+"""Whole fetches of objects whose names hash alike wait for each other (a lock per object would never go)."""
 STALE_TMP_SECONDS = 3600.0
 """A temporary file this old is one a dead process left: eviction removes it."""
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -110,7 +113,7 @@ class ObjectCache:
         self.counters = Counters()
         self.claims = Claims()
         self.pins = Pins()
-        self._fetching: dict[str, threading.Lock] = {}
+        self._fetching = [threading.Lock() for _ in range(FETCH_LOCKS)]
         self._queued: set[str] = set()
         self._lock = threading.Lock()
 
@@ -147,9 +150,7 @@ class ObjectCache:
 
     def _fetch_whole(self, entry: Entry, fetch: Fetch) -> int | None:
         """Fetch ``entry`` in one GET into its complete copy (one thread of the process at a time)."""
-        with self._lock:
-            lock = self._fetching.setdefault(entry.copy_name, threading.Lock())
-        with lock:
+        with self._fetching[zlib.crc32(entry.copy_name.encode()) % FETCH_LOCKS]:
             found = self.complete(entry)
             if found is not None:
                 return found
