@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from tracedag import queries
 from tracedag.pipeline.score.memory import bounded_connection, memory_limit
+from tracedag.pipeline.score.sharedgraph import shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.parquet import write_parquet_atomic
@@ -202,10 +203,11 @@ def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, st
     ``write_state`` False: the caller writes it later)."""
     round_ns = int(state.column("mat_round")[0].as_py()) if state.num_rows else time.time_ns()
     con.register("__tracedag_mat_builds", state.select(["trace_id", "build_id"]))
-    for name, spec in mat.SPECS.items():
-        for per in spec.pers or (None,):
-            n = _write_result(con, data, name, per, round_ns)
-            stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
+    with shared_failure_graph(con):  # the failure graph once for every query, not once per query
+        for name, spec in mat.SPECS.items():
+            for per in spec.pers or (None,):
+                n = _write_result(con, data, name, per, round_ns)
+                stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
     if write_state:
         _write_state(data, state)
     return int(state.num_rows)

@@ -1,0 +1,105 @@
+"""The failure graph computed once for every named query a materialization round stores.
+
+The stored queries (``store.materialized.SPECS``) all call the table macros of ``queries/_failure_graph.sql``
+with the same defaults: ``failure_steps`` (called by each of the six results, directly or through
+``failure_dag``), ``failure_dag`` (propagation, root causes, trace summary) and ``failure_dag_roots`` (root
+causes per trace, trace summary). Run one after the other, each query recomputes them: on 200k spans the
+six queries took 14 s of CPU, of which two thirds went into the same three macros.
+
+``shared_failure_graph(con)`` computes those three once over the connection's views (every trace they show:
+the whole store, or the part a round copied), keeps them in temporary tables, and makes the macros read
+those tables for the traces asked. The calls the tables do not hold keep their own definitions: across
+turns (``p_across_turns`` true, the root causes per conversation) the originals run, under other names, over
+the kept failure steps. The kept rows are the macros' rows for every trace, and each macro's rows for a
+trace depend on that trace alone (across turns: on its conversation, which is not kept), so a query reads
+the rows it would have computed. A call with another threshold or bound than the defaults the tables were
+computed with fails loudly rather than read them. On leaving, the original macros are made again and the
+tables dropped: the connection answers as before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import duckdb
+
+from tracedag import queries
+from tracedag.pipeline.store import materialized as mat
+
+MACROS = "_failure_graph"
+KEPT = "__tracedag_shared_"
+IDS = "(select list(trace_id) from traces)"
+_STEPS = "failure_steps(p_fail_threshold, p_trace_ids)"
+_GRAPH = "(p_fail_threshold, p_trace_ids, p_max_hops, p_across_turns)"
+
+
+def _defaults() -> tuple[float, int] | None:
+    """The (fail_threshold, max_hops) every stored query defaults to; None when they differ (nothing shared)."""
+    found = {(mat.defaults(name).get("fail_threshold"), mat.defaults(name).get("max_hops", "1000"))
+             for name in mat.SPECS}
+    if len(found) != 1:
+        return None
+    threshold, hops = found.pop()
+    return (float(threshold), int(hops)) if threshold is not None and hops is not None else None
+
+
+def _guard(param: str, value: float) -> str:
+    """SQL: true when ``param`` is ``value``, else an error naming both (a call the kept rows cannot answer)."""
+    return (f"(case when cast({param} as double) = {value!r} then true "
+            f"else error('shared failure graph: {param} is not {value!r}') end)")
+
+
+def _original(text: str, name: str) -> str:
+    """The ``create macro`` statement of ``name`` in ``text``, made under the name ``__tracedag_shared_<name>``."""
+    found = re.search(rf"create or replace macro {name}\(.*?\) as table\b.*?;\s*$", text, re.S | re.M)
+    if found is None:
+        raise LookupError(f"{MACROS}.sql has no macro {name}")
+    return found.group(0).replace(f"macro {name}(", f"macro {KEPT}{name}(", 1)
+
+
+def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hops: int) -> None:
+    """Keep ``name``'s rows within each trace; the macro reads them, and runs the original across turns."""
+    con.execute(f"create or replace temp table {KEPT}{name}_rows as from {name}({threshold!r}, {IDS}, {hops}, false)")
+    con.execute(
+        f"create or replace macro {name}{_GRAPH} as table "
+        f"select * from {KEPT}{name}_rows where not p_across_turns and trace_id in (select unnest(p_trace_ids)) "
+        f"and {_guard('p_fail_threshold', threshold)} and {_guard('p_max_hops', hops)} "
+        f"union all by name "
+        f"select * from {KEPT}{name}{_GRAPH} where p_across_turns")
+
+
+def share(con: duckdb.DuckDBPyConnection) -> bool:
+    """Compute the failure graph once over ``con``'s views and make the macros read it (see the module);
+    False when the stored queries' defaults differ (the macros are left as they are)."""
+    found = _defaults()
+    if found is None:
+        return False
+    threshold, hops = found
+    text = queries.load(MACROS)
+    con.execute(text)  # the originals (a part before this one left them replaced)
+    for name in ("failure_dag", "failure_dag_roots"):
+        con.execute(_original(text, name))
+    con.execute(f"create or replace temp table {KEPT}failure_steps_rows as from failure_steps({threshold!r}, {IDS})")
+    con.execute(f"create or replace macro {_STEPS} as table select * from {KEPT}failure_steps_rows "
+                f"where trace_id in (select unnest(p_trace_ids)) and {_guard('p_fail_threshold', threshold)}")
+    for name in ("failure_dag", "failure_dag_roots"):  # in this order: the roots read the kept graph
+        _keep_graph(con, name, threshold, hops)
+    return True
+
+
+def unshare(con: duckdb.DuckDBPyConnection) -> None:
+    """Make the original macros again and drop the kept rows."""
+    con.execute(queries.load(MACROS))
+    for name in ("failure_steps", "failure_dag", "failure_dag_roots"):
+        con.execute(f"drop table if exists {KEPT}{name}_rows")
+
+
+@contextmanager
+def shared_failure_graph(con: duckdb.DuckDBPyConnection) -> Iterator[bool]:
+    """``share`` on entering, ``unshare`` on leaving (whatever happened in between)."""
+    try:
+        yield share(con)
+    finally:
+        unshare(con)
