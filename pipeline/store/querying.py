@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from tracedag import queries
 from tracedag.pipeline.store import current_rounds, materialized, mixed
+from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import (
@@ -291,8 +292,10 @@ def write_result(table: pa.Table, fmt: str, out: IO[bytes]) -> None:
 
 
 def init_sql(data: Path) -> str:
-    """Return SQL that defines every tracedag view over the Parquet files now in ``data``, and the query macros."""
-    con = connect(data)
+    """Return SQL that defines every tracedag view over the Parquet files now in ``data``, and the query macros
+    (over an object store: its URLs, never the local cache's copies, which may be evicted once this returns)."""
+    with urls_only():
+        con = connect(data)
     try:
         rows = con.execute(
             "select sql from duckdb_views() where not internal and schema_name = 'main' order by view_oid"

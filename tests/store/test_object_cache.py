@@ -551,6 +551,7 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     whole cache meanwhile leaves them (the connection pins them) and the connection still answers; once the
     connection is gone they are evicted."""
     from tracedag.pipeline.store.cachereads import urls_only
+    from tracedag.pipeline.store.querying import init_sql
     from tracedag.pipeline.store.remote import bind_store
     from tracedag.pipeline.store.views import connect
 
@@ -579,6 +580,8 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     [(view,)] = shown.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()
     assert "s3://" in view and not [p for p in copies if str(p) in view]
     shown.close()
+    kept = init_sql(work)  # tracedag sql --init: the URLs too
+    assert "s3://" in kept and not [p for p in copies if str(p) in kept]
     con.close()
     del con
     gc.collect()
