@@ -313,11 +313,11 @@ def engine_line(result: DemoResult) -> str:
 def regress_line(result: DemoResult) -> str:
     """One line: the regression gate's verdict on the permissive agent against the constrained one,
     its worst alerts, and the command that runs it."""
-    from tracedag.pipeline.demo.stages import REGRESS_SIDES, gate_summary
+    from tracedag.pipeline.demo.stages import REGRESS_SIDES, gate_summary, regress_config_path
 
     return (f"regression gate, permissive vs constrained agent: {gate_summary(_rows(result, 'regress'))}; try: "
             f"tracedag regress --data {shlex.quote(str(result.data))} --baseline {REGRESS_SIDES[0]} "
-            f"--candidate {REGRESS_SIDES[1]}")
+            f"--candidate {REGRESS_SIDES[1]} --config {shlex.quote(str(regress_config_path(result.data)))}")
 
 
 def semantic_merge_line(result: DemoResult) -> str:

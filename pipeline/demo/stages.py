@@ -169,17 +169,37 @@ REGRESS_SIDES = tuple(f"agent_name={booking_graph.agent_name(v)}" for v in booki
 """``tracedag regress`` selectors of the demo: the constrained agent (baseline) vs the permissive one."""
 
 
+REGRESS_CONFIG = """\
+# tracedag demo: how its regression gate compares the two agent variants (tracedag regress --config).
+# The demo's agents are scripted and run in one process, so their durations measure this machine's load,
+# not the agents: the latency families are left out. A real agent's gate keeps them (the defaults).
+metrics:
+  latency_p50: {enabled: false}
+  latency_p95: {enabled: false}
+  step_latency_p95: {enabled: false}
+"""
+
+
+def regress_config_path(data: Path) -> Path:
+    """``<data>/regress.yaml``: the demo gate's config (``REGRESS_CONFIG``), which its printed command names."""
+    return data / "regress.yaml"
+
+
 def regress_variants(data: Path) -> pa.Table:
     """The regression gate over the two agent variants, paired by scenario and replay: one row per
     metric (``regress.MetricResult`` fields), alerts first. The two sides are different agents, so
-    the gate keys both agent steps alike (``regress.gate.AGENT_KEY``) and every metric can pair."""
+    the gate keys both agent steps alike (``regress.gate.AGENT_KEY``) and every metric can pair.
+    Its config (``regress_config_path``) leaves the latencies out."""
     from dataclasses import asdict
 
-    from tracedag.pipeline.regress import RegressConfig, run_regress
+    from tracedag.pipeline.regress import run_regress
+    from tracedag.pipeline.regress.config import load_config
     from tracedag.pipeline.regress.report import ordered, to_json
     from tracedag.pipeline.regress.saved import save_report
 
-    result = run_regress(data, REGRESS_SIDES[0], REGRESS_SIDES[1], RegressConfig())
+    config = regress_config_path(data)
+    config.write_text(REGRESS_CONFIG, encoding="utf-8")
+    result = run_regress(data, REGRESS_SIDES[0], REGRESS_SIDES[1], load_config(config))
     save_report(data, to_json(result))  # as tracedag regress does: the served demo's Regressions tab shows it
     return pa.Table.from_pylist([{**asdict(m), "exit_code": result.exit_code} for m in ordered(result)])
 
