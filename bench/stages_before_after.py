@@ -57,6 +57,11 @@ def _digest(tree: Path) -> str:
     return h.hexdigest()
 
 
+def _shim_dir(root: Path, checkout: Path) -> Path:
+    """A shim directory of ``checkout``'s own (a shim's links are made once: one per checkout path)."""
+    return root / f"shim-{hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]}"
+
+
 def _env(pythonpath: Path | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath is not None:
@@ -66,7 +71,7 @@ def _env(pythonpath: Path | None) -> dict[str, str]:
 
 def _origin(env: dict[str, str]) -> str:
     """Where a child with ``env`` imports tracedag's CLI from (printed, so a wrong checkout shows)."""
-    code = "import tracedag.pipeline.cli as c; print(c.__file__)"
+    code = "import pathlib, tracedag.pipeline.cli as c; print(pathlib.Path(c.__file__).resolve())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
@@ -122,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (base / "tables").is_dir():
         shutil.rmtree(base, ignore_errors=True)
         console.print(f"{base}: {gen.make_store(base, args.spans)} spans generated")
-    after = None if args.after is None else _shim(args.after, args.dir / "shim-after")
-    envs = {"before": _env(_shim(args.before, args.dir / "shim")), "now": _env(after)}
+    after = None if args.after is None else _shim(args.after, _shim_dir(args.dir, args.after))
+    envs = {"before": _env(_shim(args.before, _shim_dir(args.dir, args.before))), "now": _env(after)}
     for label, env in envs.items():
         console.print(f"{label}: tracedag from {_origin(env)}")
     same = _digest((args.after or here) / "collector") == _digest(args.before / "collector")
