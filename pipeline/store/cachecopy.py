@@ -173,19 +173,15 @@ def _locked(path: Path, size: int) -> int | None:
     return None
 
 
-class CopyReader:
-    """A read-only file over a complete copy's descriptor, its position per thread (``BlockReader``'s
-    interface: DuckDB seeks then reads one open file from several threads)."""
+class ThreadFile:
+    """A read-only file of ``size`` bytes whose position is kept per thread: DuckDB reads a registered
+    filesystem's file from several threads at once, each as ``seek`` then ``read`` (two calls, the GIL
+    released between them), so on one shared position a thread would read at another's offset (a Parquet
+    footer then fails to decode, "invalid TType"). Subclasses give ``read``, ``close`` and ``closed``."""
 
-    def __init__(self, fd: int, size: int) -> None:
-        self._fd = fd
+    def __init__(self, size: int) -> None:
         self.size = size
         self._where = threading.local()
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close`` was called."""
-        return self._fd < 0
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move this thread's position."""
@@ -198,12 +194,10 @@ class CopyReader:
         return int(getattr(self._where, "pos", 0))
 
     def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all that is left when negative) from this thread's position."""
-        pos = self.tell()
-        want = self.size - pos if n is None or n < 0 else min(n, self.size - pos)
-        data = os.pread(self._fd, max(0, want), pos) if want > 0 else b""
-        self._where.pos = pos + len(data)
-        return data
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def readable(self) -> bool:
         return True
@@ -214,14 +208,35 @@ class CopyReader:
     def writable(self) -> bool:
         return False
 
+    def __enter__(self) -> ThreadFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CopyReader(ThreadFile):
+    """A read-only file over a complete copy's descriptor (``BlockReader``'s interface)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__(size)
+        self._fd = fd
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self._fd < 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left when negative) from this thread's position."""
+        pos = self.tell()
+        want = self.size - pos if n is None or n < 0 else min(n, self.size - pos)
+        data = os.pread(self._fd, max(0, want), pos) if want > 0 else b""
+        self._where.pos = pos + len(data)
+        return data
+
     def close(self) -> None:
         """Close the file."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> CopyReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -47,6 +47,7 @@ from tracedag.pipeline.store.cachecopy import SUFFIX as COPY_SUFFIX
 from tracedag.pipeline.store.cachecopy import (
     CopyReader,
     Pins,
+    ThreadFile,
     check_whole,
     open_copy,
     remove_unpinned,
@@ -219,42 +220,23 @@ class ObjectCache:
         return removed
 
 
-class BlockReader:
-    """A read-only file over an ``EntryFile``, its position per thread.
-
-    DuckDB reads a registered filesystem's file from several threads at once, each as ``seek`` then
-    ``read`` (two calls, the GIL released between them): on one shared position a thread would read at
-    another's offset (a Parquet footer then fails to decode, "invalid TType").
-    """
+class BlockReader(ThreadFile):  # type: ignore[misc,unused-ignore]
+    """A read-only file over an ``EntryFile``, its position per thread (``ThreadFile``)."""
 
     def __init__(self, copy: EntryFile, fetch: Fetch, cache: ObjectCache) -> None:
+        super().__init__(copy.entry.size)
         self._copy = copy
         self._fetch = fetch
         self._cache = cache
-        self.size = copy.entry.size
-        self._where = threading.local()
 
     @property
     def closed(self) -> bool:
         """Whether ``close`` was called."""
         return bool(self._copy.fd < 0)
 
-    def _pos(self) -> int:
-        return int(getattr(self._where, "pos", 0))
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Move this thread's position."""
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos(), os.SEEK_END: self.size}[whence]
-        self._where.pos = max(0, base + offset)
-        return int(self._where.pos)
-
-    def tell(self) -> int:
-        """This thread's position."""
-        return self._pos()
-
     def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all that is left when negative) from this thread's position."""
-        pos = self._pos()
+        pos = self.tell()
         want = self.size - pos if n is None or n < 0 else n
         before = self._copy.counters.fills
         data: bytes = self._copy.read(pos, max(0, want), self._fetch)
@@ -265,24 +247,9 @@ class BlockReader:
                 self._cache.completed(self._copy)
         return data
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
     def close(self) -> None:
         """Close the file."""
         self._copy.close()
-
-    def __enter__(self) -> BlockReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _entries(root: Path) -> tuple[list[tuple[float, int, Path]], int]:
