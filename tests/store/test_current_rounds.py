@@ -4,6 +4,8 @@ collection and a new build give the answers the SQL gives, as before."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -72,12 +74,18 @@ def test_later_rounds_and_a_collection_keep_the_poll_equal_to_the_sql(tmp_path):
     assert_materialized_equal(data)
 
 
-def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(tmp_path):
+def _two_conversations_scored(tmp_path: Path) -> tuple[Path, StoreBuilder]:
+    """A store of two one-turn conversations (a1 in conv-a, x1 in conv-x), built and scored (rows stored)."""
     data = tmp_path / "data"
     sb = StoreBuilder(data)
     sb.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
     build_store(data, idle_seconds=0)
     score_store(data)
+    return data, sb
+
+
+def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(tmp_path):
+    data, sb = _two_conversations_scored(tmp_path)
     _assert_poll_is_the_sql(data)
     sb.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # built, not stored: a1's conversation is computed from the SQL
@@ -89,11 +97,7 @@ def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(tmp_path)
 def test_a_trace_whose_newest_stored_round_is_not_of_its_latest_build_is_computed(tmp_path):
     """A round stored after another with an older build of a trace (no tracedag writes that; a state row
     written by hand here): the stored rows of its latest build are not the newest, so the SQL answers it."""
-    data = tmp_path / "data"
-    sb = StoreBuilder(data)
-    sb.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
-    build_store(data, idle_seconds=0)
-    score_store(data)
+    data, _ = _two_conversations_scored(tmp_path)
     state = pq.read_table(next((data / "tables" / materialized.STATE).glob("*.parquet")))
     row = state.filter(pa.compute.equal(state.column("trace_id"), "a1"))
     newer = row.set_column(row.schema.get_field_index("build_id"), "build_id", pa.array(["an-older-build"]))
@@ -110,11 +114,7 @@ def test_a_round_keeps_the_next_listings_table_from_the_last_one_and_its_own_row
     """``advance`` (each state write calls it): the table a round keeps from the previous listing's and its state
     rows, before any reader, is the one a reader computes from every state file; after anything else changed the
     listing it keeps nothing."""
-    data = tmp_path / "data"
-    sb = StoreBuilder(data)
-    sb.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
-    build_store(data, idle_seconds=0)
-    score_store(data)
+    data, sb = _two_conversations_scored(tmp_path)
     _assert_poll_is_the_sql(data)
     state_dir = data / "tables" / materialized.STATE
     before, files, last = current_rounds.listing(data), set(state_dir.glob("*.parquet")), _kept(data)[0]
