@@ -20,6 +20,7 @@ granularity of the measurement).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import multiprocessing as mp
 import os
@@ -328,8 +329,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tree(spec: str) -> tuple[str, str]:
+    """(label, a directory to put first on PYTHONPATH). A checkout (``pipeline/`` and ``collector/`` at its top, no
+    ``tracedag/``) gets a shim of its own in the temp directory: with its path alone on PYTHONPATH, ``import
+    tracedag`` would find this tree's editable install, and the baseline would silently run this tree."""
     label, _, path = spec.rpartition("=")
-    return (label or Path(path).name, path)
+    root = Path(path)
+    if not (root / "tracedag").is_dir():
+        # imported here: the polls' processes import this module with the tree's own tracedag
+        from bench.trace_by_id import _shim
+
+        if not (root / "pipeline").is_dir():
+            raise SystemExit(f"--baseline-tree {spec}: neither a tracedag/ package nor a checkout")
+        digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
+        path = str(_shim(root, Path(tempfile.gettempdir()) / f"tracedag-live-shim-{digest}"))
+    return (label or root.name, path)
 
 
 def _table(title: str) -> Table:
