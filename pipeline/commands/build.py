@@ -89,8 +89,10 @@ def _echo_gc(stats: Any) -> None:
     if gc is None:
         return
     for t in sorted({*gc.deleted, *gc.rewritten, *gc.merged}):
+        orphans = gc.orphan_rows.get(t, 0)
         click.echo(f"gc {t}: {gc.deleted.get(t, 0)} superseded files deleted, {gc.rewritten.get(t, 0)} rewritten, "
-                   f"{gc.merged.get(t, 0)} small files merged, {gc.rows_dropped.get(t, 0)} superseded rows dropped")
+                   f"{gc.merged.get(t, 0)} small files merged, {gc.rows_dropped.get(t, 0) - orphans} superseded rows dropped"
+                   + (f", orphaned rounds: {orphans} rows dropped" if orphans else ""))
     for t in gc.skipped:
         click.echo(f"gc {t}: skipped (a scorer is running)")
 

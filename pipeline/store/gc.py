@@ -20,6 +20,30 @@ that listed the old files may find one gone: the query layer re-runs it). A cras
 either old or new; staging left-overs are removed on the next
 run, and ``state/build-inflight`` names a build that crashed midway, whose chunk files without a
 ``traces`` file are deleted before the next build.
+
+**Rounds killed before their state rows** (``stored_rounds``). A scoring round writes the named queries' rows
+(``materialized_<query>``, each row with its ``mat_round``), then, last, its ``materialized_traces`` rows; readers
+join on those, so the rows of a round killed between the two (SIGKILL, OOM, or an error ``runner._materialize``
+logs and swallows) are never read, and nothing else would ever remove them: the collection drops every row
+whose round no state row names. That never drops a round that completes, by this argument:
+
+1. Every round writes its rows and then its state while holding the scorer's lock (``runner.score_store``,
+   ``runner.materialize_later``); the kernel releases an ``flock`` when its holder dies.
+2. ``swap.collect_scored`` takes that lock (or skips every scored table), and only then reads the rounds the
+   state files name and lists the result files, and it collects every scored table within that one holding.
+   While it holds the lock no round is in flight: a round whose rows are in a result table has either written
+   its state (its round is in the set just read) or ended without writing it, and will never write it.
+3. Nothing computed before the lock decides it: ``liveness`` (the live builds, the replaced rounds) is read
+   before, and a round that completes between the two is in the set read under the lock, so its rows stay
+   (``tests/store/test_orphan_rounds.py`` runs a real round in that window).
+4. A round in parts (``materialize(..., part=...)``) gives each part its own ``mat_round``: each part's state
+   lands with it (the store's first round), or every part's in one file after the last (a round of every
+   trace after the SQL or labels changed). Killed before that file, every part's rows are orphaned; killed
+   between parts, the parts without state are; a part whose state was written stays.
+
+A round number is the writer's ``time.time_ns()``: were a killed round's number ever that of a stored round,
+its rows would stay (never the other way). State files without a ``mat_round`` column (an older layout) make
+the set unknown, and then nothing is dropped for this reason.
 """
 
 from __future__ import annotations
@@ -27,7 +51,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +70,8 @@ logger = logging.getLogger(__name__)
 
 SCORED = ("step_scores", *(materialized.table_name(n) for n in materialized.SPECS), materialized.STATE)
 """Tables the scorer writes: collected only while no scorer runs (its lock)."""
+ROUNDS = frozenset({*(materialized.table_name(n) for n in materialized.SPECS), materialized.STATE})
+"""Tables whose rows carry the round that wrote them (``mat_round``)."""
 TABLES = ("dag_nodes", "dag_edges", *SCORED, "traces")
 """Collected in this order: ``traces`` last, so that a crash never loses which builds are known."""
 
@@ -73,6 +99,7 @@ class GcStats:
     rewritten: dict[str, int] = field(default_factory=dict)
     merged: dict[str, int] = field(default_factory=dict)  # small files merged
     rows_dropped: dict[str, int] = field(default_factory=dict)
+    orphan_rows: dict[str, int] = field(default_factory=dict)  # of rows_dropped: of rounds with no state row
     skipped: list[str] = field(default_factory=list)  # tables left alone (a scorer held its lock)
     seconds: float = 0.0
 
@@ -105,6 +132,12 @@ class Liveness:
     dead_spans: dict[str, int] = field(default_factory=dict)  # build -> spans of its superseded traces
     replaced: pa.Array | None = None  # "trace_id\x1fbuild_id\x1fmat_round": stored rounds a later one of the pair replaced
     stale_rounds: frozenset[int] = frozenset()  # the rounds among those
+    stored_rounds: frozenset[int] | None = None  # rounds the state names, read under the scorer's lock (None: unknown)
+    stored_array: pa.Array | None = None  # the same, as an int64 array
+
+    def orphans(self, rounds: list[int]) -> set[int]:
+        """Those of ``rounds`` no state row names (rounds killed before their state rows); none when unknown."""
+        return set() if self.stored_rounds is None else set(rounds) - self.stored_rounds
 
     def dead_bound(self, table: str, build: str) -> int | None:
         """At most this many rows of ``build`` in ``table`` are dead (None: no bound known)."""
@@ -169,6 +202,36 @@ def _replaced(con: duckdb.DuckDBPyConnection) -> tuple[pa.Array | None, frozense
     return keys.combine_chunks(), frozenset(pc.unique(old.column("mat_round")).to_pylist())
 
 
+def stored_rounds(data: Path) -> frozenset[int] | None:
+    """The rounds the state files of ``data`` name now, or None when some file has no ``mat_round`` (an older
+    layout). Call it holding the scorer's lock (module docstring: then no round is in flight)."""
+    rounds: set[int] = set()
+    d = table_dir(data, materialized.STATE)
+    if d.is_dir() and any(p.is_dir() for p in d.iterdir()):
+        return None  # a partitioned layout this collector does not read
+    for f in d.glob("*.parquet"):
+        found = _file_rounds(f)
+        if found is None and f.name not in PROTECTED:
+            return None
+        rounds.update(found or ())
+    return frozenset(rounds)
+
+
+def with_stored_rounds(lv: Liveness, data: Path) -> Liveness:
+    """``lv`` knowing the stored rounds of ``data`` (read now: call it holding the scorer's lock)."""
+    stored = stored_rounds(data)
+    array = None if stored is None else pa.array(sorted(stored), pa.int64())
+    return replace(lv, stored_rounds=stored, stored_array=array)
+
+
+def orphan_rows(table: pa.Table, lv: Liveness) -> int:
+    """Rows of ``table`` whose round no state row names (0 without ``mat_round`` or when the rounds are unknown)."""
+    if lv.stored_array is None or "mat_round" not in table.column_names:
+        return 0
+    stored = pc.fill_null(pc.is_in(table.column("mat_round"), value_set=lv.stored_array), True)
+    return int(table.num_rows - (pc.sum(stored).as_py() or 0))
+
+
 def single_build(path: Path) -> str | None:
     """The one ``build_id`` of every row of ``path`` per its statistics, or None (several, nulls, unknown)."""
     meta = pq.ParquetFile(path).metadata
@@ -192,33 +255,49 @@ def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:
         text = pc.cast(table.column("mat_round"), pa.string())
         old = pc.is_in(pc.binary_join_element_wise(keys, text, "\x1f"), value_set=lv.replaced)
         live = pc.and_(live, pc.invert(pc.fill_null(old, False)))
+    if lv.stored_array is not None and "mat_round" in table.column_names:  # a round killed before its state rows
+        live = pc.and_(live, pc.fill_null(pc.is_in(table.column("mat_round"), value_set=lv.stored_array), True))
     return live.combine_chunks()
 
 
-def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int]:
-    """(rows, dead rows) of ``path``: from the statistics when it holds one build, from its build ids
-    when every one of them is wholly live or wholly dead; else the file's keys are read.
+def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tuple[int, int, int]:
+    """(rows, dead rows, rows of orphaned rounds among them) of ``path``: from the statistics when it holds one
+    build, from its build ids when every one of them is wholly live or wholly dead; else the file's keys are read.
 
     A file of one partly superseded build is not read when even all of the build's dead rows could
     not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
+    A file holding rows of a round no state row names (``lv.orphans``) is read, unless that is every round of it.
     """
     rows = pq.ParquetFile(path).metadata.num_rows
+    rounds = rounds_of(path) if table in ROUNDS else []
+    orphans = lv.orphans(rounds)
+    if orphans and len(orphans) == len(rounds):
+        return rows, rows, rows  # every round of the file was killed before its state rows
+    replaced = bool(lv.stale_rounds.intersection(rounds))  # a later round's
+    if not orphans:
+        dead = _dead_unread(path, table, lv, rows, rewrite_share, replaced)
+        if dead is not None:
+            return rows, dead, 0
+    columns = ["trace_id", "build_id", *(["mat_round"] if replaced or orphans else [])]
+    t = pq.read_table(path, columns=columns)
+    return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0), orphan_rows(t, lv)
+
+
+def _dead_unread(path: Path, table: str, lv: Liveness, rows: int, rewrite_share: float, replaced: bool) -> int | None:
+    """The dead rows of ``path`` known without reading it (``dead_share``), or None."""
     build = single_build(path)
-    replaced = bool(lv.stale_rounds) and bool(lv.stale_rounds.intersection(rounds_of(path)))  # a later round's
     if build is not None:
         state = lv.status(build)
         if state == "dead" or (state == "live" and not replaced):
-            return rows, rows if state == "dead" else 0
+            return rows if state == "dead" else 0
         bound = lv.dead_bound(table, build)
         if bound is not None and bound <= rewrite_share * rows and not replaced:
-            return rows, 0
-    else:
-        states = {lv.status(b) if b is not None else "live" for b in builds_of(path)}
-        if states == {"dead"} or (states == {"live"} and not replaced):  # several builds (scores, merged files)
-            return rows, rows if states == {"dead"} else 0
-    columns = ["trace_id", "build_id", *(["mat_round"] if replaced else [])]
-    t = pq.read_table(path, columns=columns)
-    return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0)
+            return 0
+        return None
+    states = {lv.status(b) if b is not None else "live" for b in builds_of(path)}
+    if states == {"dead"} or (states == {"live"} and not replaced):  # several builds (scores, merged files)
+        return rows if states == {"dead"} else 0
+    return None
 
 
 _BUILDS_SEEN: dict[tuple[str, int, int], list[str | None]] = {}
@@ -238,21 +317,46 @@ def builds_of(path: Path) -> list[str | None]:
     return _BUILDS_SEEN[key]
 
 
-_ROUNDS_SEEN: dict[tuple[str, int, int], list[int]] = {}
+_ROUNDS_SEEN: dict[tuple[str, int, int], list[int] | None] = {}
 """(path, size, mtime) -> the distinct ``mat_round`` values of a materialized table's file (as ``_BUILDS_SEEN``)."""
 
 
 def rounds_of(path: Path) -> list[int]:
     """The distinct stored rounds (``mat_round``) of ``path``; [] for a file without that column."""
+    return _file_rounds(path) or []
+
+
+def _file_rounds(path: Path) -> list[int] | None:
+    """The distinct rounds of ``path``, None without a ``mat_round`` column. From the statistics when each row
+    group holds one round (a round's own file), else from the column; once per version of a file."""
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _ROUNDS_SEEN:
         if len(_ROUNDS_SEEN) > 10_000:
             _ROUNDS_SEEN.clear()
-        names = pq.ParquetFile(path).schema_arrow.names
-        col = pq.read_table(path, columns=["mat_round"]).column("mat_round") if "mat_round" in names else None
-        _ROUNDS_SEEN[key] = [] if col is None else [r for r in pc.unique(col.combine_chunks()).to_pylist() if r is not None]
+        pf = pq.ParquetFile(path)
+        found = _rounds_by_statistics(pf.metadata) if "mat_round" in pf.schema_arrow.names else None
+        if found is None and "mat_round" in pf.schema_arrow.names:
+            col = pq.read_table(path, columns=["mat_round"]).column("mat_round")
+            found = [r for r in pc.unique(col.combine_chunks()).to_pylist() if r is not None]
+        _ROUNDS_SEEN[key] = found
     return _ROUNDS_SEEN[key]
+
+
+def _rounds_by_statistics(meta: pq.FileMetaData) -> list[int] | None:
+    """The rounds of a file when its statistics tell, else None."""
+    col = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "mat_round"), -1)
+    if col < 0:
+        return None
+    seen: set[int] = set()
+    for g in range(meta.num_row_groups):
+        st = meta.row_group(g).column(col).statistics
+        if meta.row_group(g).num_rows == 0:
+            continue
+        if st is None or not st.has_min_max or st.null_count or st.min != st.max:
+            return None
+        seen.add(int(st.min))
+    return sorted(seen)
 
 
 def staging_root(data: Path) -> Path:

@@ -28,8 +28,10 @@ from tracedag.pipeline.store.gc import (
     dead_share,
     live_mask,
     liveness,
+    orphan_rows,
     remove_staging,
     staging_root,
+    with_stored_rounds,
 )
 from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
@@ -52,15 +54,27 @@ def collect(data: Path, settings: GcSettings | None = None, compact: bool = Fals
     for table in TABLES:
         if table not in SCORED:
             collect_table(data, table, lv, cfg, compact, stats)
-            continue
-        with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.writes.score_lock)
-            if free:
-                collect_table(data, table, lv, cfg, compact, stats)
-            elif table_dir(data, table).is_dir():
-                stats.skipped.append(table)
+        elif table == SCORED[0]:
+            collect_scored(data, lv, cfg, compact, stats)
     remove_staging(data)
     stats.seconds = round(time.perf_counter() - t0, 3)
+    if stats.orphan_rows:
+        logger.info("orphaned rounds (killed before their state rows): %d rows dropped (%s)",
+                    sum(stats.orphan_rows.values()), stats.orphan_rows)
     return stats
+
+
+def collect_scored(data: Path, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> None:
+    """Collect the tables the scorer writes (``SCORED``) in one holding of its lock, or skip them all when a
+    scorer holds it. The stored rounds are read once the lock is held, not with ``lv`` (computed before): a
+    row of a round they do not name then belongs to a round that was killed (``gc`` module docstring)."""
+    with file_lock(state_file(data, SCORE_LOCK), wait=False) as free:  # the scorer's lock (score.writes.score_lock)
+        if not free:
+            stats.skipped.extend(t for t in SCORED if table_dir(data, t).is_dir())
+            return
+        held = with_stored_rounds(lv, data)
+        for table in SCORED:
+            collect_table(data, table, held, cfg, compact, stats)
 
 
 @dataclass
@@ -96,17 +110,19 @@ def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool
         if f.name in PROTECTED:
             plan.link.append(f)
             continue
-        rows, dead = dead_share(f, table, lv, cfg.rewrite_share)
+        rows, dead, orphans = dead_share(f, table, lv, cfg.rewrite_share)
         if dead == rows:
             f.unlink()
             deleted += 1
             stats.add(stats.deleted, table, 1)
             stats.add(stats.rows_dropped, table, rows)
+            stats.add(stats.orphan_rows, table, orphans)
             faults.hit("dag_gc.after_unlink")
             continue
         if rows - dead < cfg.small_rows:
             small.append(f)
-        (plan.rewrite if dead > cfg.rewrite_share * rows else plan.link).append(f)
+        # a killed round's rows go whatever their share: nothing would ever make them dead enough later
+        (plan.rewrite if dead > cfg.rewrite_share * rows or orphans else plan.link).append(f)
     if len(small) > 1 and (compact or len(small) > cfg.max_small_files):
         plan.merge = small
         plan.rewrite = [f for f in plan.rewrite if f not in small]
@@ -123,11 +139,11 @@ def swap_in(data: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg:
     for i, f in enumerate(plan.rewrite):
         # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
         # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
-        stats.add(stats.rows_dropped, table, _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv))
+        _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv, Dropped(stats, table))
         stats.add(stats.rewritten, table, 1)
     merger = Merger(stage, cfg.target_rows)
     for f in plan.merge:
-        stats.add(stats.rows_dropped, table, merger.add(f, lv))
+        merger.add(f, lv, Dropped(stats, table))
     merger.close()
     stats.add(stats.merged, table, len(plan.merge))
     for f in plan.link:
@@ -143,13 +159,26 @@ def swap_in(data: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg:
                 len(plan.merge), merger.count)
 
 
-def _rewrite(src: Path, dst: Path, lv: Liveness) -> int:
-    """Write the live rows of ``src`` to ``dst``; return the rows dropped."""
-    t = pq.read_table(src)
-    live = t.filter(live_mask(t, lv))
+@dataclass(frozen=True)
+class Dropped:
+    """Where the rows a rewrite or merge of one table's file drops are counted."""
+
+    stats: GcStats
+    table: str
+
+    def live(self, t: pa.Table, lv: Liveness) -> pa.Table:
+        """The live rows of ``t``; the others counted as dropped (and those of orphaned rounds as such)."""
+        live = t.filter(live_mask(t, lv))
+        self.stats.add(self.stats.rows_dropped, self.table, t.num_rows - live.num_rows)
+        self.stats.add(self.stats.orphan_rows, self.table, orphan_rows(t, lv))
+        return live
+
+
+def _rewrite(src: Path, dst: Path, lv: Liveness, dropped: Dropped) -> None:
+    """Write the live rows of ``src`` to ``dst``."""
+    live = dropped.live(pq.read_table(src), lv)
     if live.num_rows:
         _write(by_trace(live), dst)
-    return int(t.num_rows - live.num_rows)
 
 
 def by_trace(t: pa.Table) -> pa.Table:
@@ -184,13 +213,11 @@ class Merger:
         self._held: list[pa.Table] = []
         self._rows = 0
 
-    def add(self, f: Path, lv: Liveness) -> int:
-        """Append the live rows of ``f``; return the rows dropped."""
-        t = pq.read_table(f)
-        live = t.filter(live_mask(t, lv))
+    def add(self, f: Path, lv: Liveness, dropped: Dropped) -> None:
+        """Append the live rows of ``f``."""
+        live = dropped.live(pq.read_table(f), lv)
         if live.num_rows:
             self._append(live)
-        return int(t.num_rows - live.num_rows)
 
     def _append(self, t: pa.Table) -> None:
         if self._held and (self._rows >= self.target_rows or not self._held[0].schema.equals(t.schema)):
