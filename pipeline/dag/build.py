@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -31,11 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.collector import faults
-from tracedag.pipeline.dag.buckets import build_bucket
-from tracedag.pipeline.dag.chunks import Source, chunk_tables
-from tracedag.pipeline.dag.reconstruct import DEFAULT_TOLERANCE_NS, reconstruct
-from tracedag.pipeline.dag.siblings import arrow
-from tracedag.pipeline.dag.spec import WorkflowSpec, load_spec
+from tracedag.pipeline.dag.siblings import DEFAULT_TOLERANCE_NS, arrow
 from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.dag.window import (
     OPEN_SCHEMA,
@@ -55,6 +51,12 @@ from tracedag.pipeline.store.swap import collect
 from tracedag.pipeline.store.views import connect, read_list_sql
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, state_file, table_dir
+
+if TYPE_CHECKING:
+    from tracedag.pipeline.dag.spec import WorkflowSpec
+
+# The reconstruction (``reconstruct``, ``chunks``, ``buckets``: polars, networkx) and the spec reader (yaml)
+# are imported where a build runs: a build with nothing to do, and ``tracedag show``, do without (~0.5 s CPU).
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +307,7 @@ def build_store(
     plan, the writes, the state and the collection stay here.
     """
     t0 = time.perf_counter()
-    workflow = load_spec(spec) if spec is not None else None
+    workflow = _load_spec(spec) if spec is not None else None
     spec_hash = hashlib.sha256(spec.read_bytes()).hexdigest() if spec is not None else None
     with _lock(data):
         now = time.time_ns()
@@ -351,6 +353,12 @@ def build_store(
     return stats
 
 
+def _load_spec(path: Path) -> WorkflowSpec:
+    from tracedag.pipeline.dag.spec import load_spec
+
+    return load_spec(path)
+
+
 def _run(
     data: Path,
     plan: Plan,
@@ -361,6 +369,9 @@ def _run(
 ) -> None:
     if not plan.chunks:
         return
+    from tracedag.pipeline.dag.chunks import Source, chunk_tables
+    from tracedag.pipeline.dag.reconstruct import reconstruct
+
     tmp = build_tmp_dir(data, stats.build_id)
     mark_inflight(data, stats.build_id)
     source = Source(data, plan.files, plan.received_from)
@@ -385,6 +396,9 @@ def _run_engine(data: Path, plan: Plan, stats: BuildStats, spec: WorkflowSpec | 
     target = bucket_target(plan.spans, engine.start(), CHUNK_SPANS)
     buckets = plan_buckets(f.column("trace_id").combine_chunks(), _ints(f, "n"), _ints(f, "first_received"),
                            _ints(f, "last_received"), target)
+    from tracedag.pipeline.dag.buckets import build_bucket
+    from tracedag.pipeline.dag.chunks import Source
+
     mark_inflight(data, stats.build_id)
     source = Source(data, plan.files, plan.received_from)
     before = engine.tasks

@@ -28,7 +28,7 @@ from tracedag.pipeline.dag.explicit import TraceGraph, explicit_edges, resolve
 from tracedag.pipeline.dag.graph import Graph
 from tracedag.pipeline.dag.output import assemble
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS, prepare_table
-from tracedag.pipeline.dag.siblings import SiblingOrder, sibling_order
+from tracedag.pipeline.dag.siblings import DEFAULT_TOLERANCE_NS, SiblingOrder, sibling_order
 from tracedag.pipeline.dag.spec import WorkflowSpec
 from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.dag.toolcalls import agent_groups, tool_call_edges
@@ -37,8 +37,6 @@ from tracedag.pipeline.dag.tree import BoolArray, IntArray
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_TOLERANCE_NS", "INPUT_COLUMNS", "reconstruct"]
-
-DEFAULT_TOLERANCE_NS = 1_000_000  # 1 ms: B follows A if it started no earlier than 1 ms before A ended
 
 
 @dataclass

@@ -29,6 +29,8 @@ from tracedag.pipeline.dag.tree import BoolArray, IntArray
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_TOLERANCE_NS = 1_000_000  # 1 ms: B follows A if it started no earlier than 1 ms before A ended
+
 _GROUPS = """
 create or replace temp table sib_groups as
 select grp, count(*) as gsize,
