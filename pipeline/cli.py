@@ -2,27 +2,57 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Iterator, MutableMapping
 
 import click
 
-from tracedag.pipeline.commands import (
-    _docs,
-    analysis,
-    build,
-    capture,
-    collect,
-    confirm,
-    demo,
-    ingest,
-    query,
-    regress,
-    replay,
-    score,
-    serve,
-    validate,
-)
+from tracedag.pipeline.commands import _docs
 from tracedag.schemas.errors import TracedagError
+
+HOMES: dict[str, str] = {
+    "collect": "collect", "ingest": "ingest", "build": "build", "show": "build", "score": "score",
+    "labels": "score", "query": "query", "queries": "query", "sql": "query", "determinism": "analysis",
+    "paths": "analysis", "graph": "analysis", "demo": "demo", "simulate": "demo", "regress": "regress",
+    "validate": "validate", "capture": "capture", "replay": "replay", "confirm": "confirm", "serve": "serve",
+    "report": "serve",
+}
+"""Each command's module in ``pipeline/commands/`` (its ``COMMANDS``): a new command is added here too
+(tests/test_cli_imports.py checks that this table and the modules' ``COMMANDS`` agree)."""
+
+
+class _Commands(MutableMapping[str, click.Command]):
+    """The group's commands, a module imported when one of its commands is looked up: a command pays for its
+    own module, not the 13 (~30 ms CPU). Listing them (``--help``, iterating) imports every module."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, click.Command] = {}
+
+    def _load(self, module: str) -> None:
+        for command in importlib.import_module(f"tracedag.pipeline.commands.{module}").COMMANDS:
+            if command.name is not None and command.name not in self._loaded:
+                _docs.link_command(command.name, command)  # each help ends with its page
+                self._loaded[command.name] = command
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded and name in HOMES:
+            self._load(HOMES[name])
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        for module in dict.fromkeys(HOMES.values()):
+            self._load(module)
+        return iter(list(self._loaded))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class _Group(click.Group):
@@ -44,7 +74,5 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-for _module in (collect, ingest, build, score, query, analysis, demo, regress, validate, capture, replay, confirm, serve):
-    for _command in _module.COMMANDS:
-        cli.add_command(_command)
-_docs.link_pages(cli)  # each help ends with its page: Docs: docs/pages/<page>.md
+cli.commands = _Commands()
+cli.epilog = _docs.docs_line(_docs.INDEX)  # each help ends with its page: Docs: docs/pages/<page>.md

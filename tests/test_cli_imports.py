@@ -88,3 +88,23 @@ def test_the_dag_package_still_gives_its_names() -> None:
     assert dag.BuildStats is BuildStats and callable(dag.build_store)
     with pytest.raises(AttributeError):
         dag.nothing_here  # noqa: B018
+
+
+def test_each_command_is_found_in_the_module_the_group_imports_for_it() -> None:
+    import importlib
+
+    from tracedag.pipeline.cli import HOMES
+
+    here = Path(importlib.import_module("tracedag.pipeline.commands").__file__ or "").parent
+    names = {p.stem for p in here.glob("*.py") if not p.stem.startswith("_")}
+    modules = {m: importlib.import_module(f"tracedag.pipeline.commands.{m}") for m in names}
+    modules = {m: module for m, module in modules.items() if hasattr(module, "COMMANDS")}
+    listed = {c.name: m for m, module in modules.items() for c in module.COMMANDS}
+    assert listed == HOMES
+
+
+def test_a_command_imports_its_module_alone(tmp_path: Path) -> None:
+    loaded, out = imported(tmp_path, "queries")
+    assert "root_causes" in out
+    commands = {m for m in loaded if m.startswith("tracedag.pipeline.commands.") and not m.split(".")[-1].startswith("_")}
+    assert commands == {"tracedag.pipeline.commands.query"}

@@ -55,11 +55,9 @@ def _add_epilog(command: click.Command, page: str) -> None:
             _add_epilog(sub, page)
 
 
-def link_pages(group: click.Group) -> None:
-    """End the help of the group and of every command (and subcommand) with its page.
+def link_command(name: str, command: click.Command) -> None:
+    """End the help of the top-level command ``name`` (and of its subcommands) with its page.
 
     A command without an entry in ``PAGES`` gets the overview page, so no help is left without one.
     """
-    group.epilog = docs_line(INDEX)
-    for name, command in group.commands.items():
-        _add_epilog(command, PAGES.get(name, INDEX))
+    _add_epilog(command, PAGES.get(name, INDEX))

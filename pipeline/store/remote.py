@@ -26,7 +26,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.s3lite import S3Lite
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.layout import state_file
 
@@ -141,6 +140,8 @@ def open_remote(url: str) -> Remote:
     found = _OPEN.get(ident)
     if found is not None:
         return found
+    from tracedag.pipeline.store.s3lite import S3Lite  # here: a local store's commands do without http/ssl
+
     protocol, root = split_url(url)
     remote = Remote(url=url, protocol=protocol, root=root, lite=S3Lite.from_env(protocol))
     _OPEN[ident] = remote
