@@ -232,9 +232,10 @@ def orphan_rows(table: pa.Table, lv: Liveness) -> int:
     return int(table.num_rows - (pc.sum(stored).as_py() or 0))
 
 
-def single_build(path: Path) -> str | None:
-    """The one ``build_id`` of every row of ``path`` per its statistics, or None (several, nulls, unknown)."""
-    meta = pq.ParquetFile(path).metadata
+def single_build(path: Path, meta: pq.FileMetaData | None = None) -> str | None:
+    """The one ``build_id`` of every row of ``path`` per its statistics, or None (several, nulls, unknown);
+    ``meta``: its metadata, when read already."""
+    meta = pq.ParquetFile(path).metadata if meta is None else meta
     col = meta.schema.names.index("build_id") if "build_id" in meta.schema.names else -1
     if col < 0:
         return None
@@ -268,14 +269,15 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
     not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
     A file holding rows of a round no state row names (``lv.orphans``) is read, unless that is every round of it.
     """
-    rows = pq.ParquetFile(path).metadata.num_rows
-    rounds = rounds_of(path) if table in ROUNDS else []
+    meta = pq.ParquetFile(path).metadata
+    rows = meta.num_rows
+    rounds = rounds_of(path, meta) if table in ROUNDS else []
     orphans = lv.orphans(rounds)
     if orphans and len(orphans) == len(rounds):
         return rows, rows, rows  # every round of the file was killed before its state rows
     replaced = bool(lv.stale_rounds.intersection(rounds))  # a later round's
     if not orphans:
-        dead = _dead_unread(path, table, lv, rows, rewrite_share, replaced)
+        dead = _dead_unread(path, meta, table, lv, rewrite_share, replaced)
         if dead is not None:
             return rows, dead, 0
     columns = ["trace_id", "build_id", *(["mat_round"] if replaced or orphans else [])]
@@ -283,9 +285,11 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
     return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0), orphan_rows(t, lv)
 
 
-def _dead_unread(path: Path, table: str, lv: Liveness, rows: int, rewrite_share: float, replaced: bool) -> int | None:
-    """The dead rows of ``path`` known without reading it (``dead_share``), or None."""
-    build = single_build(path)
+def _dead_unread(path: Path, meta: pq.FileMetaData, table: str, lv: Liveness, rewrite_share: float,
+                 replaced: bool) -> int | None:
+    """The dead rows of ``path`` (metadata ``meta``) known without reading it (``dead_share``), or None."""
+    rows = meta.num_rows
+    build = single_build(path, meta)
     if build is not None:
         state = lv.status(build)
         if state == "dead" or (state == "live" and not replaced):
@@ -321,12 +325,13 @@ _ROUNDS_SEEN: dict[tuple[str, int, int], list[int] | None] = {}
 """(path, size, mtime) -> the distinct ``mat_round`` values of a materialized table's file (as ``_BUILDS_SEEN``)."""
 
 
-def rounds_of(path: Path) -> list[int]:
-    """The distinct stored rounds (``mat_round``) of ``path``; [] for a file without that column."""
-    return _file_rounds(path) or []
+def rounds_of(path: Path, meta: pq.FileMetaData | None = None) -> list[int]:
+    """The distinct stored rounds (``mat_round``) of ``path``; [] for a file without that column. ``meta``: its
+    metadata, when read already."""
+    return _file_rounds(path, meta) or []
 
 
-def _file_rounds(path: Path) -> list[int] | None:
+def _file_rounds(path: Path, meta: pq.FileMetaData | None = None) -> list[int] | None:
     """The distinct rounds of ``path``, None without a ``mat_round`` column. From the statistics when each row
     group holds one round (a round's own file), else from the column; once per version of a file."""
     st = path.stat()
@@ -334,20 +339,18 @@ def _file_rounds(path: Path) -> list[int] | None:
     if key not in _ROUNDS_SEEN:
         if len(_ROUNDS_SEEN) > 10_000:
             _ROUNDS_SEEN.clear()
-        pf = pq.ParquetFile(path)
-        found = _rounds_by_statistics(pf.metadata) if "mat_round" in pf.schema_arrow.names else None
-        if found is None and "mat_round" in pf.schema_arrow.names:
-            col = pq.read_table(path, columns=["mat_round"]).column("mat_round")
-            found = [r for r in pc.unique(col.combine_chunks()).to_pylist() if r is not None]
+        meta = pq.ParquetFile(path).metadata if meta is None else meta
+        col = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "mat_round"), -1)
+        found = None if col < 0 else _rounds_by_statistics(meta, col)
+        if found is None and col >= 0:
+            read = pq.read_table(path, columns=["mat_round"]).column("mat_round")
+            found = [r for r in pc.unique(read.combine_chunks()).to_pylist() if r is not None]
         _ROUNDS_SEEN[key] = found
     return _ROUNDS_SEEN[key]
 
 
-def _rounds_by_statistics(meta: pq.FileMetaData) -> list[int] | None:
-    """The rounds of a file when its statistics tell, else None."""
-    col = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == "mat_round"), -1)
-    if col < 0:
-        return None
+def _rounds_by_statistics(meta: pq.FileMetaData, col: int) -> list[int] | None:
+    """The rounds of a file (``mat_round`` its column ``col``) when its statistics tell, else None."""
     seen: set[int] = set()
     for g in range(meta.num_row_groups):
         st = meta.row_group(g).column(col).statistics

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from tests.queries.test_materialized import CASES, _exact, assert_materialized_equal
@@ -184,4 +185,35 @@ def test_a_round_completing_after_the_liveness_is_read_keeps_its_rows(tmp_path):
     assert not stats.orphan_rows and not stats.skipped
     assert _newest_rows(data) == kept
     assert _answers(data) == answers
+    assert_materialized_equal(data)
+
+
+def test_collections_racing_scorer_processes_never_drop_a_completed_round(tmp_path):
+    """Builds (each followed by a compacting collection) in this process while real ``tracedag score`` processes
+    store rounds beside them: every round that completed keeps its rows, whenever the collections ran."""
+    data = tmp_path / "data"
+    sb = StoreBuilder(data)
+    sb.spans(agent_turn("t0", "conv-0", 1_000_000, "search"))
+    build_store(data, idle_seconds=0, gc=NO_GC)
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def scorers() -> None:
+        while not stop.is_set():
+            codes.append(_tracedag(data, tmp_path, "score", "--no-progress").returncode)
+
+    thread = threading.Thread(target=scorers)
+    thread.start()
+    try:
+        for i in range(1, 5):
+            sb.spans(agent_turn(f"t{i}", f"conv-{i % 2}", 1_000_000 * (i + 1), "search"))
+            build_store(data, idle_seconds=0, compact=True)
+    finally:
+        stop.set()
+        thread.join()
+    assert codes and set(codes) == {0}
+    score_store(data)  # what the last builds left pending
+    build_store(data, idle_seconds=0, compact=True)
+    assert _orphans(data) == {t: (0, 0) for t in RESULTS}
+    assert len(_newest_rows(data)["materialized_failures"]) == 5  # one failing tool a turn, every turn stored
     assert_materialized_equal(data)
