@@ -15,6 +15,7 @@ from tests.analysis.analysis_support import store
 from tests.collector.collector_support import collector, small_collector
 from tests.demo.demo_support import demo_newcomer
 from tests.ingest.ingest_support import data
+from tests.pinned_venv import start_prebuild
 from tests.queries.query_store import query_store
 from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
@@ -72,6 +73,12 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_collection_finish(session):
+    """The pinned venvs the selected tests need and that are missing are built in the background from now on
+    (tests/pinned_venv.py), so their downloads overlap the tests that need none."""
+    start_prebuild(session)
 
 
 def pytest_sessionfinish(session):

@@ -30,6 +30,7 @@ SDK_1_44 = PinnedVenv("otel-sdk-venv", HERE / "otel_sdk_1_44_requirements.txt", 
                       "import opentelemetry.exporter.otlp.proto.http.trace_exporter")
 JSON_HTTP = PinnedVenv("otel-json-venv", HERE / "otel_json_requirements.txt", "opentelemetry-exporter-otlp-json-http",
                        "import opentelemetry.exporter.otlp.json.http.trace_exporter")
+PINNED_VENVS = [SDK_1_44, JSON_HTTP]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 def _flavours() -> list[tuple[str, str, str]]:

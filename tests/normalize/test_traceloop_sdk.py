@@ -37,6 +37,7 @@ COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "service_name", "sta
 
 
 TRACELOOP = PinnedVenv("traceloop-venv", LOCK, "traceloop-sdk", "import openai, traceloop.sdk.decorators")
+PINNED_VENVS = [TRACELOOP]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,13 +15,14 @@ import json
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses, step_types
+from tests.normalize.frameworks.fw_capture import VENVS, Capture, answered_turns, captured, misses, step_types
 from tests.normalize.frameworks.fw_scenarios import ADK_LLM, google_adk_scenarios
 from tracedag.pipeline.score.rules.result_errors import ADK_REFLECT_RETRY, result_error
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = google_adk_scenarios()
+PINNED_VENVS = [VENVS["google-adk"]]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses, step_types
+from tests.normalize.frameworks.fw_capture import VENVS, Capture, answered_turns, captured, misses, step_types
 from tests.normalize.frameworks.fw_scenarios import llama_index_scenarios
 
 SCENARIOS = llama_index_scenarios()
+PINNED_VENVS = [VENVS["llama-index"]]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 @pytest.fixture(scope="module")

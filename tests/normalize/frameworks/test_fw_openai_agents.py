@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses, step_types
+from tests.normalize.frameworks.fw_capture import VENVS, Capture, answered_turns, captured, misses, step_types
 from tests.normalize.frameworks.fw_scenarios import OAI_LLM, openai_agents_scenarios
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = openai_agents_scenarios()
+PINNED_VENVS = [VENVS["openai-agents"]]  # built in the background from the start of the run (tests.pinned_venv)
 REDACTED = "Tool execution failed. Error details are redacted."
 
 

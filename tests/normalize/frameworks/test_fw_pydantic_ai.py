@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, answered_turns, captured, misses
+from tests.normalize.frameworks.fw_capture import VENVS, Capture, answered_turns, captured, misses
 from tests.normalize.frameworks.fw_scenarios import pydantic_ai_scenarios
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = pydantic_ai_scenarios()
+PINNED_VENVS = [VENVS["pydantic-ai"]]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.normalize.frameworks.fw_capture import (
+    VENVS,
     Capture,
     Scenario,
     answered_turns,
@@ -31,6 +32,7 @@ from tests.normalize.frameworks.fw_scenarios import smolagents_scenarios
 from tracedag.pipeline.store.views import connect
 
 SCENARIOS = smolagents_scenarios()
+PINNED_VENVS = [VENVS["smolagents"]]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tests.normalize.frameworks.fw_capture import Capture, capture
+from tests.normalize.frameworks.fw_capture import VENVS, Capture, capture
 from tests.normalize.frameworks.fw_scenarios import pydantic_ai_scenarios, strands_scenarios
 
 KEEP = ("retry", "clean-order", "multi-ok")  # two calls of one tool, then a turn with another tool
@@ -29,6 +29,7 @@ SCENARIOS = {
     "strands": [s for s in strands_scenarios() if s.conversation.split("-", 1)[1] in KEEP],
     "pydantic-ai": [s for s in pydantic_ai_scenarios() if s.conversation.split("-", 1)[1] in KEEP],
 }
+PINNED_VENVS = [VENVS[f] for f in SCENARIOS]  # built in the background from the start of the run (tests.pinned_venv)
 
 
 def build(data: Path, spans: pa.Table | None = None) -> None:
