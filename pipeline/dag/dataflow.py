@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import duckdb
 
 from tracedag import queries
+from tracedag.pipeline.dag import show_stored
 from tracedag.pipeline.store.querying import bind_params
 
 
@@ -67,12 +68,15 @@ def data_edges(con: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[DataEdge,
 
 
 def silent_producer(con: duckdb.DuckDBPyConnection, trace_id: str) -> Silent | None:
-    """The silent producer ``root_causes`` (per trace, greedy) names for ``trace_id``, if any."""
-    sql = queries.load("root_causes").strip().rstrip(";")
-    values = bind_params(queries.describe("root_causes"), {"trace_id": trace_id, "per": "trace",
-                                                             "strategy": "greedy"})
-    rows = con.sql(f"select root_span_id, failed_span_id, data_arg, root_step_type from ({sql}) "
-                   "where silent_producer", params=values).fetchall()
+    """The silent producer ``root_causes`` (per trace, greedy) names for ``trace_id``, if any: read from its
+    stored rows when they are current (``show_stored``), else computed."""
+    stored = show_stored.silent_statement(con, trace_id)
+    if stored is None:
+        sql = queries.load("root_causes").strip().rstrip(";")
+        values = bind_params(queries.describe("root_causes"), {"trace_id": trace_id, "per": "trace",
+                                                                 "strategy": "greedy"})
+        stored = show_stored.SILENT_SQL.format(stored=sql), values
+    rows = con.sql(stored[0], params=stored[1]).fetchall()
     if not rows:
         return None
     root, failed, arg, step_type = rows[0]

@@ -45,11 +45,11 @@ order by n.nested_left
 
 _SPANS_SQL = "select count(*) from spans_all where trace_id like $p || '%'"
 
-SHOWN_TABLES = ("traces", "dag_nodes", "dag_edges", "step_scores", "spans", materialized.STATE,
-                materialized.table_name("propagation"))
+SHOWN_TABLES = tuple(dict.fromkeys(("dag_nodes", "dag_edges", "step_scores", "spans", *materialized.reader_tables("propagation"),
+                                    *materialized.reader_tables("root_causes"))))
 """The tables whose raw views ``load_shown`` makes (``views.create_raw_views``): the refined views it reads are
-restricted to the trace (``restrict_to_trace``), the cause comes from ``propagation``'s stored rows
-(``show_stored``); every view is made only when the cause is computed from the SQL."""
+restricted to the trace (``restrict_to_trace``), the cause comes from ``propagation``'s stored rows and a silent
+producer from ``root_causes``' (``show_stored``); every view is made only when the cause is computed from the SQL."""
 
 
 class TraceNotFound(TracedagError):  # type: ignore[misc,unused-ignore]
@@ -147,11 +147,14 @@ def _found(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> dict[st
 
 def _needs_macros(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
     """Whether the cause is computed by the shared macros: the store has no current stored rows, or the trace
-    has data edges (``dataflow.attach`` asks ``root_causes`` for a silent producer)."""
+    has data edges (``dataflow.attach`` asks ``root_causes`` for a silent producer) and ``root_causes``' stored
+    rows do not answer for it (computed over one trace, that query cost ~0.35 s CPU, most of it planning)."""
     if not show_stored.answers(con):
         return True
-    return bool(con.sql("select 1 from dag_edges where trace_id = $t and edge_kind = 'data' limit 1",
-                        params={"t": trace_id}).fetchall())
+    if not con.sql("select 1 from dag_edges where trace_id = $t and edge_kind = 'data' limit 1",
+                   params={"t": trace_id}).fetchall():
+        return False
+    return show_stored.silent_statement(con, trace_id) is None
 
 
 def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause: bool) -> Shown:

@@ -51,6 +51,20 @@ def cause_rows(con: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, 
     return rows
 
 
+SILENT_SQL = "select root_span_id, failed_span_id, data_arg, root_step_type from ({stored}) where silent_producer"
+"""``root_causes``' silent producer of one trace (``dataflow.silent_producer`` asks it per trace, greedy)."""
+
+
+def silent_statement(con: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[str, dict[str, object]] | None:
+    """The statement and values reading ``trace_id``'s silent producer rows (``SILENT_SQL``'s columns) from the
+    stored ``root_causes`` rows (per trace, greedy: rows the scorer stores); None when they are not current."""
+    data = data_of(con)
+    values = bind_params(queries.describe("root_causes"), {"trace_id": trace_id, "per": "trace",
+                                                             "strategy": "greedy"})
+    stored = None if data is None else materialized.named_statement(con, data, "root_causes", values)
+    return None if stored is None else (SILENT_SQL.format(stored=stored[0]), stored[1])
+
+
 def _next_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """The order of ``gnext``: lowest score, deepest, earliest start, then node key (DuckDB: nulls last)."""
     score, depth, start = row["score"], row["depth"], row["start_time_unix_nano"]
