@@ -111,12 +111,11 @@ def show_command(trace_id: str, data: Path) -> None:
     from rich.console import Group
 
     from tracedag.pipeline.dag.show import load_shown, render_trace
-    from tracedag.pipeline.dag.show_check import check_line, load_check
+    from tracedag.pipeline.dag.show_check import check_line
 
     shown = load_shown(data, trace_id)
     view = render_trace(shown.trace, shown.nodes, shown.cause)
-    check = load_check(data, shown.trace["trace_id"], shown.cause.root_span_id) if shown.cause else None
-    print_whole(view if check is None else Group(view, check_line(check)))  # the check under the root cause
+    print_whole(view if shown.check is None else Group(view, check_line(shown.check)))  # under the root cause
 
 
 COMMANDS: list[click.Command] = [build_command, show_command]

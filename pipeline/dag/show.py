@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracedag import queries
-from tracedag.pipeline.dag import dataflow, show_stored
+from tracedag.pipeline.dag import dataflow, show_check, show_stored
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.views import (
@@ -94,6 +94,7 @@ class Shown:
     trace: dict[str, Any]
     nodes: list[dict[str, Any]]
     cause: Cause | None
+    check: dict[str, Any] | None = None  # the latest counterfactual check of the cause (``show_check``)
 
 
 # The failure DAG of one trace through the macro root_causes reads (root_causes per=trace greedy =
@@ -168,12 +169,13 @@ def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause
         restrict_to_trace(con, tid, build)
         create_shared_macros(con)
     found = _cause(con, tid) if cause else None
+    check = show_check.read_check(con, data, tid, found.root_span_id) if found else None
     # A build of this trace after the first read, then a collection of the superseded build, may have
     # removed rows read above: the build still being the latest afterwards means nothing was removed. A build
     # or a collection writes a traces file: while their listing is the same, no build came.
     if parquet_files(data, "traces") != listed and [r["build_id"] for r in latest_by_id(con, tid, 1)] != [build]:
         raise _Superseded(f"build {build} was superseded")
-    return Shown(trace, nodes, found)
+    return Shown(trace, nodes, found, check)
 
 
 def load_trace(data: Path, trace_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
