@@ -51,6 +51,7 @@ def baseline_module(rev: str, tmp: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("pinned_venv_baseline", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
