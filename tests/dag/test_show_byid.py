@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +192,14 @@ def test_a_reader_racing_builds_and_their_collection_never_misses_a_step(tmp_pat
     try:
         cfg = GcSettings(max_small_files=2, small_rows=40)
         for step in range(2, 12):
+            done = len(seen) + len(errors)
             resend(tmp_path, range(step % 5, N_TRACES, 2 + step % 4), step)
             build_store(tmp_path, idle_seconds=0, full=step % 4 == 0, compact=step % 3 == 0, gc=cfg)
+            # at least one read ends after each build (under load the builds could take every turn of the GIL:
+            # 4 reads in 10 builds once at load 11), so every step is raced and read
+            deadline = time.monotonic() + 60
+            while len(seen) + len(errors) <= done and time.monotonic() < deadline:
+                time.sleep(0.01)
     finally:
         stop.set()
         th.join()
