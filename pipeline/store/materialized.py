@@ -221,6 +221,18 @@ def freshness(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
     return _FRESH[key]
 
 
+def known_freshness(data: Path) -> Freshness | None:
+    """``freshness``'s answer for the store's listing now when this process or an earlier one kept it, without a
+    connection (None: not known; ``freshness`` then asks the tables)."""
+    key = _fresh_key(data)
+    found = _FRESH.get(key)
+    if found is None:
+        found = kept_freshness(data, key)
+        if found is not None:
+            _FRESH[key] = found
+    return found
+
+
 def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``con`` has the state's view, i.e. a round was stored when it connected. A round writes its state
     last, so a connection that has it has the view of every stored table too (each has a ``schema.parquet``

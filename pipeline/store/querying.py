@@ -229,6 +229,11 @@ def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> pa.
     one, whole = materialized.scope_flags(values)
     if not materialized.matches(name, values) or not (one or whole):
         return None  # a time window: its stored read calls a shared macro over the refined views
+    if not materialized.has_rounds(data):
+        return None  # nothing stored yet: no connection of its own (~0.1 s CPU of a poll)
+    known = materialized.known_freshness(data)
+    if known is not None and not known.fresh and not (one and materialized.answered(known, str(values["trace_id"]))):
+        return None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
     for _ in range(STORED_ATTEMPTS):
         con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name))
         try:

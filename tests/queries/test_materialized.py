@@ -309,3 +309,33 @@ def test_a_round_keeps_each_traces_newest_round_for_the_readers(query_store: Pat
     got = pq.read_table(kept[0], columns=["trace_id", "mat_round"]).sort_by("trace_id").to_pylist()
     assert got == want
     assert_materialized_equal(data)
+
+
+def test_a_poll_of_a_store_with_traces_waiting_makes_no_connection_for_the_stored_rows_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once this process knows the stored rows do not answer every trace (``known_freshness``), a whole-store read
+    connects once (the stored rows plus the SQL), not first for the stored rows alone; one trace they answer is still
+    read from them alone; the answers are the SQL's."""
+    from tracedag.pipeline.store import querying
+
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
+             for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+    build_store(data, idle_seconds=0)
+    score_store(data)
+    b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup"))
+    build_store(data, idle_seconds=0)  # built, not stored: conv-a1 is computed
+    assert materialized.known_freshness(data) is None or not materialized.known_freshness(data).fresh
+    run_named(data, "root_causes")  # the freshness answer is now kept
+    known = materialized.known_freshness(data)
+    assert known is not None and set(known.stale) == {"a1", "a2"}
+    calls: list[object] = []
+    real = querying.connect
+    monkeypatch.setattr(querying, "connect", lambda *a, **k: calls.append(k.get("tables")) or real(*a, **k))
+    assert _exact(run_named(data, "root_causes").to_pylist()) == _reference(data, "root_causes", {})
+    assert calls == [None]
+    calls.clear()
+    got = run_named(data, "trace_summary", {"trace_id": "x1"})
+    assert _exact(got.to_pylist()) == _reference(data, "trace_summary", {"trace_id": "x1"})
+    assert len(calls) == 1 and calls[0] is not None  # the stored read's connection, with only the views it needs
