@@ -103,9 +103,9 @@ def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[
 class Collector:
     """A ``tracedag collect`` process with continuous build and score."""
 
-    def __init__(self, data: Path, interval: float, tree: str = "") -> None:
+    def __init__(self, data: Path, interval: float, tree: str = "", extra: tuple[str, ...] = ()) -> None:
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0",
-               "--grpc-port", "0", "--data", str(data), "--build", "--build-interval", str(interval)]
+               "--grpc-port", "0", "--data", str(data), "--build", "--build-interval", str(interval), *extra]
         env = {**os.environ, "PYTHONPATH": tree} if tree else None  # tree: a directory holding another tracedag/
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         assert self.proc.stdout is not None
@@ -224,7 +224,7 @@ def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
 def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "") -> dict[str, float]:
     """One paced run at ``rate`` spans/s (the collector from ``tree`` when given); return the latency figures."""
     data = Path(tempfile.mkdtemp(prefix="bench-live-"))
-    col = Collector(data, args.interval, tree)
+    col = Collector(data, args.interval, tree, () if tree else tuple(args.collect_arg))
     poller = Poller(data, args.poll, tree)
     try:
         poller.start()
@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a directory holding another tracedag/ package (e.g. an older checkout): each rate is "
                          "also run with the collector (and the polls) from it, alternating, as a baseline of the "
                          "same run; repeat for several baselines")
+    ap.add_argument("--collect-arg", action="append", default=[], metavar="ARG",
+                    help="an argument added to this tree's tracedag collect (not a baseline's), e.g. "
+                         "--collect-arg=--materialize-interval --collect-arg=5; repeat for several")
     ap.add_argument("--no-this-tree", action="store_true", help="run the baseline trees only")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each rate and tree (alternating); medians")
     ap.add_argument("--poll-child", nargs=2, metavar=("DATA", "EVERY"), help=argparse.SUPPRESS)

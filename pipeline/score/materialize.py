@@ -31,6 +31,7 @@ from tracedag.pipeline.score.memory import bounded_connection, memory_limit
 from tracedag.pipeline.score.sharedgraph import shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
+from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params, to_arrow
 from tracedag.pipeline.store.views import _LATEST
@@ -160,7 +161,7 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
         part = part.set_column(part.schema.get_field_index("mat_round"), "mat_round",
                                pa.array([time.time_ns()] * part.num_rows, pa.int64()))
         con.register(SCOPE + "_all", part.select(["trace_id"]))
-        _snapshot(con)
+        _snapshot(con, data)
         done += _write_round(con, data, part, stats, write_state=not defer_state)
         deferred += [part] if defer_state else []
         if limit is not None and done >= limit and not defer_state:
@@ -183,15 +184,16 @@ def _chunks(state: pa.Table, size: int) -> list[pa.Table]:
     return parts
 
 
-def _snapshot(con: duckdb.DuckDBPyConnection) -> None:
+def _snapshot(con: duckdb.DuckDBPyConnection, data: Path) -> None:
     """Copy the rows of the traces in ``SCOPE_all`` from each raw table the refined views read into a temporary
-    table, and make the refined view read that copy: the named queries then read each table once a part (a
-    dozen scans each otherwise), and the refined views (the latest build, the conversation ids of spans) give
-    the scope's traces exactly the rows they give them over the whole store."""
+    table, reading only the files that hold them (``mixed.narrowed``), and make the refined view read that copy:
+    the named queries then read each table once a part (a dozen scans each otherwise), and the refined views (the
+    latest build, the conversation ids of spans) give the scope's traces exactly the rows they give them over the
+    whole store."""
+    sources = narrowed(con, data, f"{SCOPE}_all")
     for table, body in _LATEST.items():
         raw, copy = f"{table}_all", f"{SNAPSHOT}{table}"
-        con.execute(f"create or replace temp table {copy} as select * from {raw} "
-                    f"where trace_id in (select trace_id from {SCOPE}_all)")
+        con.execute(f"create or replace temp table {copy} as select * from {sources[table]}")
         refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
         assert refined != body, table
         con.execute(f"create or replace view {table} as {refined}")
