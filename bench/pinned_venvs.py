@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import resource
 import shutil
@@ -68,7 +69,14 @@ def build_all(kind: type, venvs_: list[Any], cache: Path) -> dict[str, tuple[flo
     for v in venvs_:
         venv = kind(v.name, v.lock, v.package, v.imports, v.pip_timeout)
         wall, cpu = time.monotonic(), cpu_of_children()
-        venv.ensure()
+        try:
+            venv.ensure()
+        except BaseException as exc:  # pytest.fail's Failed: a timeout or pip's error, reported as nan
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            print(f"  {v.name} failed: {str(exc).splitlines()[0]}", flush=True)
+            out[v.name] = (math.nan, math.nan)
+            continue
         out[v.name] = (time.monotonic() - wall, cpu_of_children() - cpu)
         print(f"  {kind.__module__:22} {v.name:20} {out[v.name][0]:7.1f} s wall {out[v.name][1]:7.1f} s CPU",
               flush=True)
