@@ -11,10 +11,13 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.analysis.analysis_support import store
 from tests.collector.collector_support import collector, small_collector
 from tests.demo.demo_support import demo_newcomer
 from tests.ingest.ingest_support import data
+from tests.ordering import load_weights, sort_by_weight
 from tests.pinned_venv import start_prebuild
 from tests.queries.query_store import query_store
 from tests.queries.rca_store import rca_store
@@ -25,6 +28,10 @@ from tests.timeouts import arm_run_deadline, pytest_timeout_set_timer
 
 __all__ = ["builder", "collector", "data", "demo_newcomer", "pytest_timeout_set_timer", "query_store", "rca_store", "s3",
            "s3_module_server", "serve_store", "small_collector", "store"]
+
+
+VENV_EXTRA = 300
+"""Seconds a test of a module with ``PINNED_VENVS`` (tests/pinned_venv.py) may take beyond its venvs' pip timeout."""
 
 
 def pytest_configure(config):
@@ -64,7 +71,15 @@ def _bytecode_outside_the_tree() -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow soak, crash-loop and fuzzing tests run only when asked for with ``-m slow``."""
+    """The longest test files start first (tests/ordering.py); a test of a module that needs a pinned venv may
+    build it or wait for its build (330-350 s under load 10, past the suite's 300 s timeout, which ended the
+    xdist worker): it gets the venvs' pip timeout plus ``VENV_EXTRA``; slow soak, crash-loop and fuzzing tests run
+    only when asked for with ``-m slow``."""
+    sort_by_weight(items, load_weights())
+    for item in items:
+        venvs = getattr(getattr(item, "module", None), "PINNED_VENVS", None)
+        if venvs and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(max(v.pip_timeout for v in venvs) + VENV_EXTRA))
     if "slow" in (config.getoption("-m") or ""):
         return
     keep, drop = [], []
