@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -29,7 +27,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stages_before_after import _env, _origin, _shim_dir
+from stages_before_after import _env, _origin, _shim_dir, _timed
 from trace_by_id import _shim
 
 CLI = "from tracedag.pipeline.cli import cli; cli()"
@@ -43,18 +41,6 @@ COMMANDS: dict[str, list[str]] = {
     "show TRACE": ["show", "{trace}", "{data}"],
 }
 Timing = tuple[float, float]  # wall s, CPU s
-
-
-def _timed(args: list[str], env: dict[str, str]) -> Timing:
-    """Run the CLI with ``args``; its (wall, CPU) seconds. A failure stops the benchmark with its output."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CLI, *args], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"tracedag {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _args(template: list[str], data: Path, trace: str) -> list[str]:

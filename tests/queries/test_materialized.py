@@ -85,6 +85,17 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("fixture", ["query_store", "rca_store"])
+def four_stored_conversations(data: Path) -> StoreBuilder:
+    """A store of four one-turn conversations (a1, x1, y1, z1), built and scored (their rows stored); its builder,
+    to send later turns."""
+    b = StoreBuilder(data)
+    b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
+             for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
+    build_store(data, idle_seconds=0)
+    score_store(data)
+    return b
+
+
 def test_fixture_stores_materialized_rows_equal_the_sql(fixture: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
     data = _copy(request.getfixturevalue(fixture), tmp_path)
@@ -319,11 +330,7 @@ def test_a_poll_of_a_store_with_traces_waiting_makes_no_connection_for_the_store
     from tracedag.pipeline.store import querying
 
     data = tmp_path / "data"
-    b = StoreBuilder(data)
-    b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
-             for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
-    build_store(data, idle_seconds=0)
-    score_store(data)
+    b = four_stored_conversations(data)
     b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # built, not stored: conv-a1 is computed
     assert materialized.known_freshness(data) is None or not materialized.known_freshness(data).fresh

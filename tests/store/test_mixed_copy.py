@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.queries.test_materialized import _assert_mixed_equal
+from tests.queries.test_materialized import _assert_mixed_equal, four_stored_conversations
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
@@ -17,11 +17,7 @@ from tracedag.pipeline.store import mixed
 def test_traces_not_stored_yet_are_computed_over_copies_or_in_place_alike(tmp_path, monkeypatch, copy_traces):
     monkeypatch.setattr(mixed, "COPY_TRACES", copy_traces)
     data = tmp_path / "data"
-    b = StoreBuilder(data)
-    b.spans([s for i, c in enumerate(("a1", "x1", "y1", "z1"))
-             for s in agent_turn(c, f"conv-{c}", 1_000_000 * (i + 1), "search")])
-    build_store(data, idle_seconds=0)
-    score_store(data)
+    b = four_stored_conversations(data)
     b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup") + agent_turn("a0", "conv-a1", 500_000, "plan"))
     build_store(data, idle_seconds=0)  # built, not stored: conv-a1's three turns are computed
     _assert_mixed_equal(data, {"a0", "a1", "a2"})
