@@ -33,6 +33,7 @@ from tracedag.pipeline.store.views import (
     connect,
     create_query_macros,
     create_shared_macros,
+    mentioned_queries,
 )
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import state_dir
@@ -201,8 +202,8 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
         stored = materialized.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
-        if limits.macros or calls_shared_macros(sql):
-            create_shared_macros(con)
+        if calls_shared_macros(sql) or (limits.macros and mentioned_queries(sql)):  # ad-hoc SQL calling neither
+            create_shared_macros(con)                                             # (~60 ms CPU to bind) skips them
         if limits.macros:
             create_query_macros(con, sql)
         if limits.read_only:
