@@ -84,7 +84,6 @@ def _copy(src: Path, tmp_path: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("fixture", ["query_store", "rca_store"])
 def four_stored_conversations(data: Path) -> StoreBuilder:
     """A store of four one-turn conversations (a1, x1, y1, z1), built and scored (their rows stored); its builder,
     to send later turns."""
@@ -96,6 +95,7 @@ def four_stored_conversations(data: Path) -> StoreBuilder:
     return b
 
 
+@pytest.mark.parametrize("fixture", ["query_store", "rca_store"])
 def test_fixture_stores_materialized_rows_equal_the_sql(fixture: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
     data = _copy(request.getfixturevalue(fixture), tmp_path)
