@@ -16,6 +16,7 @@ names the file it opened (then the view reads the object's URL instead).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
@@ -173,7 +174,7 @@ def _locked(path: Path, size: int) -> int | None:
     return None
 
 
-class ThreadFile:
+class ThreadFile(abc.ABC):
     """A read-only file of ``size`` bytes whose position is kept per thread: DuckDB reads a registered
     filesystem's file from several threads at once, each as ``seek`` then ``read`` (two calls, the GIL
     released between them), so on one shared position a thread would read at another's offset (a Parquet
@@ -193,11 +194,13 @@ class ThreadFile:
         """This thread's position."""
         return int(getattr(self._where, "pos", 0))
 
+    @abc.abstractmethod
     def read(self, n: int = -1) -> bytes:
-        raise NotImplementedError
+        """Up to ``n`` bytes (all when negative) from this thread's position, which moves past them."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Release what the file holds."""
 
     def readable(self) -> bool:
         return True
