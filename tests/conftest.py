@@ -39,8 +39,11 @@ def pytest_configure(config):
 
     ``VENV/bin/python -m pytest`` without an activated venv must find VENV's ``tracedag`` (and every
     subprocess a test starts inherits this PATH), never another installation's or none. The run also gets
-    its deadline (``TRACEDAG_TESTS_DEADLINE``, tests/timeouts.py).
+    its deadline (``TRACEDAG_TESTS_DEADLINE``, tests/timeouts.py), and ``-m slow`` draws the property tests'
+    whole budgets (``TRACEDAG_FUZZ=full``, tests/fuzzing.py; xdist workers inherit it).
     """
+    if "slow" in (config.getoption("-m") or ""):
+        os.environ["TRACEDAG_FUZZ"] = "full"
     own_bin = str(Path(sys.executable).parent)
     parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
     os.environ["PATH"] = os.pathsep.join([own_bin, *parts])

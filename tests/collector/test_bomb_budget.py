@@ -43,6 +43,7 @@ from tests.collector.collector_support import (
     start_process,
     stop_process,
 )
+from tests.fuzzing import examples
 from tracedag.pipeline.store.views import connect
 
 BOMBS = 32
@@ -280,7 +281,7 @@ def test_compressed_grpc_messages_inflated_in_steps_are_stored_intact(collector,
     assert rows == [(hashlib.md5(pad.encode()).hexdigest(),)]  # once, byte for byte
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.binary(max_size=20000) | st.integers(0, 200000).map(bytes), chunk=st.sampled_from([1, 7, 4096]),
        cuts=st.lists(st.integers(1, 3000), max_size=20), level=st.sampled_from([1, 9]))
 def test_inflating_in_steps_gives_back_the_body_exactly(data, chunk, cuts, level):

@@ -12,6 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.collector.collector_support import EXAMPLE_JSON, make_request, make_span
+from tests.fuzzing import examples
 from tracedag.collector.decode import DecodeError, decode_request
 
 
@@ -204,7 +205,7 @@ def test_truncated_protobuf_never_crashes():
             decode_request(body[:cut], "protobuf")
 
 
-_fuzz = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+_fuzz = settings(max_examples=examples(300), deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_fuzz

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from tests.collector.collector_support import JSON, PB, make_request, make_span, post, stored
 from tests.collector.test_exporters import _finished_spans, _ids, _stored_ids
+from tests.fuzzing import examples
 from tracedag.collector import spool as spool_mod
 from tracedag.pipeline.service import CollectorConfig, start_collector
 
@@ -116,7 +117,7 @@ def live(tmp_path_factory):
     c.stop(1)
 
 
-@settings(max_examples=150, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(150), deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(body=st.binary(max_size=4096), ctype=st.sampled_from([PB, JSON, "application/json; charset=utf-8"]),
        gz=st.booleans())

@@ -13,6 +13,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from bench.gen import requests
+from tests.fuzzing import examples
 from tracedag.pipeline.convert.pool import convert_parallel
 from tracedag.pipeline.convert.records import convert_fast, convert_records, convert_wire
 from tracedag.pipeline.convert.reference import convert_reference
@@ -104,7 +105,7 @@ def _same(reqs: list[tuple[ExportTraceServiceRequest, int]]) -> None:
         assert fast.content.tolist() == ref.content.tolist()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(otlp_requests(), min_size=1, max_size=3))
 def test_fast_equals_reference_on_random_requests(reqs: list[ExportTraceServiceRequest]) -> None:
     _same([(r, 1_700_000_000_000_000_000 + i) for i, r in enumerate(reqs)])
@@ -160,7 +161,7 @@ def _canonical(req: ExportTraceServiceRequest) -> list[tuple[object, ...]]:
     return sorted(out, key=repr)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(otlp_requests())
 def test_otlp_parquet_otlp_round_trip(tmp_path: Path, req: ExportTraceServiceRequest) -> None:

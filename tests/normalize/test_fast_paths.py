@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzzing import examples
 from tests.realspans import genai_plain_spans, langgraph_spans, openai_spans, to_table
 from tracedag.pipeline.normalize import payloads as normalize_json
 from tracedag.pipeline.normalize import text as normalize_text
@@ -154,7 +155,7 @@ _PAYLOAD = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.none(), _PAYLOAD), min_size=1, max_size=12))
 def test_reduce_column_equals_per_row_reducers(values):
     _check(values)
@@ -177,7 +178,7 @@ def test_reduce_column_edge_cases():
     ])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=5)),
                     lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=3), kids,
                                                                                         max_size=3)),
@@ -222,7 +223,7 @@ _META_PIECES = st.sampled_from(['"langgraph_node"', '"langgraph_node": "a\\"b"',
                                 "[", "]", "{", "}", ", ", "\\", "tools", '"langgraph_node":  \n "y"'])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.one_of(st.none(), st.lists(_META_PIECES, max_size=6).map("".join)), min_size=1, max_size=8))
 def test_key_value_equals_unanchored_regex(values):
     for key, value in _META_VALUES.items():
@@ -239,7 +240,7 @@ def test_clean_name_once_per_distinct_name_on_plain_strings():
 _MAP_KEYS = st.sampled_from(["input.value", "gen_ai.tool.name", "metadata", "other.key", "session.id"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.none(), st.lists(st.tuples(_MAP_KEYS, st.sampled_from(["", "a", "ébc", "x" * 40])),
                                                max_size=6)), min_size=1, max_size=10), st.integers(0, 3))
 def test_pick_equals_per_row_lookup_with_repeated_keys(maps, offset):
@@ -252,7 +253,7 @@ def test_pick_equals_per_row_lookup_with_repeated_keys(maps, offset):
         assert got[key].to_pylist() == [None if m is None else dict(m).get(key) for m in maps], key
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(*[st.sampled_from([None, "", "a", "é€"])] * 3), min_size=1, max_size=12), st.integers(0, 3))
 def test_coalesce_skips_nulls_and_empty_strings(rows, offset):
     cols = [pa.array([None] * offset + [r[i] for r in rows], pa.string()).slice(offset) for i in range(3)]
@@ -268,7 +269,7 @@ def _sparse_as_column(sparse, values, n):
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.one_of(st.none(), st.lists(st.tuples(_MAP_KEYS, st.sampled_from(["", "a", "ébc", "x" * 40])),
                                                max_size=6)), min_size=1, max_size=10), st.integers(0, 3))
 def test_sparse_sources_equal_picked_columns_coalesced(maps, offset):
