@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 
 from tests.queries.query_fixtures import write_store
@@ -29,10 +30,12 @@ from tracedag.pipeline.store.gc import GcSettings
 from tracedag.pipeline.store.views import LATEST_BY_ID_SQL, connect, latest_by_id, restrict_to_trace
 
 
-def whole_store_shown(data: Path, trace_id: str) -> show.Shown:
+def whole_store_shown(data: Path, trace_id: str, con: duckdb.DuckDBPyConnection | None = None) -> show.Shown:
     """What ``load_shown`` read before #31: the same SQL over the whole-store views, the cause computed
-    by ``failure_dag_roots`` (never read from the stored rows)."""
-    con = connect(data)
+    by ``failure_dag_roots`` (never read from the stored rows). ``con``: a connection of ``connect(data)``
+    to read on (a test comparing many traces opens one for all of them), else one of its own."""
+    own = con is None
+    con = connect(data) if con is None else con
     try:
         trace = con.sql("select * from traces where trace_id = $t", params={"t": trace_id}).to_arrow_table()
         nodes = con.sql(show._NODES_SQL, params={"t": trace_id}).to_arrow_table().to_pylist()
@@ -40,7 +43,8 @@ def whole_store_shown(data: Path, trace_id: str) -> show.Shown:
             mp.setattr(show_stored, "cause_rows", lambda con, trace_id: None)
             return show.Shown(trace.to_pylist()[0], nodes, show._cause(con, trace_id))
     finally:
-        con.close()
+        if own:
+            con.close()
 
 
 def materialized_copy(src: Path, dst: Path) -> Path:
@@ -65,16 +69,14 @@ def test_the_stored_failure_dag_equals_the_computed_one(fixture: str, request: p
     con = connect(data)
     failed = 0
     for tid in trace_ids(data):
-        computed = con.sql(show._CAUSE_SQL, params={"t": tid, "fail_threshold": 2.0, "max_hops": 1000}).fetchall()
-        names = [d[0] for d in con.sql(show._CAUSE_SQL, params={"t": tid, "fail_threshold": 2.0,
-                                                                 "max_hops": 1000}).description]
-        want = [{k: v for k, v in zip(names, r, strict=True)} for r in computed]
+        want = con.sql(show._CAUSE_SQL, params={"t": tid, "fail_threshold": 2.0, "max_hops": 1000}
+                       ).to_arrow_table().to_pylist()
         got = show_stored.cause_rows(con, tid)
         assert got is not None
         assert [{k: r[k] for k in COLUMNS} | {"nearest": sorted(r["nearest"] or [])} for r in got] == \
             [{k: r[k] for k in COLUMNS} | {"nearest": sorted(r["nearest"] or [])} for r in want], tid
         failed += bool(want)
-        assert show.load_shown(data, tid) == whole_store_shown(data, tid)
+        assert show.load_shown(data, tid) == whole_store_shown(data, tid, con)
     con.close()
     assert failed >= 2
 
@@ -99,21 +101,37 @@ def test_show_reads_what_the_whole_store_views_give(fixture: str, request: pytes
     ids = trace_ids(data)
     assert len(ids) >= 6
     causes = 0
+    con = connect(data)
     for tid in ids:
-        got, want = show.load_shown(data, tid), whole_store_shown(data, tid)
+        got, want = show.load_shown(data, tid), whole_store_shown(data, tid, con)
         assert got == want, tid
         causes += got.cause is not None
+    con.close()
     assert causes >= 3  # the fixtures' failed traces: the cause path is compared too
+
+
+# One trace of each build history: the builds that wrote a row of it to traces_all and the builds (or none, a
+# human's row) its step_scores rows name. Traces of one history have the same rows in every file but their ids.
+_HISTORIES_SQL = """
+select min(trace_id) as trace_id, count(*) as traces from (
+    select trace_id,
+           (select list(distinct build_id order by build_id) from traces_all a where a.trace_id = t.trace_id) as built,
+           (select list(distinct coalesce(build_id, '-') order by 1) from step_scores_all s
+            where s.trace_id = t.trace_id) as scored
+    from (select distinct trace_id from traces_all) t)
+group by built, scored order by 1"""
 
 
 def test_show_after_rebuilds_reads_the_latest_build_only(tmp_path: Path) -> None:
     churn(tmp_path)  # several incremental and full builds: traces_all holds superseded rows of each trace
     con = connect(tmp_path)
     builds = con.execute("select count(distinct build_id) from traces_all").fetchall()[0][0]
-    con.close()
+    histories = con.execute(_HISTORIES_SQL).fetchall()
     assert builds >= 5
-    for tid in trace_ids(tmp_path):
-        assert show.load_shown(tmp_path, tid) == whole_store_shown(tmp_path, tid)
+    assert sum(n for _, n in histories) == len(trace_ids(tmp_path)) and len(histories) >= 10  # 17 of 30 traces
+    for tid, _ in histories:
+        assert show.load_shown(tmp_path, tid) == whole_store_shown(tmp_path, tid, con), tid
+    con.close()
 
 
 def test_a_unique_prefix_finds_the_trace_and_an_ambiguous_one_says_so(query_store: Path) -> None:
