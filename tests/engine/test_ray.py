@@ -1,5 +1,6 @@
 """The Ray engine on a real local Ray cluster (2 CPUs): build and score equal the local ones, a
-killed worker's task reruns without duplicate rows, the CLI shows the engine and its tasks."""
+killed worker's task reruns without duplicate rows, the CLI shows the engine and its tasks; an S3 store
+that two collectors wrote is built and scored by commands that join the cluster by its address."""
 
 from __future__ import annotations
 
@@ -13,23 +14,32 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
 import tests.engine.engine_support as support
+from tests.collector.collector_support import start_process, stop_process
 from tests.engine.engine_support import PausingEngine, make_spans, rows, spans_copy, table_rows
 from tests.replay.replay_support import BOOKING_TURNS, example_store
+from tests.store.objfixtures import agent_traces, otel_provider, sorted_rows
+from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the SeaweedFS of s3)
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.demo.config import DemoResult
 from tracedag.pipeline.demo.report import engine_line
 from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
 from tracedag.pipeline.score import score_store
+from tracedag.pipeline.service import CollectorConfig, start_collector
+from tracedag.pipeline.store.manifests import read_listing
 from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.remote import attach, open_remote
 
 ray = pytest.importorskip("ray")
 
@@ -38,13 +48,16 @@ SCORES = "build_id, scored_unix_nano"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster of 2 CPUs for the module; the support module travels by value to the workers."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Ray cluster of 2 CPUs for the module (its GCS address); the support module travels by value to
+    the workers. Its processes keep an object cache of their own in the run's temporary directory."""
     os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
-    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRACEDAG_CACHE_DIR", str(tmp_path_factory.mktemp("ray-objcache")))
+        context = ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+                           log_to_driver=False, logging_level="ERROR")
     ray.cloudpickle.register_pickle_by_value(support)
-    yield
+    yield str(context.address_info["gcs_address"])
     ray.shutdown()
 
 
@@ -157,6 +170,79 @@ def test_demo_engine_line_commands_run_on_ray(cluster, local, tmp_path):
         assert done.exit_code == 0 and "ray (" in done.output, done.output
     _same_build(data, local)
     assert table_rows(data, "step_scores", SCORES) == table_rows(local, "step_scores", SCORES)
+
+
+CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
+NODES = "select * exclude (build_id) from dag_nodes"
+EDGES = "select * exclude (build_id) from dag_edges"
+
+
+def _tracedag(*args: str) -> str:
+    """``tracedag ARGS`` in a process of its own (as another machine would run it); its stdout."""
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=180, env=os.environ.copy())
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def _in_process(*args: str) -> str:
+    """``tracedag ARGS`` run in this process; its stdout."""
+    done = CliRunner().invoke(cli, list(args))
+    assert done.exit_code == 0, done.output
+    return done.stdout
+
+
+def test_two_collectors_one_s3_store_built_on_ray_equals_local(cluster, s3, tmp_path):
+    """Two collector processes write one S3 store at once (each its local spool and collector id); commands
+    that join the module's Ray cluster by its address build and score it; a third work directory reads what
+    they published and it equals the same spans collected, built and scored locally (in this process)."""
+    url = f"s3://{s3.bucket}/store"
+    local = tmp_path / "local"
+    a, a_http, _ = start_process(url, "--spool", str(tmp_path / "spool-a"), "--collector-id", "a")
+    b, _, b_grpc = start_process(url, "--spool", str(tmp_path / "spool-b"), "--collector-id", "b")
+    ref = start_collector(CollectorConfig(data=local, http_port=0, grpc_port=0))
+    try:
+        # collector a over OTLP/HTTP, collector b over OTLP/gRPC, the reference store gets both
+        ref_http = ref.http_port
+        to_a = otel_provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
+                             HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        to_b = otel_provider(GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
+                             HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        to_both = otel_provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
+                                GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
+                                HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
+        agent_traces(to_a, 0, 12)
+        agent_traces(to_b, 100, 12)
+        agent_traces(to_both, 200, 3)  # the same spans reach both collectors: deduplicated at build
+        for p in (to_a, to_b, to_both):
+            p.shutdown()
+    finally:
+        ref.stop(10)
+        for proc in (a, b):
+            assert stop_process(proc) == 0
+    listing = read_listing(open_remote(url))
+    assert set(listing) == {"a", "b"}
+    names = [n for w in listing.values() for n in w["spans"]]
+    assert all(n.rpartition("/")[2].startswith(("a--", "b--")) for n in names), names
+    builder = tmp_path / "builder"
+    # the store is built and scored on the Ray cluster that both commands join by its address, as on a
+    # deployment's cluster; the reference is built and scored locally
+    for args in (("build", "--idle", "0"), ("score",)):
+        out = _tracedag(*args, "--data", url, "--work-dir", str(builder), "--engine", "ray", "--ray-address", cluster)
+        assert "ray" in out, out
+        _in_process(*args, "--data", str(local))
+    reader = tmp_path / "reader"  # a fresh work directory reads everything from the store
+    attach(reader, url)
+    # the 3 traces both collectors stored are in the store twice, and once in every view
+    assert sorted_rows(reader, "select count(*) from spans")[0][0] == 27 * 4
+    assert sorted_rows(reader, "select count(*) from dag_nodes")[0][0] == 27 * 4
+    for sql in ("select * exclude (received_unix_nano, batch_id) from spans", NODES, EDGES,
+                "select * exclude (build_id, built_unix_nano, last_received_unix_nano) from traces",
+                "select * exclude (build_id, scored_unix_nano) from step_scores"):
+        assert sorted_rows(reader, sql) == sorted_rows(local, sql), sql
+    remote_causes = _tracedag("query", "root_causes", "--data", url, "--work-dir", str(reader), "--format", "csv")
+    local_causes = _in_process("query", "root_causes", "--data", str(local), "--format", "csv")
+    assert sorted(remote_causes.splitlines()) == sorted(local_causes.splitlines())
+    assert len(local_causes.splitlines()) > 1
 
 
 def test_without_ray_the_engine_is_a_one_line_error(spans, tmp_path):

@@ -1,34 +1,30 @@
 """Stores on object storage (issue #23): a real S3 server (SeaweedFS), real collectors and exporters, real DuckDB over s3fs.
 
-Two collectors write one S3 store at once (each its local spool and collector id); a build in a third
-work directory reads what both published and equals the same spans built in a local store; the S3
-server killed mid-upload loses nothing acknowledged; two work directories cannot share a writer id.
+The S3 server killed mid-upload loses nothing acknowledged; two work directories cannot share a writer id;
+compaction and eviction keep the manifest right; a store that cannot be used is one clear line; serve and
+saved reports work over the store. Two collectors writing one S3 store that is then built on Ray is in
+tests/engine/test_ray.py (it joins that module's Ray cluster).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from click.testing import CliRunner
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from tests.collector.collector_support import start_process, stop_process, wait_until
+from tests.store.objfixtures import agent_traces, otel_provider, sorted_rows
+from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
+from tests.store.s3_server import agent_runs_dump
+from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.manifests import publish, read_listing
 from tracedag.pipeline.store.remote import attach, open_remote
-from tracedag.pipeline.store.views import connect
 
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]
 
@@ -40,103 +36,11 @@ def _run(*args: str, check: bool = True, timeout: float = 180) -> subprocess.Com
     return r
 
 
-def _agent_traces(provider: TracerProvider, first: int, count: int) -> None:
-    """``count`` agent runs of 4 spans: a root, an LLM step, a tool that fails every third run, a final answer."""
-    tracer = provider.get_tracer("agent")
-    for i in range(first, first + count):
-        with tracer.start_as_current_span("invoke_agent", attributes={"gen_ai.operation.name": "invoke_agent",
-                                                                        "gen_ai.agent.name": "booker",
-                                                                        "session.id": f"conv-{i}"}):
-            with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat",
-                                                                  "gen_ai.request.model": "m"}):
-                pass
-            with tracer.start_as_current_span("execute_tool", attributes={"gen_ai.operation.name": "execute_tool",
-                                                                          "gen_ai.tool.name": "book"}) as tool:
-                if i % 3 == 0:
-                    tool.set_status(trace.Status(trace.StatusCode.ERROR, "court taken"))
-            with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat"}):
-                pass
-
-
-def _provider(*exporters) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": "booker"}))
-    for exporter in exporters:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider
-
-
-def _rows(data: Path, sql: str) -> list[tuple]:
-    return sorted(connect(data).execute(sql).fetchall(), key=repr)
-
-
-@contextmanager
-def _ray_cluster() -> Iterator[str | None]:
-    """The address of a local Ray cluster of 2 CPUs, started here until the block ends (None without Ray)."""
-    if importlib.util.find_spec("ray") is None:
-        yield None
-        return
-    import ray
-
-    context = ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False, log_to_driver=False,
-                       logging_level="ERROR")
-    try:
-        yield str(context.address_info["gcs_address"])
-    finally:
-        ray.shutdown()
-
-
-_NODES = "select * exclude (build_id) from dag_nodes"
-_EDGES = "select * exclude (build_id) from dag_edges"
-
-
-def test_two_collectors_one_store_built_on_ray_equals_local(s3, tmp_path):
-    url = f"s3://{s3.bucket}/store"
-    local = tmp_path / "local"
-    a, a_http, _ = start_process(url, "--spool", str(tmp_path / "spool-a"), "--collector-id", "a")
-    b, _, b_grpc = start_process(url, "--spool", str(tmp_path / "spool-b"), "--collector-id", "b")
-    ref, ref_http, _ = start_process(local)
-    try:
-        # collector a over OTLP/HTTP, collector b over OTLP/gRPC, the reference store gets both
-        to_a = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
-                         HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
-        to_b = _provider(GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
-                         HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
-        to_both = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{a_http}/v1/traces"),
-                            GrpcExporter(endpoint=f"127.0.0.1:{b_grpc}", insecure=True),
-                            HttpExporter(endpoint=f"http://127.0.0.1:{ref_http}/v1/traces"))
-        _agent_traces(to_a, 0, 12)
-        _agent_traces(to_b, 100, 12)
-        _agent_traces(to_both, 200, 3)  # the same spans reach both collectors: deduplicated at build
-        for p in (to_a, to_b, to_both):
-            p.shutdown()
-    finally:
-        for proc in (a, b, ref):
-            assert stop_process(proc) == 0
-    listing = read_listing(open_remote(url))
-    assert set(listing) == {"a", "b"}
-    names = [n for w in listing.values() for n in w["spans"]]
-    assert all(n.rpartition("/")[2].startswith(("a--", "b--")) for n in names), names
-    builder = tmp_path / "builder"
-    # the store is built and scored on a Ray cluster of 2 CPUs that both commands join by its address, as on a
-    # deployment's cluster (one cluster start, not one per command); the reference is built locally
-    with _ray_cluster() as address:
-        engine = ("--engine", "ray", "--ray-address", address) if address else ()
-        for args in (("build", "--idle", "0"), ("score",)):
-            out = _run(*args, "--data", url, "--work-dir", str(builder), *engine).stdout
-            assert not engine or "ray" in out, out
-            _run(*args, "--data", str(local))
-    reader = tmp_path / "reader"  # a fresh work directory reads everything from the store
-    attach(reader, url)
-    # the 3 traces both collectors stored are in the store twice, and once in every view
-    assert _rows(reader, "select count(*) from spans")[0][0] == 27 * 4
-    assert _rows(reader, "select count(*) from dag_nodes")[0][0] == 27 * 4
-    for sql in ("select * exclude (received_unix_nano, batch_id) from spans", _NODES, _EDGES, "select * exclude (build_id, built_unix_nano, last_received_unix_nano) from traces",
-                "select * exclude (build_id, scored_unix_nano) from step_scores"):
-        assert _rows(reader, sql) == _rows(local, sql), sql
-    remote_causes = _run("query", "root_causes", "--data", url, "--work-dir", str(reader), "--format", "csv").stdout
-    local_causes = _run("query", "root_causes", "--data", str(local), "--format", "csv").stdout
-    assert sorted(remote_causes.splitlines()) == sorted(local_causes.splitlines())
-    assert len(local_causes.splitlines()) > 1
+def _in_process(*args: str) -> None:
+    """``tracedag ARGS`` in this process, where a separate one proves nothing more (no exit status, output or crash
+    under test): it saves a process start and its imports."""
+    done = CliRunner().invoke(cli, list(args))
+    assert done.exit_code == 0, done.output
 
 
 def test_s3_killed_mid_upload_loses_nothing_acked(s3, tmp_path):
@@ -146,16 +50,16 @@ def test_s3_killed_mid_upload_loses_nothing_acked(s3, tmp_path):
                                   env={"TRACEDAG_REMOTE_GRACE": "0"})
     sent = 0
     try:
-        provider = _provider(HttpExporter(endpoint=f"http://127.0.0.1:{http}/v1/traces"))
-        _agent_traces(provider, 0, 10)
+        provider = otel_provider(HttpExporter(endpoint=f"http://127.0.0.1:{http}/v1/traces"))
+        agent_traces(provider, 0, 10)
         sent += 40
         s3.kill()  # the publisher's uploads now fail; the collector keeps acknowledging
-        _agent_traces(provider, 10, 10)
+        agent_traces(provider, 10, 10)
         sent += 40
         provider.force_flush()
         time.sleep(2.0)  # a few publish rounds fail meanwhile
         s3.start()
-        _agent_traces(provider, 20, 10)
+        agent_traces(provider, 20, 10)
         sent += 40
         provider.shutdown()
         reader = tmp_path / "reader"
@@ -163,13 +67,13 @@ def test_s3_killed_mid_upload_loses_nothing_acked(s3, tmp_path):
 
         def all_there() -> bool:
             try:
-                return _rows(reader, "select count(*) from spans")[0][0] == sent
+                return sorted_rows(reader, "select count(*) from spans")[0][0] == sent
             except Exception:
                 return False
         wait_until(all_there, 60, "the spans acknowledged while S3 was down never reached the store")
     finally:
         assert stop_process(proc) == 0
-    assert _rows(tmp_path / "reader", "select count(distinct span_id) from spans")[0][0] == sent
+    assert sorted_rows(tmp_path / "reader", "select count(distinct span_id) from spans")[0][0] == sent
 
 
 def test_a_writer_id_belongs_to_one_work_directory(s3, tmp_path):
@@ -260,16 +164,10 @@ def test_serve_over_an_object_store(s3, tmp_path, monkeypatch):
     from tests.serve.serve_support import running_server
 
     url = f"s3://{s3.bucket}/store"
-    dump = tmp_path / "spans.json"
-    spans = [{"traceId": f"{t:032x}", "spanId": f"{t * 10 + k + 1:016x}", "name": "execute_tool" if k else "invoke_agent",
-              **({"parentSpanId": f"{t * 10 + 1:016x}"} if k else {}),
-              "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "execute_tool" if k else "invoke_agent"}}],
-              "status": {"code": 2 if (k and t % 2) else 0},
-              "startTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + k * 10**6),
-              "endTimeUnixNano": str(1_700_000_000_000_000_000 + t * 10**9 + 5 * 10**6)} for t in range(1, 7) for k in range(3)]
-    dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
-    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "c"), "--writer-id", "c")
-    _run("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "b"))
+    dump = agent_runs_dump(tmp_path / "spans.json", 6)
+    # the writers' commands run in this process (the server is the process under test)
+    _in_process("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "c"), "--writer-id", "c")
+    _in_process("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "b"))
     monkeypatch.setenv("TRACEDAG_WORK_DIR", str(tmp_path / "serve"))
     with running_server(url) as server, server.client(60) as client:
         stats = client.get("/api/queries/step_stats")
@@ -280,7 +178,7 @@ def test_serve_over_an_object_store(s3, tmp_path, monkeypatch):
         assert refused.status_code == 400
         before = client.get("/metrics")
         assert before.status_code == 200 and "tracedag_traces_built 6" in before.text
-        _run("score", "--data", url, "--work-dir", str(tmp_path / "b"))  # another writer publishes scores
+        _in_process("score", "--data", url, "--work-dir", str(tmp_path / "b"))  # another writer publishes scores
         after = client.get("/metrics")
         assert after.status_code == 200 and "tracedag_traces_built 6" in after.text
         scored = client.post("/api/sql", json={"sql": "select count(distinct span_id) as n from step_scores"})
