@@ -122,6 +122,8 @@ def test_a_crash_during_a_build_makes_the_next_plan_a_full_one(tmp_path, monkeyp
 
 @pytest.mark.parametrize("seed", range(12))
 def test_rounds_over_files_in_any_order_build_what_one_full_build_does(tmp_path, seed):
+    """Spans of 6 traces in random order, in files of 1-4 spans, 1-3 files new to each round (a round sees one
+    file or several: 2-9 rounds per seed, 61 in all), some arrivals long past."""
     rng = random.Random(seed)
     now = time.time_ns()
     rows = []
@@ -133,10 +135,13 @@ def test_rounds_over_files_in_any_order_build_what_one_full_build_does(tmp_path,
     rng.shuffle(rows)
     live, whole = tmp_path / "live", tmp_path / "whole"
     while rows:
-        k = rng.randint(1, 4)
-        write_spans(live, rows[:k])
-        write_spans(whole, rows[:k])
-        rows = rows[k:]
+        for _ in range(rng.randint(1, 3)):
+            if not rows:
+                break
+            k = rng.randint(1, 4)
+            write_spans(live, rows[:k])
+            write_spans(whole, rows[:k])
+            rows = rows[k:]
         build_store(live, idle_seconds=0)
     build_store(whole, idle_seconds=0, full=True)
     assert _nodes(live) == _nodes(whole)
