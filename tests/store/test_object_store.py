@@ -82,7 +82,7 @@ def test_a_writer_id_belongs_to_one_work_directory(s3, tmp_path):
     dump.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{
         "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "root",
         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}]}]}]}))
-    _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w1"), "--writer-id", "x")
+    _in_process("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w1"), "--writer-id", "x")
     second = _run("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w2"), "--writer-id", "x",
                   check=False)
     assert second.returncode != 0
@@ -192,7 +192,7 @@ def test_a_command_whose_upload_fails_says_so_and_keeps_the_files(s3, tmp_path):
         "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "root",
         "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001000000000"}]}]}]}))
     work = tmp_path / "w"
-    _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x")
+    _in_process("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x")
     s3.kill()
     again = _run("ingest", str(dump), "--data", url, "--work-dir", str(work), "--writer-id", "x", check=False)
     assert again.returncode != 0 and "Traceback" not in again.stderr, again.stderr

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the SeaweedFS of s3)
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.manifests import ACCEPT_LOSS, KeepLocal, newest_manifest, publish, read_listing
 from tracedag.pipeline.store.remote import attach, open_remote
@@ -146,7 +147,8 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def test_the_issue_on_s3_ingest_after_the_bucket_was_wiped_and_made_again(s3, tmp_path):
     url, work = f"s3://{s3.bucket}/p", tmp_path / "w"
     dump = _dump(tmp_path / "spans.json")
-    _run("ingest", str(dump), "--data", url, "--work-dir", str(work))
+    first = CliRunner().invoke(cli, ["ingest", str(dump), "--data", url, "--work-dir", str(work)])  # in this process
+    assert first.exit_code == 0, first.output
     fs = s3.filesystem()
     fs.rm(s3.bucket, recursive=True)  # the bucket wiped and made again
     s3.make_bucket(s3.bucket)
