@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -86,9 +87,16 @@ def _root_causes(data: Path) -> dict[str, dict[str, object]]:
     return {str(r["conversation_id"]): r for r in json.loads(out.output)}
 
 
+@pytest.fixture(scope="module")
+def travel_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The travel store, recorded, built and scored once for the module: tests write checks into a copy."""
+    return _travel_store(tmp_path_factory.mktemp("travel") / "travel")
+
+
 @pytest.fixture(name="travel_data")
-def travel_data_fixture(tmp_path: Path) -> Path:
-    return _travel_store(tmp_path / "travel")
+def travel_data_fixture(travel_built: Path, tmp_path: Path) -> Path:
+    """A private copy of the travel store (``confirm`` and ``write_checks`` write into it)."""
+    return Path(shutil.copytree(travel_built, tmp_path / "travel", symlinks=True))
 
 
 def test_callable_agent_root_cause_confirmed_and_decoy_refuted(travel_data: Path) -> None:
@@ -168,8 +176,20 @@ def _booking_store(data: Path) -> Path:
     return _record(data, "court-booking-agent", hold)
 
 
-def test_example_agent_calendar_fault_confirmed(tmp_path: Path) -> None:
-    data = _booking_store(tmp_path / "booking")
+@pytest.fixture(scope="module")
+def booking_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The booking store (b-pass, b-fail), recorded, built and scored once for the module."""
+    return _booking_store(tmp_path_factory.mktemp("booking") / "booking")
+
+
+@pytest.fixture(name="booking_data")
+def booking_data_fixture(booking_built: Path, tmp_path: Path) -> Path:
+    """A private copy of the booking store (``confirm`` writes its checks and runs into it)."""
+    return Path(shutil.copytree(booking_built, tmp_path / "booking", symlinks=True))
+
+
+def test_example_agent_calendar_fault_confirmed(booking_data: Path) -> None:
+    data = booking_data
     before = _root_causes(data)
     assert set(before) == {"b-fail"}
     assert before["b-fail"]["root_step_name"] == "calendar_search"
@@ -182,10 +202,10 @@ def test_example_agent_calendar_fault_confirmed(tmp_path: Path) -> None:
     assert _root_causes(data)["b-fail"]["confirmed"] == "confirmed"
 
 
-def test_demo_confirm_line(tmp_path: Path) -> None:
+def test_demo_confirm_line(booking_data: Path) -> None:
     from tracedag.pipeline.demo.confirm_example import DEMO_CONFIRM_DIR, confirm_line, demo_confirm
 
-    data = _booking_store(tmp_path / "booking")
+    data = booking_data
     counts = demo_confirm(data, times=2)
     assert counts == {"confirm_checked": 1, "confirm_times": 2, "confirm_confirmed": 1, "confirm_refuted": 0,
                       "confirm_inconclusive": 0}
