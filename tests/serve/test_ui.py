@@ -116,42 +116,50 @@ def demo_store(demo_newcomer: DemoRun, tmp_path_factory: pytest.TempPathFactory)
     return private_demo(demo_newcomer, tmp_path_factory.mktemp("serve-demo") / "newcomer").data
 
 
-def test_the_agent_graph_draws_utility_as_sizes_and_widths(browser: Any, demo_store: Path) -> None:
+@pytest.fixture(scope="module")
+def demo_server(demo_store: Path) -> Iterator[Server]:
+    """One ``tracedag serve`` of the demo's store for the tests that read it (each only reads)."""
+    with running_server(demo_store) as s:
+        yield s
+
+
+def test_the_agent_graph_draws_utility_as_sizes_and_widths(browser: Any, demo_store: Path,
+                                                           demo_server: Server) -> None:
     nodes = run_named(demo_store, "node_utility", {}).to_pylist()
     edges = run_named(demo_store, "edge_utility", {}).to_pylist()
-    with running_server(demo_store) as s:
-        page = browser.new_page()
-        page.goto(s.url + "/")
-        page.click("nav a[data-view=agents]")
-        page.wait_for_selector("#agraph[data-agent]", timeout=20_000)
-        key = page.get_attribute("#agraph", "data-agent")
-        mine = [n for n in nodes if f"{n['agent']} {n['agent_version']}" == key]
-        names = {n["node"] for n in mine}
-        mine_edges = [e for e in edges if f"{e['agent']} {e['agent_version']}" == key
-                      and e["source"] in names and e["target"] in names]
-        assert page.evaluate("window.tracedagAgentCy.nodes().length") == len(mine) > 0
-        assert page.evaluate("window.tracedagAgentCy.edges().length") == len(mine_edges) > 0
-        widest = page.evaluate("(() => { const e = window.tracedagAgentCy.edges().max(x => x.data('width')).ele;"
-                               " return [e.data('source'), e.data('target')]; })()")
-        top = max(e["conversation_share"] for e in mine_edges)
-        assert any([e["source"], e["target"]] == widest and e["conversation_share"] == top for e in mine_edges)
+    page = browser.new_page()
+    page.goto(demo_server.url + "/")
+    page.click("nav a[data-view=agents]")
+    page.wait_for_selector("#agraph[data-agent]", timeout=20_000)
+    key = page.get_attribute("#agraph", "data-agent")
+    mine = [n for n in nodes if f"{n['agent']} {n['agent_version']}" == key]
+    names = {n["node"] for n in mine}
+    mine_edges = [e for e in edges if f"{e['agent']} {e['agent_version']}" == key
+                  and e["source"] in names and e["target"] in names]
+    assert page.evaluate("window.tracedagAgentCy.nodes().length") == len(mine) > 0
+    assert page.evaluate("window.tracedagAgentCy.edges().length") == len(mine_edges) > 0
+    widest = page.evaluate("(() => { const e = window.tracedagAgentCy.edges().max(x => x.data('width')).ele;"
+                           " return [e.data('source'), e.data('target')]; })()")
+    top = max(e["conversation_share"] for e in mine_edges)
+    assert any([e["source"], e["target"]] == widest and e["conversation_share"] == top for e in mine_edges)
+    page.close()
 
 
-def test_the_determinism_tab_lists_each_scenario(browser: Any, demo_store: Path) -> None:
+def test_the_determinism_tab_lists_each_scenario(browser: Any, demo_store: Path, demo_server: Server) -> None:
     rows = run_named(demo_store, "determinism", {}).to_pylist()
     assert rows
-    with running_server(demo_store) as s:
-        page = browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(s.url + "/")
-        page.click("nav a[data-view=determinism]")
-        page.wait_for_function(f"document.querySelectorAll('#det tbody tr').length === {len(rows)}", timeout=20_000)
-        assert page.is_visible("#determinism") and not page.is_visible("#list")
-        headers = page.locator("#det thead th").all_inner_texts()
-        assert "scenario_id" in headers or any("scenario" in h for h in headers)
-        assert str(rows[0][next(h for h in headers if "scenario" in h)]) in page.inner_text("#det tbody")
-        assert errors == []
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(demo_server.url + "/")
+    page.click("nav a[data-view=determinism]")
+    page.wait_for_function(f"document.querySelectorAll('#det tbody tr').length === {len(rows)}", timeout=20_000)
+    assert page.is_visible("#determinism") and not page.is_visible("#list")
+    headers = page.locator("#det thead th").all_inner_texts()
+    assert "scenario_id" in headers or any("scenario" in h for h in headers)
+    assert str(rows[0][next(h for h in headers if "scenario" in h)]) in page.inner_text("#det tbody")
+    assert errors == []
+    page.close()
 
 
 def test_the_demo_keeps_its_gate_report(demo_store: Path) -> None:
