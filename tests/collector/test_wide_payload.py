@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -25,12 +26,42 @@ ATTRIBUTES = 1_000_000
 SPANS, EVENTS = 10_000, 100
 
 
+def int_attributes(count: int) -> bytes:
+    """The wire bytes of ``count`` ``Span.attributes`` entries k0=0 .. k{count-1}=count-1 (field 9, each a
+    KeyValue of a string key and an AnyValue int_value): the bytes protobuf writes for them (see
+    test_int_attributes_are_what_protobuf_writes), built column-wise in ~0.3 s instead of 2M messages in ~4 s."""
+    chunks = []
+    for digits in range(1, len(str(max(count - 1, 0))) + 1):
+        low, high = (0 if digits == 1 else 10 ** (digits - 1)), min(10 ** digits, count)
+        for width, (vlow, vhigh) in enumerate(((0, 1 << 7), (1 << 7, 1 << 14), (1 << 14, 1 << 21)), start=1):
+            i = np.arange(max(low, vlow), min(high, vhigh), dtype=np.int64)
+            if not len(i):
+                continue
+
+            def const(byte: int, i: np.ndarray = i) -> np.ndarray:
+                return np.full(len(i), byte)
+
+            key = [const(ord("k"))] + [(i // 10 ** p) % 10 + ord("0") for p in range(digits - 1, -1, -1)]
+            varint = [((i >> (7 * b)) & 0x7F) | (0x80 if b < width - 1 else 0) for b in range(width)]
+            value = [const(0x18), *varint]  # AnyValue.int_value (field 3, varint)
+            kv = [const(0x0A), const(len(key)), *key, const(0x12), const(len(value)), *value]  # key 1, value 2
+            entry = [const(0x4A), const(len(kv)), *kv]  # Span.attributes (field 9)
+            chunks.append(np.stack(entry, axis=1).astype(np.uint8).tobytes())
+    return b"".join(chunks)
+
+
 @pytest.fixture(scope="module")
 def attrs_body() -> bytes:
     """One span with 1M attributes and one normal span."""
-    wide = make_span(0, name="wide")
-    wide.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(ATTRIBUTES))
+    wide = Span.FromString(make_span(0, name="wide").SerializeToString() + int_attributes(ATTRIBUTES))
     return make_request([wide, make_span(1, name="normal-a")]).SerializeToString()
+
+
+def test_int_attributes_are_what_protobuf_writes():
+    for count in (0, 1, 10, 127, 128, 129, 16_383, 16_384, 20_000):
+        wide = make_span(0, name="wide")
+        wide.attributes.extend(KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(count))
+        assert make_span(0, name="wide").SerializeToString() + int_attributes(count) == wide.SerializeToString()
 
 
 @pytest.fixture(scope="module")
