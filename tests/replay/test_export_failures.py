@@ -20,12 +20,20 @@ def source(tmp_path_factory):
     return example_store(tmp_path_factory.mktemp("src") / "data", {"c-book": BOOKING_TURNS})
 
 
-@pytest.fixture
-def refusing(tmp_path):
-    """A real collector whose body limit is below any span batch: it answers, and refuses every export."""
-    proc, http_port, _ = start_process(tmp_path / "collected", "--max-body", "100")
-    yield f"http://127.0.0.1:{http_port}", tmp_path / "collected"
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory):
+    """A real collector whose body limit is below any span batch: it answers, and refuses every export (one
+    for the module: what it refused leaves nothing behind, so the tests that use it cannot see each other)."""
+    collected = tmp_path_factory.mktemp("refusing") / "collected"
+    proc, http_port, _ = start_process(collected, "--max-body", "100")
+    yield f"http://127.0.0.1:{http_port}", collected
     stop_process(proc, signal.SIGTERM)
+
+
+DEAD = {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2"}
+"""The OTLP exporter's own timeout (the standard variable) for a run towards a port nobody listens on: its
+probe retries a refused connection after 1, 2, 4 s within the timeout (10 s by default, ~7 s of waiting);
+within 2 s it still retries once, after 1 s, and gives up as it would after 10."""
 
 
 def _dead_endpoint():
@@ -43,7 +51,7 @@ def _copy(source, tmp_path):
 def test_replay_to_a_collector_that_is_down_runs_nothing(source, tmp_path):
     data = _copy(source, tmp_path)
     endpoint = _dead_endpoint()
-    res = run_tracedag("replay", "--data", data, "--agent", "example", "--endpoint", endpoint)
+    res = run_tracedag("replay", "--data", data, "--agent", "example", "--endpoint", endpoint, env=DEAD)
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"the collector at {endpoint} does not accept spans" in res.stderr
     assert "nothing was run, nothing was stored" in res.stderr and "Traceback" not in res.stderr
@@ -62,7 +70,7 @@ def test_replay_whose_spans_the_collector_refuses_says_nothing_was_stored(source
 
 def test_simulate_to_a_collector_that_is_down_or_refusing_exits_1(refusing):
     dead = _dead_endpoint()
-    down = run_tracedag("simulate", "--endpoint", dead, "--replays", "1", "--variants", "0")
+    down = run_tracedag("simulate", "--endpoint", dead, "--replays", "1", "--variants", "0", env=DEAD)
     assert down.returncode == 1 and f"the collector at {dead} does not accept spans" in down.stderr, \
         down.stdout + down.stderr
     endpoint, _ = refusing
@@ -74,7 +82,7 @@ def test_simulate_to_a_collector_that_is_down_or_refusing_exits_1(refusing):
 def test_simulated_users_to_a_collector_that_is_down_exit_1(tmp_path):
     dead = _dead_endpoint()
     res = run_tracedag("simulate", "--agent", "example", "--graph", "example", "--persona", "terse",
-                       "--endpoint", dead)
+                       "--endpoint", dead, env=DEAD)
     assert res.returncode == 1 and "nothing was run, nothing was stored" in res.stderr, res.stdout + res.stderr
 
 
