@@ -173,6 +173,8 @@ class ObjectCache:
 
     def _prefetch_one(self, entry: Entry, fetch: Fetch) -> None:
         try:
+            # queued before the read that triggered it reached ``open``: the cache directory may not exist yet
+            self.root.mkdir(parents=True, exist_ok=True)
             fd = self._fetch_whole(entry, fetch)
             if fd is not None:
                 os.close(fd)

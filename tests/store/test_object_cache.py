@@ -612,6 +612,23 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     assert _evict_elsewhere(cache) == len(copies) and _entries(cache) == []
 
 
+def test_a_prefetch_that_runs_before_any_read_makes_the_cache_directory(s3m, tmp_path):
+    """A prefetch queued before the read that triggered it reached ``open`` (which made the cache's directory)
+    stores its copy all the same: it once failed there, and the next read fetched the object again."""
+    body = _parquet(list(range(500)))
+    path = f"{s3m.bucket}/p/tables/t/w--part-0.parquet"
+    s3m.filesystem().pipe_file(path, body)
+    fs = reading_filesystem(s3m.filesystem())
+    assert not (tmp_path / "cache").exists()
+    entry = fs.entry(path)
+    fs.cache.prefetch(entry, fs._fetcher(entry))
+    deadline = time.monotonic() + 30
+    while fs.cache.counters.prefetched < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fs.cache.counters.prefetched == 1 and [p.name for p in _entries(tmp_path / "cache")] == [entry.copy_name]
+    assert _blob(fs, path) == body and fs.cache.counters.fills == 1  # read from the prefetched copy
+
+
 def test_opening_one_file_of_a_view_fetches_the_others_whole_in_the_background(s3m, tmp_path):
     """A view's files are scanned one after the other: opening the first starts the GETs of the others, so
     their opens find them fetched (or wait for the GET under way) instead of each making its own in turn."""
