@@ -107,7 +107,9 @@ class Collector:
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0",
                "--grpc-port", "0", "--data", str(data), "--build", "--build-interval", str(interval), *extra]
         env = {**os.environ, "PYTHONPATH": tree} if tree else None  # tree: a directory holding another tracedag/
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        log = os.environ.get("LIVE_COLLECTOR_LOG")  # a file the collectors' logs are appended to (default: dropped)
+        err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (the process outlives this call)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             m = re.search(r"http_port=(\d+)", line)

@@ -5,13 +5,13 @@ The only module that imports both ``tracedag.collector`` (the request path) and 
 the spool converters (child processes, or a thread) and, with ``build``, the live analysis: every
 ``build_interval`` seconds the complete traces are built and their steps scored (rules and the
 evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
-named queries compute it from their SQL). The named queries' results are stored
-(``score.materialize``) a part of ``materialize_part`` traces at a time, by a round that built nothing
-and, under continuous load, every ``materialize_interval`` seconds, not by every round: storing them
-costs several times a round's build and rules (the queries' planning and scans), whatever its size; and
-never more than a part a round, so a round that catches up on a backlog holds the next traces back a
-bounded time. A configured LLM judge grades
-in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
+named queries compute it from their SQL until it is stored). The named queries' results are stored
+(``score.live_store``) by a thread of its own, beside the round loop: each pass takes whatever was scored
+since the last (a part of at most ``materialize_part`` traces, whole conversations), copies those traces'
+rows between two rounds under the scorer's lock, computes the results without a lock, and writes them under
+that lock; storing costs a fixed ~1-2 s of CPU a pass whatever its size, which inside the loop held every
+later trace back. A failing pass is logged and retried with a growing pause (``Backoff``). A configured LLM
+judge grades in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
 It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
 everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
 requests, seal, convert what is left, release the store).
@@ -40,6 +40,7 @@ from tracedag.schemas.layout import JUDGE_LOCK, state_file
 if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' process stays small
     from tracedag.pipeline.ingest.segments import SpoolConverter
     from tracedag.pipeline.score import JudgeConfig
+    from tracedag.pipeline.score.live_store import LiveStore
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ class CollectorConfig(ReceiverConfig):
     build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
     build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
-    materialize_interval: float = 60.0  # under continuous load, store a part of the named queries' results this often
-    materialize_part: int = 2_000  # traces (whole conversations) a round stores at most (a round that built nothing too)
+    materialize_interval: float = 60.0  # no longer used: the results are stored by a thread of their own, as scored
+    materialize_part: int = 2_000  # traces (whole conversations) one pass of the store copies at most (its copy holds
+    # the rounds back: ~0.3 s of CPU per 1,000 traces; a smaller part leaves a backlog the polls compute from the SQL)
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0
     publish_interval: float = 1.0  # with an object store: upload new files and publish a manifest this often
@@ -99,6 +101,23 @@ class RoundFailures:
             self.text, self.count = None, 0
 
 
+class Backoff:
+    """The pause before a failed loop's next try: ``first`` seconds, doubled each failure in a row up to ``most``,
+    back to none once it works."""
+
+    def __init__(self, first: float = 1.0, most: float = 30.0) -> None:
+        self.first, self.most = first, most
+        self.pause = 0.0
+
+    def failed(self) -> float:
+        """One more failure: return the pause before the next try."""
+        self.pause = min(self.most, self.pause * 2 if self.pause else self.first)
+        return self.pause
+
+    def succeeded(self) -> None:
+        self.pause = 0.0
+
+
 class RunningCollector:
     """A started collector; see ``start_collector``."""
 
@@ -116,10 +135,12 @@ class RunningCollector:
         self._converter: SpoolConverter | None = None
         self._child: ConverterProcess | None = None
         self._stopped = False
-        self._scored_once = False
         self._last_gc = 0.0
-        self._last_materialized = time.monotonic()
-        self._unmaterialized = True  # a scored trace may lack stored results (at start: a store left so, too)
+        # the round loop holds it from a build to its scoring: between rounds every build is scored
+        self._round_lock = threading.Lock()
+        self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
+        self._scored = threading.Event()  # a round scored something: the store has work
+        self._store: LiveStore | None = None
 
     @property
     def http_port(self) -> int:
@@ -148,7 +169,9 @@ class RunningCollector:
             self._converter = _spool_converter(self.data, cfg.spool_retention)
             self._spawn("spool-converter", self._convert_loop)
         if cfg.build:
+            _load_stages()  # here, not in the two threads at once (a package imported by two threads half-exists)
             self._spawn("live-analysis", self._analysis_loop)
+            self._spawn("live-store", self._store_loop)
         if cfg.build and cfg.judge is not None:
             self._spawn("live-judge", self._judge_loop)
         if remote_of(self.data) is not None:
@@ -192,43 +215,91 @@ class RunningCollector:
         from tracedag.pipeline.store.gc import GcSettings
 
         cfg = self.config
-        # superseded rows and small files are collected every LIVE_GC_SECONDS, not every round
-        gc_due = time.monotonic() - self._last_gc >= LIVE_GC_SECONDS
-        built = build_store(self.data, idle_seconds=cfg.build_idle_seconds, grace_seconds=cfg.build_grace_seconds,
-                            gc=None if gc_due else GcSettings(enabled=False))
-        if gc_due and built.traces_built:
-            self._last_gc = time.monotonic()
-        if built.traces_built or not self._scored_once:
-            # rules and evaluations: no network, seconds behind the build, reading what it just wrote
-            score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
-                                                    built.received_from, materialize=False))
-            self._scored_once = True
-            self._unmaterialized = True
-        if self._materialize_due(built.traces_built):
-            self.materialize_once()
+        with self._round_lock:
+            leftover = self._unscored  # the first round, or one that failed between its build and its scoring
+            self._unscored = True  # until this round's build is scored: the store copies nothing meanwhile
+            # superseded rows and small files are collected every LIVE_GC_SECONDS, not every round
+            gc_due = time.monotonic() - self._last_gc >= LIVE_GC_SECONDS
+            built = build_store(self.data, idle_seconds=cfg.build_idle_seconds,
+                                grace_seconds=cfg.build_grace_seconds, gc=None if gc_due else GcSettings(enabled=False))
+            if gc_due and built.traces_built:
+                self._last_gc = time.monotonic()
+            if built.traces_built or leftover:
+                # rules and evaluations: no network, seconds behind the build, reading what it just wrote
+                score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
+                                                        built.received_from, materialize=False))
+            self._unscored = False
+        if built.traces_built or leftover:
+            self._scored.set()
         return built.traces_built
 
-    def _materialize_due(self, built: int) -> bool:
-        """Whether this round stores the named queries' results: something is left and the round built nothing
-        (the collector keeps up) or the last time was ``materialize_interval`` seconds ago."""
-        if not self._unmaterialized:
-            return False
-        return not built or time.monotonic() - self._last_materialized >= self.config.materialize_interval
-
-    def materialize_once(self, whole: bool = False) -> int:
-        """Store the named queries' results of a part of about ``materialize_part`` traces whose latest build has none
-        (a bounded time for the loop; ``whole``: all of them); return how many traces."""
+    def store_once(self) -> int:
+        """One pass of the store (``score.live_store``): the first part of the scored traces without stored results,
+        copied between two rounds under the scorer's lock, computed without a lock, written under it; return the
+        traces stored (0: none waits, or a round has yet to score its build). Every part, when the SQL or the human
+        labels changed since the last stored round (``materialize``, under the scorer's lock)."""
+        from tracedag.pipeline.score.live_store import LiveStore
         from tracedag.pipeline.score.runner import materialize_later
+        from tracedag.pipeline.score.writes import score_lock
 
-        limit = None if whole else self.config.materialize_part
-        # the traces scored since are among those without state rows: materialize_later finds them itself
-        stats = materialize_later(self.data, [], limit)
-        self._last_materialized = time.monotonic()
-        if stats is None:  # failed (logged): the traces are still without state rows, the next time retries
+        if self._store is None:
+            self._store = LiveStore(self.data, self.config.materialize_part)
+        t0 = time.perf_counter()
+        with self._round_lock:
+            if self._unscored:
+                return 0
+            with score_lock(self.data):
+                copied = self._store.copy()
+        if copied.full:
+            with self._round_lock:  # every trace again, in parts: rare (new SQL or labels), holds the rounds back
+                stats = materialize_later(self.data, [], None)
+            return 0 if stats is None else int(stats.traces)
+        if copied.state is None:
             return 0
-        # a bounded part may leave traces without state rows: a later round stores them
-        self._unmaterialized = limit is not None and stats.traces >= limit
-        return int(stats.traces)
+        t1 = time.perf_counter()
+        results = self._store.compute(copied)
+        if self._stop.is_set():
+            return 0  # nothing written: the part stays without state rows, the next pass or collector stores it
+        t2 = time.perf_counter()
+        with score_lock(self.data):
+            stats = self._store.write(copied, results)
+        logger.info("stored the named queries' results of %d traces%s: copied in %.2fs (the rounds held), computed "
+                    "in %.2fs, written in %.2fs", stats.traces, " (more wait)" if copied.more else "", t1 - t0,
+                    t2 - t1, time.perf_counter() - t2)
+        if copied.more:
+            self._scored.set()  # more waits: the next pass at once
+        return stats.traces
+
+    def materialize_once(self) -> int:
+        """Store every part waiting now (``store_once`` until none waits); return the traces stored."""
+        done = 0
+        while n := self.store_once():
+            done += n
+        return done
+
+    def _store_loop(self) -> None:
+        failures = RoundFailures("storing the named queries' results failed (they compute from their SQL meanwhile)")
+        backoff = Backoff()
+        try:
+            while not self._stop.is_set():
+                self._scored.clear()
+                try:
+                    self.store_once()
+                except Exception as exc:
+                    if self._stop.is_set():
+                        return  # interrupted by stop(): nothing of the part is written
+                    failures.failed(exc)
+                    if self._stop.wait(backoff.failed()):
+                        return
+                    continue
+                failures.succeeded()
+                backoff.succeeded()
+                while not self._scored.wait(0.5):
+                    if self._stop.is_set():
+                        return
+        finally:
+            if self._store is not None:
+                self._store.close()
 
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval
@@ -304,6 +375,9 @@ class RunningCollector:
         self._stopped = True
         self.receivers.stop(grace_seconds)
         self._stop.set()
+        self._scored.set()
+        if self._store is not None:
+            self._store.interrupt()  # a pass computing stops here (nothing of it is written)
         for thread in self._threads:
             thread.join(grace_seconds + 30)
         if self._child is not None:
@@ -328,6 +402,14 @@ def _file_went_away(exc: BaseException) -> bool:
     """True for a read that listed a Parquet file which a compaction then removed."""
     text = str(exc)
     return isinstance(exc, FileNotFoundError) or "Cannot open file" in text or "No such file" in text
+
+
+def _load_stages() -> None:
+    """Import the modules the live analysis and its store run (``analyze_once``, ``store_once``)."""
+    import tracedag.pipeline.dag
+    import tracedag.pipeline.score.live_store
+    import tracedag.pipeline.score.runner
+    import tracedag.pipeline.store.gc  # noqa: F401
 
 
 def _spool_converter(data: Path, retention: float) -> SpoolConverter:

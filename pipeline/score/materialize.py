@@ -230,12 +230,22 @@ def _label(name: str, per: str | None) -> str:
 
 def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: str | None, round_ns: int) -> int:
     """Run ``name`` with its defaults (and ``per``) over the restricted views; write its rows; return how many."""
+    return write_rows(data, name, result_rows(con, name, per, round_ns))
+
+
+def result_rows(con: duckdb.DuckDBPyConnection, name: str, per: str | None, round_ns: int) -> pa.Table:
+    """``name``'s rows with its defaults (and ``per``) over ``con``'s views, with the build of each trace (the
+    registered ``__tracedag_mat_builds``) and the round, as stored."""
     given = {} if per is None else {"per": per}
     values = bind_params(queries.describe(name), given)
     extra = f", cast('{per}' as varchar) as per" if per is not None else ""
     sql = (f"select r.*, b.build_id, cast({round_ns} as bigint) as mat_round{extra} "
            f"from ({queries.load(name).strip().rstrip(';')}) r join __tracedag_mat_builds b using (trace_id)")
-    rows = to_arrow(con.sql(sql, params=values))
+    return to_arrow(con.sql(sql, params=values))
+
+
+def write_rows(data: Path, name: str, rows: pa.Table) -> int:
+    """Write ``name``'s stored ``rows`` (``result_rows``) as one file of its table; return how many."""
     directory = table_dir(data, mat.table_name(name))
     schema_file = directory / f"{mat.SCHEMA_STEM}.parquet"
     if not schema_file.exists() or not pq.read_schema(schema_file).equals(rows.schema, check_metadata=False):

@@ -59,9 +59,11 @@ def _original(text: str, name: str) -> str:
     return found.group(0).replace(f"macro {name}(", f"macro {KEPT}{name}(", 1)
 
 
-def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hops: int) -> None:
-    """Keep ``name``'s rows within each trace; the macro reads them, and runs the original across turns."""
-    con.execute(f"create or replace temp table {KEPT}{name}_rows as from {name}({threshold!r}, {IDS}, {hops}, false)")
+def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hops: int, source: str | None = None) -> None:
+    """Keep ``name``'s rows within each trace (computed by the macro ``source``, ``name`` itself by default); the
+    macro reads them, and runs the original across turns."""
+    con.execute(f"create or replace temp table {KEPT}{name}_rows as "
+                f"from {source or name}({threshold!r}, {IDS}, {hops}, false)")
     con.execute(
         f"create or replace macro {name}{_GRAPH} as table "
         f"select * from {KEPT}{name}_rows where not p_across_turns and trace_id in (select unnest(p_trace_ids)) "
@@ -81,18 +83,53 @@ def share(con: duckdb.DuckDBPyConnection) -> bool:
     con.execute(text)  # the originals (a part before this one left them replaced)
     for name in ("failure_dag", "failure_dag_roots"):
         con.execute(_original(text, name))
-    con.execute(f"create or replace temp table {KEPT}failure_steps_rows as from failure_steps({threshold!r}, {IDS})")
-    con.execute(f"create or replace macro {_STEPS} as table select * from {KEPT}failure_steps_rows "
-                f"where trace_id in (select unnest(p_trace_ids)) and {_guard('p_fail_threshold', threshold)}")
+    _keep_steps(con, threshold, "failure_steps")
     for name in ("failure_dag", "failure_dag_roots"):  # in this order: the roots read the kept graph
         _keep_graph(con, name, threshold, hops)
+    return True
+
+
+def _keep_steps(con: duckdb.DuckDBPyConnection, threshold: float, source: str) -> None:
+    """Keep ``failure_steps``' rows of every trace (computed by the macro ``source``) and make the macro read them."""
+    con.execute(f"create or replace temp table {KEPT}failure_steps_rows as from {source}({threshold!r}, {IDS})")
+    con.execute(f"create or replace macro {_STEPS} as table select * from {KEPT}failure_steps_rows "
+                f"where trace_id in (select unnest(p_trace_ids)) and {_guard('p_fail_threshold', threshold)}")
+
+
+_GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
+
+
+def keep_originals(con: duckdb.DuckDBPyConnection) -> bool:
+    """For a connection kept across rounds (``score.live_store``): make the three originals once under the names
+    ``__tracedag_shared_<name>``, so that each round's ``reshare`` computes the kept rows from them without making
+    every macro of ``_failure_graph.sql`` again (``share``'s fixed cost). False when the stored queries' defaults
+    differ (nothing is shared then)."""
+    if _defaults() is None:
+        return False
+    text = queries.load(MACROS)
+    for name in _GRAPH_MACROS:
+        con.execute(_original(text, name))
+    return True
+
+
+def reshare(con: duckdb.DuckDBPyConnection) -> bool:
+    """``share`` on a connection ``keep_originals`` prepared, kept shared between rounds: the kept rows again over
+    ``con``'s views now, each computed by its original (the originals call the macros before them in the graph by
+    name, which read the rows just kept), the macros made to read them. False when nothing is shared."""
+    found = _defaults()
+    if found is None:
+        return False
+    threshold, hops = found
+    _keep_steps(con, threshold, f"{KEPT}failure_steps")
+    for name in _GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph
+        _keep_graph(con, name, threshold, hops, source=f"{KEPT}{name}")
     return True
 
 
 def unshare(con: duckdb.DuckDBPyConnection) -> None:
     """Make the original macros again and drop the kept rows."""
     con.execute(queries.load(MACROS))
-    for name in ("failure_steps", "failure_dag", "failure_dag_roots"):
+    for name in _GRAPH_MACROS:
         con.execute(f"drop table if exists {KEPT}{name}_rows")
 
 

@@ -151,92 +151,92 @@ def _round_with_a_trace(c) -> str:
     return trace
 
 
-def test_busy_live_rounds_leave_the_stored_results_to_a_round_that_built_nothing(tmp_path):
-    """Issue #31: storing the named queries' results costs a live round several times its build and rules, so a
-    round that built traces only scores them; their root causes are queryable at once (from the SQL), and the
-    first round that built nothing stores the results of every round before it."""
+def test_rounds_only_build_and_score_and_the_store_stores_what_they_scored(tmp_path):
+    """Issue #31: storing the named queries' results costs a fixed second or two whatever its size, so a live round
+    only builds and scores; its root causes are queryable at once (from the SQL), and a pass of the store (its own
+    thread when the collector runs) stores every trace scored since the last pass, at once."""
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
                                         build_grace_seconds=0.3))
     try:
         first = _round_with_a_trace(c)
         second = _round_with_a_trace(c)
         assert {first, second} <= set(_root_causes(c.data)) and _root_causes(c.data)[second] == "get_weather"
-        assert not {first, second} & _state(c.data)  # neither busy round stored results
+        assert not {first, second} & _state(c.data)  # neither round stored results
         _sql_answers_equal(c.data)
-        assert c.analyze_once() == 0  # nothing new: this round catches up
+        assert c.store_once() == 2  # both rounds' traces, in one pass
         assert {first, second} <= _state(c.data)
         _sql_answers_equal(c.data)  # read from the stored rows now
-        assert c.analyze_once() == 0 and c.materialize_once() == 0  # nothing left to store
+        assert c.store_once() == 0  # nothing left to store
+        third = _round_with_a_trace(c)
+        assert c.store_once() == 1 and third in _state(c.data)
+        _sql_answers_equal(c.data)
     finally:
         c.stop(2)
 
 
-def test_a_round_that_built_nothing_stores_a_bounded_part_of_a_backlog_and_the_next_ones_the_rest(tmp_path):
-    """A backlog left by busy rounds is stored ``materialize_part`` traces a round, not all at once: a trace
-    arriving meanwhile waited for the whole backlog to be stored (17k traces after a 20 s burst at 10k spans/s:
-    tens of seconds of the loop)."""
+def test_a_pass_stores_a_bounded_part_of_a_backlog_and_the_next_ones_the_rest(tmp_path):
+    """A pass copies at most ``materialize_part`` traces (whole conversations): the copy holds the rounds back."""
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
                                         build_grace_seconds=0.3, materialize_part=1))
     try:
         first = _round_with_a_trace(c)
-        assert first not in _state(c.data)  # busy: stored later (the interval is 60 s)
-        assert c.analyze_once() == 0 and _state(c.data) == {first}  # the store's first stored round
+        assert first not in _state(c.data)
+        assert c.store_once() == 1 and _state(c.data) == {first}  # the store's first stored round
         endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
         left = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two more conversations of one turn
         c.flush()
         time.sleep(0.6)
         assert c.analyze_once() == 2 and not left & _state(c.data)
         stored = []
-        for _ in range(3):  # each round that builds nothing: one part of one trace
-            assert c.analyze_once() == 0
-            stored.append(len(_state(c.data)))
+        for _ in range(3):  # each pass: one part of one trace
+            stored.append(c.store_once())
             _sql_answers_equal(c.data)
-        assert stored == [2, 3, 3], stored
-        assert c.analyze_once() == 0 and c.materialize_once(whole=True) == 0  # nothing left
+        assert stored == [1, 1, 0], stored
+        assert _state(c.data) == {first} | left
     finally:
         c.stop(2)
 
 
-def test_under_continuous_load_a_round_stores_a_bounded_part_every_materialize_interval(tmp_path):
-    """A busy round whose interval has passed stores ``materialize_part`` traces (whole conversations), not the
-    whole backlog (that would hold the next rounds back); the first round that built nothing stores the rest."""
-    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=False,
-                                        build_grace_seconds=0.3, materialize_interval=0.0, materialize_part=1))
+def test_the_store_takes_no_build_before_it_is_scored(tmp_path):
+    """The state rows name the builds copied, so a pass must copy only scored builds: before the collector's first
+    round has scored what a build left unscored (an external ``tracedag build``, or a collector stopped between the
+    two), a pass stores nothing; after it, everything."""
+    from tracedag.pipeline.dag.build import build_store
+
+    data = tmp_path / "data"
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
     try:
-        assert _round_with_a_trace(c) in _state(c.data)  # the store's first stored round (a part of one trace)
-        endpoint = f"http://127.0.0.1:{c.http_port}/v1/traces"
-        traces = {_agent_trace(endpoint), _agent_trace(endpoint)}  # two conversations of one turn each
+        trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
         c.flush()
         time.sleep(0.6)
-        assert c.analyze_once() == 2  # built something, and the interval has passed: one part of one trace
-        assert len(_state(c.data) & traces) == 1
-        _sql_answers_equal(c.data)
-        assert c.analyze_once() == 0  # nothing new: the rest
-        assert _state(c.data) >= traces
-        _sql_answers_equal(c.data)
+    finally:
+        c.stop(2)
+    assert build_store(data, idle_seconds=120, grace_seconds=0.3).traces_built == 1  # built, not scored
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
+    try:
+        assert c.store_once() == 0 and not _state(data)  # the build is not scored yet
+        assert c.analyze_once() == 0  # nothing new to build: the first round scores what was left
+        assert c.store_once() == 1 and trace in _state(data)
+        _sql_answers_equal(data)
+        assert _root_causes(data)[trace] == "get_weather"
     finally:
         c.stop(2)
 
 
-def test_a_collector_started_on_a_store_left_unstored_stores_it_on_its_first_round_that_builds_nothing(tmp_path):
-    """The collector keeps no list of what it left unstored: a round that is due stores every trace whose latest
-    build has no stored results, so a store left so by a collector stopped under load (no idle round came) is
-    caught up by the next collector, and a later round catches up after a bounded part (previous test)."""
+def test_a_collector_started_on_a_store_left_unstored_stores_it(tmp_path):
+    """The collector keeps no list of what it left unstored: a pass stores every trace whose latest build has no
+    stored results, so a store left so by a collector stopped under load is caught up by the next collector."""
     data = tmp_path / "data"
     c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
     try:
         left = {_round_with_a_trace(c), _round_with_a_trace(c)}
     finally:
         c.stop(2)
-    assert not left & _state(data)  # stopped before any round that built nothing
-    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=False, build_grace_seconds=0.3))
-    try:
-        assert c.analyze_once() == 0  # the new collector's first round: nothing to build, the old rounds stored
-        assert left <= _state(data)
+    assert not left & _state(data)  # stopped before any pass
+    c = start_collector(CollectorConfig(data=data, http_port=0, grpc_port=0, build=True, build_interval=0.2,
+                                        build_grace_seconds=0.3))
+    try:  # its threads: the first round scores nothing new, the store's first pass stores both
+        wait_until(lambda: left <= _state(data), 60, "the store never stored what the last collector left")
         _sql_answers_equal(data)
-        again = _round_with_a_trace(c)  # a busy round: left for later, as before
-        assert again not in _state(data)
-        assert c.analyze_once() == 0 and again in _state(data)
-        assert c.materialize_once() == 0  # nothing left
     finally:
         c.stop(2)
