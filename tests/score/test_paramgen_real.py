@@ -6,13 +6,30 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rca_agents import DIALECTS, analyse_together, load_case, paramgen_cases
+from tests.rca_agents import DIALECTS, load_case, paramgen_cases, trace_ids
 from tests.score.test_columnar import assert_same_as_reference
 
 
 @pytest.fixture(scope="module")
 def cases():
     return paramgen_cases()
+
+
+@pytest.fixture(scope="module")
+def scored(cases, tmp_path_factory):
+    """Every case of every dialect in ONE store, built, then scored by score_store and checked against the
+    per-step reference (assert_same_as_reference): the store each test reads, with the scoring's counters."""
+    data = tmp_path_factory.mktemp("paramgen") / "data"
+    load_case(cases, data)
+    return data, assert_same_as_reference(data)
+
+
+@pytest.fixture(scope="module")
+def roots(scored):
+    """The store's root_causes rows (one per failed trace)."""
+    from tracedag.pipeline.store.querying import run_named
+
+    return run_named(scored[0], "root_causes").to_pylist()
 
 
 def _flagged(data):
@@ -27,12 +44,8 @@ def _flagged(data):
         con.close()
 
 
-def test_the_model_step_behind_each_rejected_call_fails_and_no_other(cases, tmp_path):
-    from tracedag.pipeline.score import score_store
-
-    load_case(cases, tmp_path / "data")
-    score_store(tmp_path / "data")
-    flagged = {r[0]: r for r in _flagged(tmp_path / "data")}
+def test_the_model_step_behind_each_rejected_call_fails_and_no_other(cases, scored):
+    flagged = {r[0]: r for r in _flagged(scored[0])}
     made_up = {c.root_span_id for c in cases if c.made_up}
     # recovered: the model's first call was rejected too (then corrected): flagged, and only that call
     recovered = {c.dialect: c for c in cases if c.name == "recovered"}
@@ -50,18 +63,18 @@ def test_the_model_step_behind_each_rejected_call_fails_and_no_other(cases, tmp_
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_the_model_step_is_the_root_cause_and_a_tool_fault_stays_the_tools(cases, dialect, tmp_path):
+def test_the_model_step_is_the_root_cause_and_a_tool_fault_stays_the_tools(cases, dialect, roots):
     by_name = {c.name: c for c in cases if c.dialect == dialect}
     assert {"missing-field", "control-tool-fault", "recovered"} <= set(by_name)
     # every scenario: also where the model's next call (an apology) repeats its step key without
-    # redoing the rejected call, which must not count as the model step's recovery
-    names = sorted(by_name)
-    got = analyse_together([by_name[n] for n in names], tmp_path / "data")  # one store: one build, one scoring
-    for name, outcome in zip(names, got, strict=True):
-        assert outcome.root_span_id == by_name[name].root_span_id, name
+    # redoing the rejected call, which must not count as the model step's recovery. A case's answer is the
+    # first root_causes row of its own traces (as rca_agents.analyse_together reads it), in the one store of
+    # every case: one conversation's analysis leaking into another's shows as a wrong answer
+    for name, case in sorted(by_name.items()):
+        mine = [r["root_span_id"] for r in roots if r["trace_id"] in trace_ids(case)]
+        assert (mine[0] if mine else None) == case.root_span_id, name
 
 
-def test_columnar_pass_writes_the_reference_rows(cases, tmp_path):
-    load_case(cases, tmp_path / "data")
-    stats = assert_same_as_reference(tmp_path / "data")
+def test_columnar_pass_writes_the_reference_rows(scored):
+    _, stats = scored  # assert_same_as_reference passed on the store (the fixture)
     assert stats.failures_by_category[("generation", "output_form", "invalid_tool_arguments")] == 6 * len(DIALECTS)
