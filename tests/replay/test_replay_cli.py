@@ -42,8 +42,14 @@ def _source_rows(data):
     return q(data, "select trace_id, span_id, name, input_text from spans where run_id is null order by 1, 2")
 
 
-def test_example_agent_replayed_three_times_labelled_and_determinism_reads_them(source, tmp_path):
-    data = _copy(source, tmp_path)
+def test_example_agent_replayed_three_times_labelled_and_the_printed_next_line_builds_and_reads_them(source, tmp_path):
+    """Three labelled replays of one conversation; then the ``next:`` line runs verbatim (each ``&&`` part split as
+    a shell would, this interpreter's tracedag for ``tracedag``, a data path a shell must quote): its build builds
+    every replayed trace at once (no idle wait) and its determinism reads the three runs."""
+    import shlex
+
+    data = tmp_path / "my data"
+    shutil.copytree(source, data)
     before = _source_rows(data)
     first_trace = q(data, "select arg_min(trace_id, start_time_unix_nano) from spans where conversation_id = 'c-book'")[0][0]
     res = _tracedag("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0", "--agent-opt", "noise=0",
@@ -63,10 +69,17 @@ def test_example_agent_replayed_three_times_labelled_and_determinism_reads_them(
                        where ev.name = 'gen_ai.user.message' group by 1""")
     assert all(tuple(t) == BOOKING_TURNS for _, t in turns) and len(turns) == 3
     assert _source_rows(data) == before  # nothing stored is changed
-    assert _tracedag("build", "--data", data).returncode == 0
-    det = _tracedag("determinism", "--data", data, "--output", tmp_path / "det")
-    assert det.returncode == 0, det.stderr
-    rows = pq.read_table(tmp_path / "det" / "determinism.parquet").to_pylist()
+    [line] = [x for x in res.stdout.splitlines() if x.startswith("next: ")]
+    for part in line.removeprefix("next: ").split(" && "):
+        words = shlex.split(part)
+        assert words[0] == "tracedag", line
+        done = subprocess.run([*CLI, *words[1:]], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert done.returncode == 0, part + "\n" + done.stdout + done.stderr
+    replayed = q(data, "select count(distinct trace_id) from spans where run_id like 'rp1/%'")[0][0]
+    built = q(data, "select count(*) from traces where run_id like 'rp1/%'")[0][0]
+    assert replayed == built == 3  # one trace per run
+    [det] = sorted((data / "tables" / "determinism").glob("*.parquet"))  # determinism's default output
+    rows = pq.read_table(det).to_pylist()
     [book] = [r for r in rows if r["scenario"] == "c-book"]
     assert (book["agent_version"], book["comparison"], book["runs"]) == ("candidate", "replays", 3)
     assert book["node_consistency"] == 1.0  # noise 0, no faults: the same path every time
@@ -220,23 +233,3 @@ def test_openai_client_agent_replayed_with_its_own_instrumentation(tmp_path):
     assert det.returncode == 0, det.stderr
     rows = pq.read_table(tmp_path / "det" / "determinism.parquet").to_pylist()
     assert [r["runs"] for r in rows if r["scenario"] == three.conversation_id] == [3]
-
-
-def test_the_printed_next_line_builds_what_was_replayed(source, tmp_path):
-    """The ``next:`` line runs verbatim (each ``&&`` part split as a shell would, this interpreter's
-    tracedag for ``tracedag``): the build it prints builds every replayed trace at once (no idle wait)."""
-    import shlex
-
-    data = tmp_path / "my data"  # a path a shell must quote
-    shutil.copytree(source, data)
-    res = _tracedag("replay", "--data", data, "--agent", "example", "--times", "2", "--replay-id", "nx")
-    assert res.returncode == 0, res.stdout + res.stderr
-    [line] = [x for x in res.stdout.splitlines() if x.startswith("next: ")]
-    for part in line.removeprefix("next: ").split(" && "):
-        words = shlex.split(part)
-        assert words[0] == "tracedag", line
-        done = subprocess.run([*CLI, *words[1:]], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-        assert done.returncode == 0, part + "\n" + done.stdout + done.stderr
-    replayed = q(data, "select count(distinct trace_id) from spans where run_id like 'nx/%'")[0][0]
-    built = q(data, "select count(*) from traces where run_id like 'nx/%'")[0][0]
-    assert replayed == built == 4  # two conversations, one trace each, twice
