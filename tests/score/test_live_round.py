@@ -1,6 +1,10 @@
 """A live round scores from the recent part of the store and writes what a full scoring would."""
 
+import shutil
 import time
+from pathlib import Path
+
+import pytest
 
 from bench.gen import requests
 from tests.dag.spanbuild import q
@@ -21,25 +25,41 @@ def _live(built):
     return LiveRound(built.build_id if built.traces_built else None, built.received_from)
 
 
-def test_live_rounds_score_what_a_full_scoring_does(tmp_path):
-    live, whole = tmp_path / "live", tmp_path / "whole"
-    for seed in (1, 2, 3):
+@pytest.fixture(scope="module")
+def first_round(tmp_path_factory):
+    """A store of seed 1's requests, built and scored by a live round (its build's hint), made once per module (only
+    ever copied); its build, and what the round scored. A round scores ~2 s CPU whatever these sizes: the tests
+    start from this one instead of each doing it again."""
+    data = tmp_path_factory.mktemp("live") / "data"
+    built = _add(data, 1)
+    return data, built, score_store(data, live=_live(built))
+
+
+def _copy(first_round, dest: Path) -> Path:
+    return Path(shutil.copytree(first_round[0], dest))
+
+
+def test_live_rounds_score_what_a_full_scoring_does(first_round, tmp_path):
+    live, whole = _copy(first_round, tmp_path / "live"), tmp_path / "whole"
+    _, built, first = first_round
+    assert first.builds == built.traces_built  # only this round's build
+    _add(whole, 1)
+    for seed in (2, 3):
         built = _add(live, seed)
         _add(whole, seed)
         assert score_store(live, live=_live(built)).builds == built.traces_built  # only this round's build
-        if seed > 1:
-            assert built.plan == "incremental" and built.received_from is not None
+        assert built.plan == "incremental" and built.received_from is not None
     score_store(whole)
-    assert q(live, SCORES) == q(whole, SCORES) and len(q(whole, SCORES)) > 1000
+    scores = q(whole, SCORES)
+    assert q(live, SCORES) == scores and len(scores) > 1000
     assert q(live, "select count(*) from step_scores where score <= 2") == q(
         whole, "select count(*) from step_scores where score <= 2") != [(0,)]
 
 
-def test_a_round_also_scores_the_builds_an_earlier_round_left(tmp_path):
-    first = _add(tmp_path, 1)
-    score_store(tmp_path, live=_live(first))
-    left = _add(tmp_path, 2)  # built, never scored (the collector stopped between build and score)
-    third = _add(tmp_path, 3)
-    stats = score_store(tmp_path, live=_live(third))  # the hint covers the third build only
+def test_a_round_also_scores_the_builds_an_earlier_round_left(first_round, tmp_path):
+    data = _copy(first_round, tmp_path / "data")
+    left = _add(data, 2)  # built, never scored (the collector stopped between build and score)
+    third = _add(data, 3)
+    stats = score_store(data, live=_live(third))  # the hint covers the third build only
     assert stats.builds == left.traces_built + third.traces_built
-    assert q(tmp_path, "select count(*) from dag_nodes n anti join step_scores s using (trace_id, span_id)") == [(0,)]
+    assert q(data, "select count(*) from dag_nodes n anti join step_scores s using (trace_id, span_id)") == [(0,)]

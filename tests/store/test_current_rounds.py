@@ -4,12 +4,14 @@ collection and a new build give the answers the SQL gives, as before."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from tests.queries.test_materialized import _exact, _reference, assert_materialized_equal
+from tests.queries.test_materialized import _exact, _reference, assert_materialized_equal, references
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
@@ -42,19 +44,22 @@ def _poll(data) -> list[dict]:
 
 
 def _assert_poll_is_the_sql(data) -> None:
-    assert _exact(_poll(data)) == _reference(data, "root_causes", {})
+    newest = _from_the_state(data)
+    names = ("root_causes", "trace_summary")
+    wants = references(data, [("root_causes", {}), *((name, {"trace_id": row["trace_id"]})
+                                                      for row in newest for name in names)])
+    assert _exact(_poll(data)) == wants[0]
     kept = _kept(data)
     assert len(kept) == 1  # the table of the listing now, the older ones removed
-    newest = _from_the_state(data)
     assert pq.read_table(kept[0]).to_pylist() == newest
-    for row in newest:  # one trace: its newest round looked up in the kept file (a new process), then in memory
-        for forget in (True, False):
+    for i, row in enumerate(newest):  # one trace: its newest round looked up in the kept file (a new process),
+        for forget in (True, False):  # then in memory
             if forget:
                 current_rounds._LAST.clear()
             assert current_rounds.lookup(data, row["trace_id"]) == row["mat_round"]
-            for name in ("root_causes", "trace_summary"):
+            for j, name in enumerate(names):
                 given = {"trace_id": row["trace_id"]}
-                assert _exact(run_named(data, name, given).to_pylist()) == _reference(data, name, given), name
+                assert _exact(run_named(data, name, given).to_pylist()) == wants[1 + 2 * i + j], name
 
 
 def test_later_rounds_and_a_collection_keep_the_poll_equal_to_the_sql(tmp_path):
@@ -74,18 +79,27 @@ def test_later_rounds_and_a_collection_keep_the_poll_equal_to_the_sql(tmp_path):
     assert_materialized_equal(data)
 
 
-def _two_conversations_scored(tmp_path: Path) -> tuple[Path, StoreBuilder]:
-    """A store of two one-turn conversations (a1 in conv-a, x1 in conv-x), built and scored (rows stored)."""
-    data = tmp_path / "data"
-    sb = StoreBuilder(data)
-    sb.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
+@pytest.fixture(scope="module")
+def two_conversations(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of two one-turn conversations (a1 in conv-a, x1 in conv-x), built and scored (rows stored), once per
+    module: only ever copied."""
+    data = tmp_path_factory.mktemp("two") / "data"
+    StoreBuilder(data).spans(agent_turn("a1", "conv-a", 1_000_000, "search")
+                             + agent_turn("x1", "conv-x", 2_000_000, "fetch"))
     build_store(data, idle_seconds=0)
     score_store(data)
-    return data, sb
+    return data
 
 
-def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(tmp_path):
-    data, sb = _two_conversations_scored(tmp_path)
+def _two_conversations_scored(two_conversations: Path, tmp_path: Path) -> tuple[Path, StoreBuilder]:
+    """A copy of ``two_conversations`` (no reader ran on it yet) and a builder of it, to send later turns."""
+    data = tmp_path / "data"
+    shutil.copytree(two_conversations, data)
+    return data, StoreBuilder(data)
+
+
+def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(two_conversations, tmp_path):
+    data, sb = _two_conversations_scored(two_conversations, tmp_path)
     _assert_poll_is_the_sql(data)
     sb.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # built, not stored: a1's conversation is computed from the SQL
@@ -94,27 +108,29 @@ def test_a_build_not_stored_yet_is_computed_and_the_next_round_is_read(tmp_path)
     _assert_poll_is_the_sql(data)
 
 
-def test_a_trace_whose_newest_stored_round_is_not_of_its_latest_build_is_computed(tmp_path):
+def test_a_trace_whose_newest_stored_round_is_not_of_its_latest_build_is_computed(two_conversations, tmp_path):
     """A round stored after another with an older build of a trace (no tracedag writes that; a state row
     written by hand here): the stored rows of its latest build are not the newest, so the SQL answers it."""
-    data, _ = _two_conversations_scored(tmp_path)
+    data, _ = _two_conversations_scored(two_conversations, tmp_path)
     state = pq.read_table(next((data / "tables" / materialized.STATE).glob("*.parquet")))
     row = state.filter(pa.compute.equal(state.column("trace_id"), "a1"))
     newer = row.set_column(row.schema.get_field_index("build_id"), "build_id", pa.array(["an-older-build"]))
     newer = newer.set_column(newer.schema.get_field_index("mat_round"), "mat_round",
                              pa.array([row.column("mat_round")[0].as_py() + 1], pa.int64()))
     pq.write_table(newer, data / "tables" / materialized.STATE / "part-by-hand.parquet")
+    cases = [("root_causes", {}), ("trace_summary", {}), ("failures", {})]
+    wants = references(data, cases)
     got = _exact(_poll(data))
-    assert got == _reference(data, "root_causes", {}) and "a1" in {r["trace_id"] for r in got}
-    for name, given in [("trace_summary", {}), ("failures", {})]:
-        assert _exact(run_named(data, name, given).to_pylist()) == _reference(data, name, given), name
+    assert got == wants[0] and "a1" in {r["trace_id"] for r in got}
+    for (name, given), want in zip(cases[1:], wants[1:], strict=True):
+        assert _exact(run_named(data, name, given).to_pylist()) == want, name
 
 
-def test_a_round_keeps_the_next_listings_table_from_the_last_one_and_its_own_rows(tmp_path):
+def test_a_round_keeps_the_next_listings_table_from_the_last_one_and_its_own_rows(two_conversations, tmp_path):
     """``advance`` (each state write calls it): the table a round keeps from the previous listing's and its state
     rows, before any reader, is the one a reader computes from every state file; after anything else changed the
     listing it keeps nothing."""
-    data, sb = _two_conversations_scored(tmp_path)
+    data, sb = _two_conversations_scored(two_conversations, tmp_path)
     _assert_poll_is_the_sql(data)
     state_dir = data / "tables" / materialized.STATE
     before, files, last = current_rounds.listing(data), set(state_dir.glob("*.parquet")), _kept(data)[0]

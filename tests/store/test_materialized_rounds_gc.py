@@ -3,6 +3,11 @@ the rows of the replaced rounds are dead, and the collection drops them instead 
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import pytest
+
 from tests.queries.test_materialized import assert_materialized_equal
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
@@ -30,20 +35,27 @@ def _rows(data, table: str) -> tuple[int, int]:
         using (trace_id)""")
 
 
-def _conversation_turn_by_turn(data) -> None:
+@pytest.fixture(scope="module")
+def turn_by_turn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A conversation of ``TURNS`` turns, one a round (built, scored, stored: each round stores every turn again),
-    beside a conversation of one turn stored once; no collection after these builds."""
+    beside a conversation of one turn stored once; no collection after these builds. Made once per module: only
+    ever copied."""
+    data = tmp_path_factory.mktemp("turns") / "data"
     sb = StoreBuilder(data)
     sb.spans(agent_turn("solo", "conv-solo", 500_000, "fetch"))
     for i in range(TURNS):
         sb.spans(agent_turn(f"t{i}", "conv-1", 1_000_000 * (i + 1), "search"))
         build_store(data, idle_seconds=0, gc=GcSettings(enabled=False))
         score_store(data)
+    return data
 
 
-def test_the_collection_drops_the_rows_of_replaced_rounds_and_the_answers_stay(tmp_path):
-    data = tmp_path / "data"
-    _conversation_turn_by_turn(data)
+def _conversation_turn_by_turn(turn_by_turn: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(turn_by_turn, tmp_path / "data"))
+
+
+def test_the_collection_drops_the_rows_of_replaced_rounds_and_the_answers_stay(turn_by_turn, tmp_path):
+    data = _conversation_turn_by_turn(turn_by_turn, tmp_path)
     stored = TURNS * (TURNS + 1) // 2 + 1  # turn i stored by rounds i..TURNS-1, and the solo turn once
     assert _count(data, f"select count(*), count(distinct trace_id) from {materialized.STATE}") == (stored, TURNS + 1)
     assert _rows(data, "materialized_failures") == (stored, TURNS + 1)  # one failing tool a turn
@@ -59,9 +71,8 @@ def test_the_collection_drops_the_rows_of_replaced_rounds_and_the_answers_stay(t
     assert assert_materialized_equal(data) == before  # and it answers what the SQL computes, as before
 
 
-def test_a_later_round_after_the_collection_replaces_the_kept_rows_in_turn(tmp_path):
-    data = tmp_path / "data"
-    _conversation_turn_by_turn(data)
+def test_a_later_round_after_the_collection_replaces_the_kept_rows_in_turn(turn_by_turn, tmp_path):
+    data = _conversation_turn_by_turn(turn_by_turn, tmp_path)
     build_store(data, idle_seconds=0, compact=True)
     StoreBuilder(data).spans(agent_turn("t9", "conv-1", 9_000_000, "search"))  # one more turn, its round
     build_store(data, idle_seconds=0)

@@ -14,10 +14,11 @@ from tracedag.pipeline.store import mixed
 
 
 @pytest.mark.parametrize("copy_traces", [mixed.COPY_TRACES, 0])
-def test_traces_not_stored_yet_are_computed_over_copies_or_in_place_alike(tmp_path, monkeypatch, copy_traces):
+def test_traces_not_stored_yet_are_computed_over_copies_or_in_place_alike(tmp_path_factory, tmp_path, monkeypatch,
+                                                                          copy_traces):
     monkeypatch.setattr(mixed, "COPY_TRACES", copy_traces)
     data = tmp_path / "data"
-    b = four_stored_conversations(data)
+    b = four_stored_conversations(tmp_path_factory, data)
     b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup") + agent_turn("a0", "conv-a1", 500_000, "plan"))
     build_store(data, idle_seconds=0)  # built, not stored: conv-a1's three turns are computed
     _assert_mixed_equal(data, {"a0", "a1", "a2"})
