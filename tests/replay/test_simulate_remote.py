@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -60,6 +61,15 @@ def collector(data: Path) -> Iterator[str]:
         assert stop_process(proc) == 0
 
 
+@pytest.fixture(scope="module")
+def shared_collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """One ``tracedag collect`` process for the tests that assert nothing about the whole store it writes
+    (each reads, at most, its own traces: their ids are random); yields its OTLP/HTTP URL and data directory."""
+    data = tmp_path_factory.mktemp("shared-collector") / "data"
+    with collector(data) as otlp:
+        yield otlp, data
+
+
 def _summary(stdout: str) -> str:
     """The table and the CCR line without the rate (conversations/s) and where the spans went."""
     text = re.sub(r", [\d.]+ conversations/s\).*", ")", stdout)
@@ -103,10 +113,10 @@ def test_agent_behind_a_url_gets_the_in_process_ccr_and_pcr_from_its_own_spans(f
         ("usersim-seed7/c0/i03/plain/r0", "router>z")]
 
 
-def test_an_agent_that_ignores_the_trace_context_is_waited_for_once_and_said_so(files, tmp_path):
+def test_an_agent_that_ignores_the_trace_context_is_waited_for_once_and_said_so(files, shared_collector):
     graph, personas = files
-    data = tmp_path / "data"
-    with collector(data) as otlp, remote_agent(otlp, "--no-propagate") as url:
+    otlp, data = shared_collector
+    with remote_agent(otlp, "--no-propagate") as url:
         started = time.monotonic()
         res = _tracedag("simulate", "--agent", url, "--graph", graph, "--personas", personas, "--max-backtracks", 0,
                         "--max-visits", 1, "--data", data, "--endpoint", otlp, "--settle", 2)
@@ -118,9 +128,10 @@ def test_an_agent_that_ignores_the_trace_context_is_waited_for_once_and_said_so(
     assert took < 30  # one wait of 2 s, not one a turn
 
 
-def test_a_url_agent_without_a_store_to_read_says_how_to_give_one(files, tmp_path):
+def test_a_url_agent_without_a_store_to_read_says_how_to_give_one(files, shared_collector):
     graph, personas = files
-    with collector(tmp_path / "data") as otlp, remote_agent(otlp) as url:
+    otlp, _ = shared_collector
+    with remote_agent(otlp) as url:
         res = _tracedag("simulate", "--agent", url, "--graph", graph, "--personas", personas, "--max-backtracks", 0,
                         "--max-visits", 1, "--endpoint", otlp)
     assert res.returncode == 0, res.stdout + res.stderr
