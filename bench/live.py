@@ -104,10 +104,11 @@ class Collector:
     """A ``tracedag collect`` process with continuous build and score."""
 
     def __init__(self, data: Path, interval: float, tree: str = "", extra: tuple[str, ...] = ()) -> None:
-        cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", "collect", "--http-port", "0",
-               "--grpc-port", "0", "--data", str(data), "--build", "--build-interval", str(interval), *extra]
+        log = os.environ.get("LIVE_COLLECTOR_LOG")  # a file the collectors' logs (-v) are appended to (default: dropped)
+        cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", *(["-v"] if log else []),
+               "collect", "--http-port", "0", "--grpc-port", "0", "--data", str(data), "--build", "--build-interval",
+               str(interval), *extra]
         env = {**os.environ, "PYTHONPATH": tree} if tree else None  # tree: a directory holding another tracedag/
-        log = os.environ.get("LIVE_COLLECTOR_LOG")  # a file the collectors' logs are appended to (default: dropped)
         err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (the process outlives this call)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         assert self.proc.stdout is not None
