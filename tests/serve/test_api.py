@@ -17,10 +17,15 @@ from tests.serve.serve_support import Server, running_server
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.querying import run_named
 
+TOKEN = "s3cret-token-of-the-test"
+
 
 @pytest.fixture(scope="module")
-def server(serve_store: Path) -> Iterator[Server]:
-    with running_server(serve_store) as s:
+def server(serve_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the module, with a token: ``client()`` carries it, so every test reads the API as an
+    authorized client, and the token test needs no server of its own (each costs ~4 s of CPU to start).
+    Serving on loopback without a token is what test_ui and the other serve tests do."""
+    with running_server(serve_store, token=TOKEN, tmp=tmp_path_factory.mktemp("api-token")) as s:
         yield s
 
 
@@ -122,13 +127,14 @@ def test_beyond_loopback_a_token_is_required(serve_store: Path) -> None:
     assert out.exit_code == 2 and "--token-file" in out.output
 
 
-def test_with_a_token_every_request_must_carry_it(serve_store: Path, tmp_path: Path) -> None:
-    with running_server(serve_store, token="s3cret-token-of-the-test", tmp=tmp_path) as s:
-        import httpx
-        assert httpx.get(f"{s.url}/api/queries").status_code == 401
-        assert httpx.get(f"{s.url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert s.client().get("/api/queries").status_code == 200
-        assert s.client().get("/metrics").status_code == 200
+def test_with_a_token_every_request_must_carry_it(server: Server) -> None:
+    import httpx
+
+    assert server.token == TOKEN
+    assert httpx.get(f"{server.url}/api/queries").status_code == 401
+    assert httpx.get(f"{server.url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert server.client().get("/api/queries").status_code == 200
+    assert server.client().get("/metrics").status_code == 200
 
 
 def test_the_demo_line_counts_the_traces_and_its_report_command_runs(serve_store: Path, tmp_path: Path) -> None:
