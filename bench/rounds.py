@@ -12,10 +12,10 @@ both ways, in alternation, on copies of the same store:
   span, as every round did before.
 
 Both ways store the named queries' results as the live collector does (``--store-results live``, the
-default): not in the round (``LiveRound.materialize`` False) but in a bounded part of
-``CollectorConfig.materialize_part`` traces every ``materialize_interval`` seconds under load; the part's
+default): not in the round (``LiveRound.materialize`` False) but by a thread of its own, off the round loop
+(``score.live_store``), a part of at most ``CollectorConfig.materialize_part`` traces a pass; a part's
 cost is timed once after the rounds (on the incremental copy, whose backlog the rounds left) and shown beside
-the rounds, with what it adds to a round on average (the part / the rounds in an interval). ``--store-results
+the rounds (it runs on the other core, beside the rounds). ``--store-results
 every-round`` stores them in every round, as ``tracedag score`` does (and live rounds did before 61784f8).
 
     python bench/rounds.py --sizes 200000 800000 1600000 --rounds 5
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=40_000, help="spans arriving per round (one second at 40k/s)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--store-results", choices=["live", "every-round"], default="live",
-                    help="live: rounds leave the named queries' results to a bounded part stored every "
-                         "materialize_interval (timed after the rounds), as tracedag collect --build does; "
+                    help="live: rounds leave the named queries' results to the store's thread (a part of at most "
+                         "materialize_part traces timed after the rounds), as tracedag collect --build does; "
                          "every-round: each round stores them")
     args = ap.parse_args(argv)
     table = Table(title=f"one live round ({args.batch:,} new spans): median of {args.rounds}, seconds; named "
@@ -105,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     if args.store_results == "live":
         table.add_column("then a part stored (traces), s", justify="right")
-        table.add_column("its share of a 1 s round, s", justify="right")
     for size in args.sizes:
         root = Path(tempfile.mkdtemp(prefix="tracedag-rounds-"))
         try:
@@ -138,8 +137,8 @@ def row(root: Path, size: int, args: argparse.Namespace) -> list[str]:
         rounds[incremental] = statistics.median(t[0] + t[1] for t in times[incremental])
         cells += [f"{b:.2f}", f"{s:.2f}", f"{rounds[incremental]:.2f}"]
     cells.append(f"{rounds[False] / rounds[True]:.1f}x")
-    if part is not None:  # rounds of one second: materialize_interval rounds share one part
-        cells += [f"{part[0]:.2f} ({part[1]:,})", f"{part[0] / CollectorConfig.materialize_interval:.3f}"]
+    if part is not None:
+        cells.append(f"{part[0]:.2f} ({part[1]:,})")
     return cells
 
 

@@ -61,8 +61,7 @@ class CollectorConfig(ReceiverConfig):
     build_idle_seconds: float = 30.0  # a trace without its root span is complete after this quiet time
     build_grace_seconds: float = 1.0  # a trace whose root span is in is complete after this quiet time
     build_interval: float = 1.0
-    materialize_interval: float = 60.0  # no longer used: the results are stored by a thread of their own, as scored
-    materialize_part: int = 2_000  # traces (whole conversations) one pass of the store copies at most (its copy holds
+    materialize_part: int = 20_000  # traces (whole conversations) one pass of the store copies at most (its copy holds
     # the rounds back: ~0.3 s of CPU per 1,000 traces; a smaller part leaves a backlog the polls compute from the SQL)
     judge: JudgeConfig | None = None  # grade steps with an LLM judge too (asynchronous, bounded)
     judge_interval: float = 10.0

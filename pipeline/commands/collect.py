@@ -33,8 +33,10 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """A finite number of seconds, 0 or more (click's FloatRange lets nan and inf through)."""
+def _seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A finite number of seconds, 0 or more (click's FloatRange lets nan and inf through); None: not given."""
+    if value is None:
+        return None
     if not math.isfinite(value) or value < 0:
         raise click.BadParameter(f"{value} is not a number of seconds (0 or more)")
     return value
@@ -84,12 +86,13 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
               help="Seconds without new spans before a trace whose root span is in is built.")
 @click.option("--build-interval", default=1.0, show_default=True, type=float,
               help="Seconds between live analysis rounds.")
-@click.option("--materialize-interval", default=60.0, show_default=True, type=float, callback=_seconds,
-              help="With --build, under continuous load: seconds between the rounds that store a part of the named "
-                   "queries' results (root causes, failures, ...); a round that built nothing stores a part too. "
-                   "Until stored, queries compute those traces from the SQL.")
-@click.option("--materialize-part", default=2_000, show_default=True, type=click.IntRange(min=1),
-              help="With --build: traces (whole conversations) a round stores the results of, at most.")
+@click.option("--materialize-interval", default=None, type=float, callback=_seconds, hidden=True,
+              help="Ignored (kept so that existing service units still start): the named queries' results are "
+                   "stored as traces are scored, by a thread of their own.")
+@click.option("--materialize-part", default=20_000, show_default=True, type=click.IntRange(min=1),
+              help="With --build: traces (whole conversations) one pass of the results' store takes at most. The "
+                   "store stores what was scored since its last pass; a trace not stored yet is computed from the "
+                   "SQL by queries.")
 @click.option("--judge/--no-judge", "use_judge", default=None,
               help="With --build, also grade steps with the LLM judge, in its own thread (default: on when "
                    "TRACEDAG_JUDGE_MODEL is set; endpoint and key as for tracedag score).")
@@ -109,7 +112,7 @@ def collect(
     tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None, max_body: str, max_attribute_bytes: str | None,
     max_span_attributes: int | None, max_span_events: int | None, max_inflight: str,
     header_timeout: float, body_timeout: float, idle_timeout: float, max_connections: int, spool_retention: float,
-    build: bool, build_idle: float, build_grace: float, build_interval: float, materialize_interval: float,
+    build: bool, build_idle: float, build_grace: float, build_interval: float, materialize_interval: float | None,
     materialize_part: int, use_judge: bool | None,
     judge_max_steps: int, judge_interval: float, convert_mode: str, grace: float, keep_local: float,
 ) -> None:
@@ -119,6 +122,9 @@ def collect(
     """
     from tracedag.pipeline.service import CollectorConfig
 
+    if materialize_interval is not None:
+        click.echo("tracedag collect: --materialize-interval is ignored: the named queries' results are stored as "
+                   "traces are scored, by a thread of their own (--materialize-part bounds a pass)", err=True)
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     if tls_client_ca and not tls_cert:
@@ -131,7 +137,7 @@ def collect(
         header_timeout=header_timeout, body_timeout=body_timeout, idle_timeout=idle_timeout,
         max_connections=max_connections, spool_retention=spool_retention * 3600,
         max_inflight_bytes=parse_size(max_inflight), build=build, build_idle_seconds=build_idle,
-        build_grace_seconds=build_grace, build_interval=build_interval, materialize_interval=materialize_interval,
+        build_grace_seconds=build_grace, build_interval=build_interval,
         materialize_part=materialize_part, convert_process=convert_mode == "process",
         judge=_live_judge(use_judge, judge_max_steps) if build else None, judge_interval=judge_interval,
         keep_local_seconds=keep_local * 3600,
@@ -152,8 +158,8 @@ def collect(
     click.echo(f"tracedag collect: data in {data}; metrics at {scheme}://{shown}:{running.http_port}/metrics")
     if running.config.build:
         click.echo(f"tracedag collect: live analysis every {running.config.build_interval:g} s; named queries' "
-                   f"results stored {running.config.materialize_part} traces at a time, when a round builds nothing "
-                   f"and every {running.config.materialize_interval:g} s under load")
+                   f"results stored as scored, by a thread of their own, at most {running.config.materialize_part} "
+                   "traces a pass")
     click.echo(f"listening http_port={running.http_port} grpc_port={running.grpc_port}")
     while not stop.wait(0.5):
         pass

@@ -28,7 +28,7 @@ logs and swallows) are never read, and nothing else would ever remove them: the 
 whose round no state row names. That never drops a round that completes, by this argument:
 
 1. Every round writes its rows and then its state while holding the scorer's lock (``runner.score_store``,
-   ``runner.materialize_later``); the kernel releases an ``flock`` when its holder dies.
+   ``runner.materialize_later``, ``score.live_store``); the kernel releases an ``flock`` when its holder dies.
 2. ``swap.collect_scored`` takes that lock (or skips every scored table), and only then reads the rounds the
    state files name and lists the result files, and it collects every scored table within that one holding.
    While it holds the lock no round is in flight: a round whose rows are in a result table has either written

@@ -1,6 +1,7 @@
-"""``tracedag collect --materialize-interval / --materialize-part``: when a live collector stores the named
-queries' results. A bad value is refused by name before anything is created; a good one reaches the
-running collector's configuration (which it prints when it starts)."""
+"""``tracedag collect --materialize-part``: how many traces a pass of a live collector's results store takes at
+most; ``--materialize-interval`` (the schedule before the store had a thread of its own) is still accepted, so
+that existing service units start, and said to be ignored. A bad value is refused by name before anything is
+created; a good one reaches the running collector's configuration (which it prints when it starts)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def test_the_values_reach_the_running_collector(tmp_path):
     finally:
         proc.kill()
     said = "".join(lines)
-    assert re.search(r"results stored 300 traces at a time, when a round builds nothing and every 2\.5 s under load",
-                     said), said
+    assert re.search(r"results stored as scored, by a thread of their own, at most 300 traces a pass", said), said
     assert proc.returncode == 0, out + err
+    assert "--materialize-interval is ignored" in err, err
 
 
 def test_the_defaults_are_the_configs(tmp_path):
@@ -57,5 +58,5 @@ def test_the_defaults_are_the_configs(tmp_path):
     res = subprocess.run([TRACEDAG, "collect", "--help"], capture_output=True, text=True, timeout=60)
     help_text = " ".join(res.stdout.split())
     defaults = CollectorConfig(data=tmp_path)
-    assert "--materialize-interval FLOAT" in help_text and f"[default: {defaults.materialize_interval}]" in help_text
+    assert "--materialize-interval" not in help_text  # accepted, ignored, not offered
     assert f"[default: {defaults.materialize_part}; x>=1]" in help_text
