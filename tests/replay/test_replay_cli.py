@@ -187,7 +187,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_every_finished_run(source, tmp_path):
     data = _copy(source, tmp_path)
     proc = subprocess.Popen([*CLI, "replay", "--data", str(data), "--agent", "example",
                              "--agent-opt", "latency_scale=20", "--times", "200", "--parallel", "2",
-                             "--replay-id", "ci"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                             "--replay-id", "ci"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            # a run started in the background of a script (nohup CMD &) inherits an ignored SIGINT:
+                            # the replay would never see the ctrl-c and finish all 400 runs
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     segments = len(list(data.rglob("seg-*")))
     deadline = time.monotonic() + 120
     while len(list(data.rglob("seg-*"))) == segments:  # the first replayed spans reached the collector
