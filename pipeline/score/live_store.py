@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,11 +123,7 @@ class LiveStore:
             return Copied()
         con.register(m.SCOPE, scope)
         parts = m._chunks(to_arrow(con.sql(m._TRACES_SQL, params=[0, signature])), self.part)
-        state = parts[0].set_column(parts[0].schema.get_field_index("mat_round"), "mat_round",
-                                    pa.array([time.time_ns()] * parts[0].num_rows, pa.int64()))
-        con.register(m.SCOPE + "_all", state.select(["trace_id"]))
-        m._snapshot(con, self.data)
-        return Copied(state, more=len(parts) > 1)
+        return Copied(m._copy_part(con, self.data, parts[0]), more=len(parts) > 1)
 
     def compute(self, copied: Copied) -> Results:
         """Step 2, without a lock: every stored query's rows over the copy (the failure graph computed once)."""

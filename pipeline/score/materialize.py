@@ -158,10 +158,7 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
     state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
     done, deferred = 0, []
     for part in _chunks(state, chunk):
-        part = part.set_column(part.schema.get_field_index("mat_round"), "mat_round",
-                               pa.array([time.time_ns()] * part.num_rows, pa.int64()))
-        con.register(SCOPE + "_all", part.select(["trace_id"]))
-        _snapshot(con, data)
+        part = _copy_part(con, data, part)
         done += _write_round(con, data, part, stats, write_state=not defer_state)
         deferred += [part] if defer_state else []
         if limit is not None and done >= limit and not defer_state:
@@ -169,6 +166,16 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
     if deferred:
         _write_state(data, pa.concat_tables(deferred))
     return done
+
+
+def _copy_part(con: duckdb.DuckDBPyConnection, data: Path, part: pa.Table) -> pa.Table:
+    """``part``'s state rows stamped with a new round, and a copy of its traces' rows (``_snapshot``) that the
+    restricted views read."""
+    part = part.set_column(part.schema.get_field_index("mat_round"), "mat_round",
+                           pa.array([time.time_ns()] * part.num_rows, pa.int64()))
+    con.register(SCOPE + "_all", part.select(["trace_id"]))
+    _snapshot(con, data)
+    return part
 
 
 def _chunks(state: pa.Table, size: int) -> list[pa.Table]:

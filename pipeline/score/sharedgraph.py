@@ -72,6 +72,9 @@ def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hop
         f"select * from {KEPT}{name}{_GRAPH} where p_across_turns")
 
 
+_GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
+
+
 def share(con: duckdb.DuckDBPyConnection) -> bool:
     """Compute the failure graph once over ``con``'s views and make the macros read it (see the module);
     False when the stored queries' defaults differ (the macros are left as they are)."""
@@ -81,10 +84,10 @@ def share(con: duckdb.DuckDBPyConnection) -> bool:
     threshold, hops = found
     text = queries.load(MACROS)
     con.execute(text)  # the originals (a part before this one left them replaced)
-    for name in ("failure_dag", "failure_dag_roots"):
+    for name in _GRAPH_MACROS[1:]:
         con.execute(_original(text, name))
     _keep_steps(con, threshold, "failure_steps")
-    for name in ("failure_dag", "failure_dag_roots"):  # in this order: the roots read the kept graph
+    for name in _GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph
         _keep_graph(con, name, threshold, hops)
     return True
 
@@ -95,8 +98,6 @@ def _keep_steps(con: duckdb.DuckDBPyConnection, threshold: float, source: str) -
     con.execute(f"create or replace macro {_STEPS} as table select * from {KEPT}failure_steps_rows "
                 f"where trace_id in (select unnest(p_trace_ids)) and {_guard('p_fail_threshold', threshold)}")
 
-
-_GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
 
 
 def keep_originals(con: duckdb.DuckDBPyConnection) -> bool:
