@@ -41,9 +41,9 @@ from tracedag.pipeline.score.judge.rubrics import load_rubrics
 from tracedag.pipeline.score.materialize import PART_TRACES, MaterializeStats, materialize
 from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
-from tracedag.pipeline.score.scan import read_scan, with_input_texts
+from tracedag.pipeline.score.scan import Scan, read_scan, with_input_texts
 from tracedag.pipeline.score.writes import Writes, background_writes, score_lock
-from tracedag.pipeline.store.files import new_file_name
+from tracedag.pipeline.store.files import new_file_name, rerun_if_vanished
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import state_file, table_dir
@@ -147,14 +147,10 @@ def _write_passing(writes: Writes, facts: pa.Table, quiet: np.ndarray, stats: Sc
 
 def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table, max_iterations: int | None,
                  stats: ScoreStats, advance: Advance, received_from: int = 0) -> None:
-    scan = read_scan(con, chunk, max_iterations, received_from)
+    scan = rerun_if_vanished(lambda: read_scan(con, chunk, max_iterations, received_from))
     quiet = columnar.quiet_mask(scan)
     _write_passing(writes, scan.facts, quiet, stats)  # while the other steps are scored
-    rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
-    rows = columnar.step_rows(rest, scan.defs, max_iterations)
-    upstream = paramgen.upstream_table(con, chunk, rows, scan.calls, scan.defs)  # the LLM steps behind rejected tool calls
-    if upstream.num_rows:
-        rows = pa.concat_tables([rows, upstream])
+    rest, rows = rerun_if_vanished(lambda: _rule_rows(con, chunk, scan, quiet, max_iterations, received_from))
     if rows.num_rows:
         writes.write(lambda: rows)
     quiet_steps = _distinct_steps(scan.facts, quiet, chunk)
@@ -162,6 +158,16 @@ def _score_chunk(writes: Writes, con: duckdb.DuckDBPyConnection, chunk: pa.Table
     stats.count_table(rows, "rule", _distinct_steps(scan.facts, ~quiet, chunk))
     stats.steps += quiet_steps + rest.num_rows
     advance("rules", scan.facts.num_rows, -1)
+
+
+def _rule_rows(con: duckdb.DuckDBPyConnection, chunk: pa.Table, scan: Scan, quiet: np.ndarray,
+               max_iterations: int | None, received_from: int) -> tuple[pa.Table, pa.Table]:
+    """The steps of ``scan`` a rule may fire on (not ``quiet``) with their input texts, and their rule rows with
+    those of the LLM steps behind rejected tool calls (reads only: run again when a file vanished)."""
+    rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
+    rows = columnar.step_rows(rest, scan.defs, max_iterations)
+    upstream = paramgen.upstream_table(con, chunk, rows, scan.calls, scan.defs)
+    return rest, pa.concat_tables([rows, upstream]) if upstream.num_rows else rows
 
 
 @dataclass(frozen=True)
@@ -183,15 +189,11 @@ def score_bucket(bucket: Bucket, pending: pa.Table, data: Path, max_iterations: 
     chunk = pending.filter(pc.is_in(pending.column("trace_id"), value_set=bucket.trace_ids))
     con = _connect(data)
     try:
-        scan = read_scan(con, chunk, max_iterations, received_from)
+        scan = rerun_if_vanished(lambda: read_scan(con, chunk, max_iterations, received_from))
         quiet = columnar.quiet_mask(scan)
-        rest = with_input_texts(con, scan.facts.filter(pa.array(~quiet)), scan.defs, received_from)
-        rows = columnar.step_rows(rest, scan.defs, max_iterations)
-        upstream = paramgen.upstream_table(con, chunk, rows, scan.calls, scan.defs)
+        rest, rows = rerun_if_vanished(lambda: _rule_rows(con, chunk, scan, quiet, max_iterations, received_from))
     finally:
         con.close()
-    if upstream.num_rows:
-        rows = pa.concat_tables([rows, upstream])
     quiet_steps = _distinct_steps(scan.facts, quiet, chunk)
     return BucketRules(columnar.passing_rows(scan.facts, quiet), rows, quiet_steps,
                        _distinct_steps(scan.facts, ~quiet, chunk), quiet_steps + rest.num_rows, scan.facts.num_rows)
@@ -240,7 +242,7 @@ def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: Map
 
     def run() -> list[ScoreRow]:
         try:
-            return map_store_evaluations(cursor, stats)
+            return rerun_if_vanished(lambda: map_store_evaluations(cursor, stats))
         finally:
             cursor.close()
 
@@ -253,7 +255,8 @@ def score_rules(writes: Writes, con: duckdb.DuckDBPyConnection, stats: ScoreStat
     """Pass 1: rules for the latest builds that have no rule rows yet (made since ``scored_through``
     less ``LIVE_OVERLAP_NS`` when it is set); return the newest build time scored (or ``scored_through``).
     With ``engine`` (and the store's ``data``), one engine task per trace-id bucket (``_score_engine``)."""
-    pending = inputs.pending_rule_builds(con, scored_through - LIVE_OVERLAP_NS if scored_through else 0)
+    since = scored_through - LIVE_OVERLAP_NS if scored_through else 0
+    pending = rerun_if_vanished(lambda: inputs.pending_rule_builds(con, since))
     stats.builds = pending.num_rows
     advance("rules", 0, int(pc.sum(pending.column("steps")).as_py() or 0))
     builds = set(pending.column("build_id").to_pylist())
@@ -404,7 +407,7 @@ def _provenance(data: Path, stats: ScoreStats) -> None:
     """Store the ``data`` edges into the failed tool steps just scored (``score.provenance``), before the
     named queries are materialized; a failure loses nothing but those edges (logged)."""
     try:
-        stats.data_edges = provenance_round(data, stats.files)
+        stats.data_edges = rerun_if_vanished(lambda: provenance_round(data, stats.files))
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("storing the data edges (value provenance) failed")
 
@@ -417,7 +420,8 @@ def _materialize(data: Path, stats: ScoreStats, limit: int | None = None, part: 
     materializes the traces left (they are the ones without a ``materialized_traces`` row).
     """
     try:
-        stats.materialized = materialize(data, stats.files, limit=limit, part=part, memory=memory)
+        stats.materialized = rerun_if_vanished(
+            lambda: materialize(data, stats.files, limit=limit, part=part, memory=memory))
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
 

@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
-from tracedag.pipeline.store import materialized
-from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
+from tracedag.pipeline.store import files, materialized
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
 from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import bind_params, query_doc, run_named, to_arrow
 from tracedag.pipeline.store.remote import remote_of
@@ -252,20 +252,12 @@ def _catalog_of(cur: duckdb.DuckDBPyConnection) -> Catalog:
 
 
 def rerun_if_vanished(read: Callable[[], _T], attempts: int = VANISHED_ATTEMPTS) -> _T:
-    """``read()``, run again on a fresh plan when a file it planned with was removed by compaction meanwhile.
-
-    A GC or compaction swap replaces a table's files at once; a query that listed the old ones just
-    before finds one gone ("Cannot open file ... No such file"). Listing again sees the new files.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return read()
-        except duckdb.IOException as e:
-            if attempt == attempts or not file_vanished(e):
-                raise QueryFailed("trace", str(e).strip().splitlines()[0]) from e
-            logger.info("a file vanished under compaction, re-running: %s", e)
-            vanished_pause(attempt)
-    raise AssertionError("unreachable")
+    """``read()``, planned again while compaction removed a file it listed (``files.rerun_if_vanished``); a
+    DuckDB IO error left after that is the request's ``QueryFailed``."""
+    try:
+        return files.rerun_if_vanished(read, attempts)
+    except duckdb.IOException as e:
+        raise QueryFailed("trace", str(e).strip().splitlines()[0]) from e
 
 
 def scored(nodes: list[dict[str, Any]], scores: list[dict[str, Any]]) -> None:

@@ -16,7 +16,9 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,6 +29,8 @@ from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels", "validations",
           "root_cause_checks")
@@ -77,6 +81,25 @@ def file_vanished(error: BaseException) -> bool:
     """
     text = str(error).lower()
     return "no such file" in text or "no files found" in text or "cannot open file" in text
+
+
+def rerun_if_vanished(read: Callable[[], _T], attempts: int = VANISHED_ATTEMPTS) -> _T:
+    """``read()``, run again on a fresh plan when a file it planned with was removed by a swap meanwhile.
+
+    A GC or compaction swap replaces a table's files at once, under the build lock only: a reader that
+    listed the old files just before (a scorer beside a compacting build, a server) finds one gone
+    ("Cannot open file ... No such file"). Planned again, it lists the new files, which hold the same live
+    rows. ``read`` must be safe to run again; the last attempt's error is raised as it is.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except Exception as e:
+            if attempt == attempts or not file_vanished(e):
+                raise
+            logger.info("a file vanished under compaction, re-running: %s", str(e).strip().splitlines()[0])
+            vanished_pause(attempt)
+    raise AssertionError("unreachable")
 
 
 def keep_newest(data: Path, path: Path, text: str) -> bool:

@@ -12,7 +12,7 @@ import pytest
 from bench.gen import requests
 from tests.ingest.ingest_support import write_segment
 from tracedag.pipeline.ingest.segments import SpoolConverter
-from tracedag.pipeline.store.files import file_vanished
+from tracedag.pipeline.store.files import file_vanished, rerun_if_vanished
 from tracedag.pipeline.store.querying import run_sql
 
 HOUR = 3600 * 10**9
@@ -27,6 +27,33 @@ def test_a_vanished_file_is_recognised_from_the_real_duckdb_error(tmp_path: Path
     with pytest.raises(duckdb.IOException) as info:
         con.execute("select count(*) from v").fetchall()
     assert file_vanished(info.value)
+
+
+def test_a_read_that_met_a_vanished_file_is_planned_again_and_other_errors_are_raised_at_once(tmp_path: Path) -> None:
+    """What a scorer beside a compacting build does (``score.runner``): a read that listed a file a swap removed
+    runs again and lists the files there now; any other error, or a file still gone after every attempt, is
+    raised as DuckDB gave it."""
+    old, new = tmp_path / "old.parquet", tmp_path / "new.parquet"
+    duckdb.sql(f"copy (select 7 as a) to '{new}' (format parquet)")
+    con = duckdb.connect()
+    plans: list[str] = []
+
+    def read() -> int:  # the first plan names a file the swap removed; the next lists the directory
+        plans.append(f"read_parquet(['{old}'])" if not plans else f"read_parquet('{tmp_path}/*.parquet')")
+        return int(con.execute(f"select sum(a) from {plans[-1]}").fetchone()[0])
+
+    assert rerun_if_vanished(read) == 7 and len(plans) == 2
+    with pytest.raises(duckdb.IOException, match="old.parquet"):
+        rerun_if_vanished(lambda: con.execute(f"select * from read_parquet(['{old}'])").fetchall(), attempts=3)
+    calls: list[int] = []
+
+    def broken() -> None:
+        calls.append(1)
+        con.execute("select * from no_such_table")
+
+    with pytest.raises(duckdb.CatalogException):
+        rerun_if_vanished(broken)
+    assert calls == [1]
 
 
 def _loop(data: Path, stop: threading.Event, seen: list[int], errors: list[str]) -> None:

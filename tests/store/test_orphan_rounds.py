@@ -199,10 +199,14 @@ def test_collections_racing_scorer_processes_never_drop_a_completed_round(tmp_pa
     build_store(data, idle_seconds=0, gc=NO_GC)
     stop = threading.Event()
     codes: list[int] = []
+    errors: list[str] = []
 
     def scorers() -> None:
         while not stop.is_set():
-            codes.append(_tracedag(data, tmp_path, "score", "--no-progress").returncode)
+            done = _tracedag(data, tmp_path, "score", "--no-progress")
+            codes.append(done.returncode)
+            if done.returncode:
+                errors.append(done.stderr)
 
     thread = threading.Thread(target=scorers)
     thread.start()
@@ -213,7 +217,7 @@ def test_collections_racing_scorer_processes_never_drop_a_completed_round(tmp_pa
     finally:
         stop.set()
         thread.join()
-    assert codes and set(codes) == {0}
+    assert codes and set(codes) == {0}, errors
     score_store(data)  # what the last builds left pending
     build_store(data, idle_seconds=0, compact=True)
     assert _orphans(data) == {t: (0, 0) for t in RESULTS}
