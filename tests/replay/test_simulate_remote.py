@@ -177,7 +177,10 @@ def test_ctrl_c_keeps_the_finished_conversations_and_exits_130(files, tmp_path):
     proc = subprocess.Popen([*CLI, "simulate", "--agent", "tests.replay.sim_agents:slow_wrong_branch",
                              "--graph", str(graph), "--personas", str(personas), "--max-visits", "1",
                              "--conversations", "40", "--data", str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "COLUMNS": "200"})
+                            env={**os.environ, "COLUMNS": "200"},
+                            # a run started in the background of a script (nohup CMD &) inherits an ignored SIGINT:
+                            # the simulation would never see the ctrl-c and run all 120 conversations
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(data.rglob("seg-*")):  # the first conversation's spans reached the in-process collector
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
