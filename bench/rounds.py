@@ -19,6 +19,10 @@ the rounds (it runs on the other core, beside the rounds). ``--store-results
 every-round`` stores them in every round, as ``tracedag score`` does (and live rounds did before 61784f8).
 
     python bench/rounds.py --sizes 200000 800000 1600000 --rounds 5
+
+``--cpu`` times the process's CPU seconds (every thread's, DuckDB's included) instead of wall seconds: on a
+machine shared with other work they move less. To time another checkout's code with this script, put a shim of it
+first on ``PYTHONPATH`` (``bench/trace_by_id.py``'s ``_shim``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from tracedag.pipeline.service import CollectorConfig
 from tracedag.schemas.layout import state_file
 
 console = Console(width=140)
+clock = time.perf_counter  # --cpu: time.process_time
 
 
 def make_store(data: Path, spans: int, batch: int, progress: Progress) -> int:
@@ -69,23 +74,23 @@ def one_round(data: Path, seed: int, batch: int, incremental: bool, store: bool)
     if not incremental:
         clear_window(data)  # the plan reads every spans file, as before
         state_file(data, "score-window.json").unlink(missing_ok=True)  # and the scorer every build
-    t = time.perf_counter()
+    t = clock()
     built = build_store(data, idle_seconds=0, grace_seconds=0)
-    t_build = time.perf_counter() - t
+    t_build = clock() - t
     live = LiveRound(built.build_id if built.traces_built else None, built.received_from, materialize=store)
     if not incremental:
         live = None if store else LiveRound(None, None, materialize=False)
-    t = time.perf_counter()
+    t = clock()
     score_store(data, live=live)
-    return t_build, time.perf_counter() - t, built.traces_built
+    return t_build, clock() - t, built.traces_built
 
 
 def store_part(data: Path) -> tuple[float, int]:
     """Store one part of the named queries' results left by the rounds, as a busy live round does; return
     (seconds, traces stored)."""
-    t = time.perf_counter()
+    t = clock()
     stats = materialize_later(data, [], CollectorConfig.materialize_part)
-    return time.perf_counter() - t, stats.traces if stats is not None else 0
+    return clock() - t, stats.traces if stats is not None else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="live: rounds leave the named queries' results to the store's thread (a part of at most "
                          "materialize_part traces timed after the rounds), as tracedag collect --build does; "
                          "every-round: each round stores them")
+    ap.add_argument("--cpu", action="store_true", help="time CPU seconds of the process, not wall seconds")
     args = ap.parse_args(argv)
-    table = Table(title=f"one live round ({args.batch:,} new spans): median of {args.rounds}, seconds; named "
+    global clock
+    clock = time.process_time if args.cpu else time.perf_counter
+    import tracedag.pipeline
+    console.print(f"tracedag from {Path(tracedag.pipeline.__file__).parent}")
+    unit = "CPU seconds" if args.cpu else "seconds"
+    table = Table(title=f"one live round ({args.batch:,} new spans): median of {args.rounds}, {unit}; named "
                         f"queries' results stored: {args.store_results}")
     for col in ("store spans", "full: build", "full: score", "full: round", "incremental: build",
                 "incremental: score", "incremental: round", "ratio"):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,14 +29,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag import queries
-from tracedag.pipeline.score.memory import bounded_connection, memory_limit
+from tracedag.pipeline.score.memory import bound, bounded_connection, memory_limit
 from tracedag.pipeline.score.sharedgraph import shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params, to_arrow
-from tracedag.pipeline.store.views import _LATEST
+from tracedag.pipeline.store.views import _LATEST, create_shared_macros, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ class MaterializeStats:
 
 
 def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES, limit: int | None = None,
-                part: int = PART_TRACES, memory: int | None = None) -> MaterializeStats:
+                part: int = PART_TRACES, memory: int | None = None,
+                con: duckdb.DuckDBPyConnection | None = None) -> MaterializeStats:
     """Materialize the named queries for the traces of ``scored_files`` and every trace not materialized yet
     (at most ``chunk`` traces, whole conversations, over one copy of their rows). ``limit``: stop after the
     part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending; the
@@ -82,11 +85,16 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     trace (``tracedag score``'s first, or any after the SQL or human labels changed) runs over the store as it
     is, or in parts of ``part`` traces when the store has more (``_whole``). ``memory``: DuckDB's memory limit
     in bytes (None: ``score.memory.memory_limit``, a share of the available memory); it spills to the store's
-    disk beyond it."""
+    disk beyond it.
+
+    ``con``: run on this connection (``views.connect``'s, which the caller made spill to a directory of its own,
+    ``memory.spill_to``, and closes after this) instead of one of its own: its views are brought to the store as it
+    is (``views.refresh_views``) and its memory limit set. Its refined views are left reading the last part's copy.
+    A connection costs ~50 ms CPU to make, ~100 ms with the shared macros, which are made only when a part runs.
+    """
     t0 = time.perf_counter()
     stats = MaterializeStats()
-    with bounded_connection(data, memory_limit() if memory is None else memory) as con:
-        con.execute("set enable_progress_bar = false")
+    with _connection(data, memory_limit() if memory is None else memory, con) as con:
         signature = mat.signature(data)
         first = not mat.has_state_view(con)  # nothing stored yet: every trace pending
         stats.full = not (first and limit is not None) and _signature_changed(con, signature)
@@ -101,6 +109,22 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     stats.seconds = round(time.perf_counter() - t0, 3)
     logger.info("materialized %d traces in %.2fs (%s)", stats.traces, stats.seconds, stats.rows)
     return stats
+
+
+@contextmanager
+def _connection(data: Path, limit: int | None, given: duckdb.DuckDBPyConnection | None) -> Iterator[
+        duckdb.DuckDBPyConnection]:
+    """``given`` with its views refreshed and its memory ``limit``, else a connection of its own (``bounded_connection``,
+    without the shared macros: ``_run_round`` makes them when there is work)."""
+    if given is None:
+        with bounded_connection(data, limit, shared_macros=False) as con:
+            con.execute("set enable_progress_bar = false")
+            yield con
+        return
+    refresh_views(given, data)
+    bound(given, limit)
+    given.execute("set enable_progress_bar = false")
+    yield given
 
 
 def _whole(con: duckdb.DuckDBPyConnection, data: Path, signature: str, stats: MaterializeStats, part: int,
@@ -148,21 +172,24 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
                defer_state: bool = False) -> int:
     """Every trace (``scope`` None) at once over the views as they are; else the scope's conversations, at most
     ``chunk`` traces at a time (whole conversations), each over a copy of its rows (``_snapshot``). ``defer_state``:
-    the parts' state rows are written after the last part, in one file (``_whole``)."""
-    if scope is None:
-        scope = to_arrow(con.sql("select trace_id from traces"))
+    the parts' state rows are written after the last part, in one file (``_whole``). The failure graph is shared
+    (``sharedgraph``) over each part, its originals made again once, at the end."""
+    create_shared_macros(con)  # the named queries call them (a connection made without: nothing to store costs none)
+    with shared_failure_graph(con) as share:
+        if scope is None:
+            scope = to_arrow(con.sql("select trace_id from traces"))
+            con.register(SCOPE, scope)
+            state = to_arrow(con.sql(_TRACES_SQL, params=[time.time_ns(), signature]))
+            return _write_round(con, data, state, stats, share)
         con.register(SCOPE, scope)
-        state = to_arrow(con.sql(_TRACES_SQL, params=[time.time_ns(), signature]))
-        return _write_round(con, data, state, stats)
-    con.register(SCOPE, scope)
-    state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
-    done, deferred = 0, []
-    for part in _chunks(state, chunk):
-        part = _copy_part(con, data, part)
-        done += _write_round(con, data, part, stats, write_state=not defer_state)
-        deferred += [part] if defer_state else []
-        if limit is not None and done >= limit and not defer_state:
-            break
+        state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
+        done, deferred = 0, []
+        for part in _chunks(state, chunk):
+            part = _copy_part(con, data, part)
+            done += _write_round(con, data, part, stats, share, write_state=not defer_state)
+            deferred += [part] if defer_state else []
+            if limit is not None and done >= limit and not defer_state:
+                break
     if deferred:
         _write_state(data, pa.concat_tables(deferred))
     return done
@@ -204,19 +231,21 @@ def _snapshot(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
         assert refined != body, table
         con.execute(f"create or replace view {table} as {refined}")
+    forget_views(con)  # a refresh makes them read the store again
 
 
 def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, stats: MaterializeStats,
-                 write_state: bool = True) -> int:
+                 share: Callable[[], bool], write_state: bool = True) -> int:
     """Write every named query's rows over ``con``'s views, then ``state`` (the round is visible from then on;
-    ``write_state`` False: the caller writes it later)."""
+    ``write_state`` False: the caller writes it later). ``share`` computes the failure graph over the views first
+    (once for every query, not once per query)."""
     round_ns = int(state.column("mat_round")[0].as_py()) if state.num_rows else time.time_ns()
     con.register("__tracedag_mat_builds", state.select(["trace_id", "build_id"]))
-    with shared_failure_graph(con):  # the failure graph once for every query, not once per query
-        for name, spec in mat.SPECS.items():
-            for per in spec.pers or (None,):
-                n = _write_result(con, data, name, per, round_ns)
-                stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
+    share()
+    for name, spec in mat.SPECS.items():
+        for per in spec.pers or (None,):
+            n = _write_result(con, data, name, per, round_ns)
+            stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
     if write_state:
         _write_state(data, state)
     return int(state.num_rows)

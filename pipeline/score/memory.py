@@ -76,18 +76,39 @@ def memory_limit(given: str | None = None, env: Mapping[str, str] = os.environ) 
 
 
 @contextmanager
-def bounded_connection(data: Path, limit: int | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A connection with every view over ``data`` (``views.connect``), the memory ``limit`` (bytes; None: DuckDB's
-    default) and a spill directory in ``data/state``, removed once the connection is closed."""
+def spill_directory(data: Path) -> Iterator[Path]:
+    """A directory for DuckDB to spill to in ``data/state``, removed on leaving: close the connection spilling there
+    first (leave the connection's context inside this one)."""
     spill = Path(data) / "state" / f"duckdb-spill-{os.getpid()}"
     spill.mkdir(parents=True, exist_ok=True)
-    con = connect(data)
     try:
-        if limit is not None:
-            con.execute(f"set memory_limit = '{int(limit) // 2**20}MiB'")
-        quoted = str(spill).replace("'", "''")
-        con.execute(f"set temp_directory = '{quoted}'")
-        yield con
+        yield spill
     finally:
-        con.close()
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def spill_to(con: duckdb.DuckDBPyConnection, spill: Path) -> None:
+    """Make ``con`` spill to ``spill``: before it spilled anywhere (DuckDB cannot switch its directory once used)."""
+    quoted = str(spill).replace("'", "''")
+    con.execute(f"set temp_directory = '{quoted}'")
+
+
+def bound(con: duckdb.DuckDBPyConnection, limit: int | None) -> None:
+    """Set ``con``'s memory ``limit`` (bytes; None: leave it)."""
+    if limit is not None:
+        con.execute(f"set memory_limit = '{int(limit) // 2**20}MiB'")
+
+
+@contextmanager
+def bounded_connection(data: Path, limit: int | None, shared_macros: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection with every view over ``data`` (``views.connect``, with the shared macros unless ``shared_macros``
+    is False), the memory ``limit`` (bytes; None: DuckDB's default) and a spill directory in ``data/state``, removed
+    once the connection is closed."""
+    with spill_directory(data) as spill:
+        con = connect(data, shared_macros=shared_macros)
+        try:
+            bound(con, limit)
+            spill_to(con, spill)
+            yield con
+        finally:
+            con.close()

@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import to_arrow
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import BUILD_LOCK, state_file, table_dir
 from tracedag.schemas.tables import DAG_EDGES_V1
@@ -280,11 +280,16 @@ def _failed_traces(scored_files: list[Path]) -> pa.Table:
     return pa.table({"trace_id": ids}).group_by("trace_id").aggregate([])
 
 
-def provenance_round(data: Path, scored_files: list[Path]) -> int:
-    """Store the data edges of the traces with a failing row in ``scored_files`` (a score run's); return how many."""
+def provenance_round(data: Path, scored_files: list[Path], con: duckdb.DuckDBPyConnection | None = None) -> int:
+    """Store the data edges of the traces with a failing row in ``scored_files`` (a score run's); return how many.
+    ``con``: a ``views.connect`` connection to read on (its views brought to the store as it is,
+    ``views.refresh_views``) instead of one of its own."""
     scope = _failed_traces(scored_files)
     if scope.num_rows == 0:
         return 0
+    if con is not None:
+        refresh_views(con, data)
+        return write_data_edges(data, con, scope)
     con = connect(data, shared_macros=False)  # the data edges' SQL calls none of the shared macros
     try:
         con.execute("set enable_progress_bar = false")

@@ -22,7 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,13 +39,14 @@ from tracedag.pipeline.score.judge.cache import JudgeCache
 from tracedag.pipeline.score.judge.config import JudgeConfig, JudgeStats, model_family
 from tracedag.pipeline.score.judge.rubrics import load_rubrics
 from tracedag.pipeline.score.materialize import PART_TRACES, MaterializeStats, materialize
+from tracedag.pipeline.score.memory import spill_directory, spill_to
 from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.scan import Scan, read_scan, with_input_texts
 from tracedag.pipeline.score.writes import Writes, background_writes, score_lock
 from tracedag.pipeline.store.files import new_file_name, rerun_if_vanished
 from tracedag.pipeline.store.parquet import write_parquet_atomic
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.layout import state_file, table_dir
 
 if TYPE_CHECKING:  # the judge needs the openai package; scoring without it must not
@@ -373,55 +374,59 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         ``ScoreStats``: steps and rows by source, failures by category, judge tokens and cost.
     """
     stats = ScoreStats()
-    with score_lock(data):
-        _score_locked(data, judge, progress, max_iterations, stats, live, engine)
-        _provenance(data, stats)
-        if live is None or live.materialize:
-            _materialize(data, stats, part=materialize_part, memory=memory)
+    stores = live is None or live.materialize
+    with score_lock(data), ExitStack() as stack:
+        # one connection for the round (~50 ms CPU each: rules, data edges, stored results each made one); when it
+        # stores results it spills where they do from the start (DuckDB cannot switch its directory once used)
+        spill = stack.enter_context(spill_directory(data)) if stores else None
+        con = stack.enter_context(closing(_connect(data, spill)))  # closed before the spill directory goes
+        con = _score_locked(con, data, judge, progress, max_iterations, stats, live, engine)
+        _provenance(data, stats, con)
+        if stores:
+            _materialize(data, stats, part=materialize_part, memory=memory, con=con)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
     return stats
 
 
-def _score_locked(data: Path, judge: JudgeConfig | None, progress: bool, max_iterations: int | None,
-                  stats: ScoreStats, live: LiveRound | None = None, engine: Engine | None = None) -> None:
-    con = _connect(data)
-    try:
-        with _progress(progress) as advance:
-            with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
-                  ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
-                evaluations = _beside(con, pool, stats.evaluations)
-                newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live),
-                                     engine, data)
-                _write_rows(writes, evaluations.result(), stats)
-            if live is not None:
-                _save_scored_through(data, newest)
-            if judge is not None:
-                con.close()
-                con = _connect(data)  # see the rule rows just written
-                score_judge(data, con, judge, stats, advance)
-    finally:
-        con.close()
+def _score_locked(con: duckdb.DuckDBPyConnection, data: Path, judge: JudgeConfig | None, progress: bool,
+                  max_iterations: int | None, stats: ScoreStats, live: LiveRound | None = None,
+                  engine: Engine | None = None) -> duckdb.DuckDBPyConnection:
+    """Pass 1 and (``judge``) pass 2 on ``con``; return it."""
+    with _progress(progress) as advance:
+        with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
+              ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
+            evaluations = _beside(con, pool, stats.evaluations)
+            newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live),
+                                 engine, data)
+            _write_rows(writes, evaluations.result(), stats)
+        if live is not None:
+            _save_scored_through(data, newest)
+        if judge is not None:
+            refresh_views(con, data)  # see the rule rows just written (a first round's step_scores had no files)
+            score_judge(data, con, judge, stats, advance)
+    return con
 
 
-def _provenance(data: Path, stats: ScoreStats) -> None:
-    """Store the ``data`` edges into the failed tool steps just scored (``score.provenance``), before the
-    named queries are materialized; a failure loses nothing but those edges (logged)."""
+def _provenance(data: Path, stats: ScoreStats, con: duckdb.DuckDBPyConnection | None = None) -> None:
+    """Store the ``data`` edges into the failed tool steps just scored (``score.provenance``; on ``con`` when
+    given), before the named queries are materialized; a failure loses nothing but those edges (logged)."""
     try:
-        stats.data_edges = rerun_if_vanished(lambda: provenance_round(data, stats.files))
+        stats.data_edges = rerun_if_vanished(lambda: provenance_round(data, stats.files, con))
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("storing the data edges (value provenance) failed")
 
 
 def _materialize(data: Path, stats: ScoreStats, limit: int | None = None, part: int = PART_TRACES,
-                 memory: int | None = None) -> None:
-    """Write the named queries' results of the traces scored (``score.materialize``), inside the score lock.
+                 memory: int | None = None, con: duckdb.DuckDBPyConnection | None = None) -> None:
+    """Write the named queries' results of the traces scored (``score.materialize``, on ``con`` when given),
+    inside the score lock.
 
     A failure here loses nothing: the named queries compute from their SQL until a later round
     materializes the traces left (they are the ones without a ``materialized_traces`` row).
     """
     try:
         stats.materialized = rerun_if_vanished(
-            lambda: materialize(data, stats.files, limit=limit, part=part, memory=memory))
+            lambda: materialize(data, stats.files, limit=limit, part=part, memory=memory, con=con))
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("materializing the named queries failed; they compute from their SQL meanwhile")
 
@@ -437,9 +442,12 @@ def materialize_later(data: Path, scored_files: list[Path], limit: int | None = 
     return stats.materialized
 
 
-def _connect(data: Path) -> duckdb.DuckDBPyConnection:
-    con: duckdb.DuckDBPyConnection = connect(data, shared_macros=False)  # scoring calls none of them
+def _connect(data: Path, spill: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """A connection with the views and no shared macro (scoring calls none of them), spilling to ``spill`` if given."""
+    con: duckdb.DuckDBPyConnection = connect(data, shared_macros=False)
     con.execute("set enable_progress_bar = false")  # our own bars, not DuckDB's
+    if spill is not None:
+        spill_to(con, spill)
     return con
 
 

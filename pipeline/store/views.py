@@ -129,6 +129,7 @@ def restrict_to_trace(con: duckdb.DuckDBPyConnection, trace_id: str, build_id: s
         "step_scores": f"select * from step_scores_all where trace_id = {t} and (build_id is null or build_id = {b})",
     }
     assert set(bodies) == set(_LATEST) and spans != _LATEST["spans"]
+    forget_views(con)
     for table, body in bodies.items():
         con.execute(f"create or replace view {table} as {body}")
 
@@ -143,6 +144,7 @@ def restrict_traces(con: duckdb.DuckDBPyConnection, relation: str) -> None:
     bodies = {t: body.replace(f"from {t}_all", f"from (select * from {t}_all where trace_id in {ids})", 1)
               for t, body in _LATEST.items()}
     assert all(bodies[t] != _LATEST[t] for t in _LATEST)
+    forget_views(con)
     for table, body in bodies.items():
         con.execute(f"create or replace view {table} as {body}")
 
@@ -230,14 +232,61 @@ def _derived_tables(data: Path) -> list[str]:
 def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool = True) -> None:
     """(Re)create every view on ``con`` over the files now in ``data``, then (``shared_macros``) the shared
     query macros (``create_shared_macros``)."""
+    sql = _views_sql(con, data)
+    # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
+    con.execute(sql)
+    _VIEWS[con] = sql
+    if shared_macros:
+        create_shared_macros(con)
+
+
+# The statements ``create_views`` last ran on each connection, while its views are still those they made
+# (``refresh_views`` compares; a restriction of the refined views forgets them).
+_VIEWS: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
+
+
+def _views_sql(con: duckdb.DuckDBPyConnection, data: Path) -> str:
+    """The statements making every view over the files now in ``data`` (``create_views``), in one text."""
     with native_reads(con):  # a store's objects cached whole are read as local files, pinned for con's life
         statements = [_raw_view_sql(data, table) for table in SCHEMAS]
         statements += [f"create or replace view {table} as {_LATEST[table]}" for table in _LATEST]
         statements += [_derived_view_sql(data, table) for table in _derived_tables(data)]
-    # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
-    con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
-    if shared_macros:
-        create_shared_macros(con)
+    return ";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"])
+
+
+def refresh_views(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
+    """Make ``con``'s views (``create_views``') read the tables of ``data`` as they are now; return whether any
+    was made again.
+
+    A local store's views glob their table's directory each time a query is planned, so the files written or
+    removed since the views were made are read without this. What a view does not follow is a change of its
+    statement: a core table that had no files (its view was an empty relation of its schema) has some, a derived
+    table appeared or went, or the store is an object store (its views list the files). Then, or when the refined
+    views were restricted since (``restrict_traces``, ``forget_views``), every view is made again, as
+    ``create_views`` makes them (~25 ms CPU; a new connection with them costs ~50 ms). Comparing costs a
+    listing of the table directories (~1 ms). The shared macros are not touched.
+    """
+    for attempt in range(1, VANISHED_ATTEMPTS + 1):
+        sql = _views_sql(con, data)
+        if _VIEWS.get(con) == sql:
+            return False
+        try:
+            con.execute(sql)
+        except duckdb.IOException as e:  # a GC or compaction swap removed a file meanwhile: list again
+            if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
+                raise
+            _VIEWS.pop(con, None)
+            vanished_pause(attempt)
+            continue
+        _VIEWS[con] = sql
+        return True
+    raise AssertionError("unreachable")
+
+
+def forget_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Say that ``con``'s refined views no longer read the whole store (a caller made them read a copy or a
+    part): the next ``refresh_views`` makes every view again."""
+    _VIEWS.pop(con, None)
 
 
 def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str]) -> None:

@@ -45,8 +45,10 @@ def test_every_stored_query_reads_the_shared_graph_and_gives_the_rows_of_its_sql
     assert any(want[f"{n} {g}"] for n, g in CASES if n == "root_causes")
     con = connect(data)
     try:
-        with shared_failure_graph(con) as shared:
-            assert shared
+        with shared_failure_graph(con) as share:
+            assert share()
+            assert {f"{n} {g}": _rows(con, n, g) for n, g in CASES} == want
+            assert share()  # shared again on the same connection (a round's next part): the same rows
             assert {f"{n} {g}": _rows(con, n, g) for n, g in CASES} == want
             con.execute(f"delete from {KEPT}failure_steps_rows")  # the queries read the kept rows...
             con.execute(f"delete from {KEPT}failure_dag_rows")
@@ -65,7 +67,8 @@ def test_a_call_the_shared_rows_cannot_answer_fails_and_the_originals_answer_it_
     try:
         plain = _rows(con, "failures", {"fail_threshold": "3.0"})
         assert plain
-        with shared_failure_graph(con), pytest.raises(duckdb.Error, match="p_fail_threshold is not 2.0"):
+        with shared_failure_graph(con) as share, pytest.raises(duckdb.Error, match="p_fail_threshold is not 2.0"):
+            assert share()
             _rows(con, "failures", {"fail_threshold": "3.0"})
         assert _rows(con, "failures", {"fail_threshold": "3.0"}) == plain
     finally:
