@@ -62,12 +62,30 @@ def materialized_copy(src: Path, dst: Path) -> Path:
 COLUMNS = ("node", "score", "greedy_root_id", "greedy_hops", "final", "longest_chain")
 
 
+_WHOLE: dict[Path, dict[str, show.Shown]] = {}
+
+
+def whole_store_answers(data: Path) -> dict[str, show.Shown]:
+    """``whole_store_shown`` of every trace of the fixture store ``data`` (never written to), computed once per module:
+    the two tests below compare ``load_shown`` with it, on a materialized copy of ``data`` and on ``data`` itself."""
+    if data not in _WHOLE:
+        con = connect(data)
+        try:
+            _WHOLE[data] = {tid: whole_store_shown(data, tid, con) for tid in trace_ids(data)}
+        finally:
+            con.close()
+    return _WHOLE[data]
+
+
 @pytest.mark.parametrize("fixture", ["query_store", "rca_store", "ties_store"])
 def test_the_stored_failure_dag_equals_the_computed_one(fixture: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path) -> None:
-    data = materialized_copy(request.getfixturevalue(fixture), tmp_path / "store")
+    source = request.getfixturevalue(fixture)
+    data = materialized_copy(source, tmp_path / "store")
+    whole = whole_store_answers(source)  # the same traces, whose named queries' rows are not stored
     con = connect(data)
     failed = 0
+    assert trace_ids(data) == sorted(whole)
     for tid in trace_ids(data):
         want = con.sql(show._CAUSE_SQL, params={"t": tid, "fail_threshold": 2.0, "max_hops": 1000}
                        ).to_arrow_table().to_pylist()
@@ -76,7 +94,7 @@ def test_the_stored_failure_dag_equals_the_computed_one(fixture: str, request: p
         assert [{k: r[k] for k in COLUMNS} | {"nearest": sorted(r["nearest"] or [])} for r in got] == \
             [{k: r[k] for k in COLUMNS} | {"nearest": sorted(r["nearest"] or [])} for r in want], tid
         failed += bool(want)
-        assert show.load_shown(data, tid) == whole_store_shown(data, tid, con)
+        assert show.load_shown(data, tid) == whole[tid], tid
     con.close()
     assert failed >= 2
 
@@ -101,12 +119,11 @@ def test_show_reads_what_the_whole_store_views_give(fixture: str, request: pytes
     ids = trace_ids(data)
     assert len(ids) >= 6
     causes = 0
-    con = connect(data)
+    whole = whole_store_answers(data)
     for tid in ids:
-        got, want = show.load_shown(data, tid), whole_store_shown(data, tid, con)
+        got, want = show.load_shown(data, tid), whole[tid]
         assert got == want, tid
         causes += got.cause is not None
-    con.close()
     assert causes >= 3  # the fixtures' failed traces: the cause path is compared too
 
 
