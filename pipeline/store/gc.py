@@ -51,10 +51,12 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -113,13 +115,9 @@ ROWS_PER_SPAN = {"dag_nodes": 1, "dag_edges": 3}
 """Rows per span of a trace, at most (edges: parent + sequence + explicit, with room), to bound the
 dead rows of a file from per-build span counts without reading it."""
 
-_BUILDS_SQL = """
-with l as (select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as b from traces_all group by trace_id)
-select t.build_id, count(*) as total, count(l.trace_id) as live,
-       coalesce(sum(t.span_count) filter (where l.trace_id is null), 0) as dead_spans
-from traces_all t left join l on t.trace_id = l.trace_id and t.build_id = l.b
-group by t.build_id
-"""
+_PAIRS_SQL = "select trace_id, build_id, built_unix_nano, span_count from traces_all"
+"""What ``liveness`` reads: every (trace, build) row of ``traces_all``, four narrow columns (the build writes them
+all, never null); the latest build of each trace (the ``traces`` view's arg_max) is then found with one sort."""
 
 
 @dataclass(frozen=True)
@@ -154,30 +152,67 @@ class Liveness:
         return "live" if live == self.total.get(build, 0) else "mixed"
 
 
-def liveness(data: Path) -> Liveness:
-    """Read the live pairs and per-build counts from the ``traces`` views."""
-    from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
+def liveness(data: Path, con: duckdb.DuckDBPyConnection | None = None) -> Liveness:
+    """Read the live pairs and per-build counts from the ``traces`` views: on ``con`` (a connection over ``data``
+    whose raw views of ``traces`` and the stored rounds' state are made again here, left open) or a new one."""
+    pairs, replaced, stale = _read_liveness(data, con) if con is not None else (None, None, frozenset())
+    if pairs is None:
+        from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
 
-    # reads traces_all and the stored rounds' state only: their raw views, not every view and macro
-    con = connect(data, tables=["traces", materialized.STATE])
+        # reads traces_all and the stored rounds' state only: their raw views, not every view and macro
+        with closing(connect(data, tables=["traces", materialized.STATE])) as own:
+            pairs, replaced, stale = _read_liveness(data, own)
+        assert pairs is not None
+    live, per_build = latest_builds(pairs)
+    return Liveness(keys=live, total=per_build["total"], live=per_build["live"], dead_spans=per_build["dead_spans"],
+                    replaced=replaced, stale_rounds=stale)
+
+
+def _read_liveness(data: Path, con: duckdb.DuckDBPyConnection) -> tuple[
+        pa.Table | None, pa.Array | None, frozenset[int]]:
+    """``_PAIRS_SQL`` and ``_replaced`` on ``con``, its raw views of the two tables made again first (the files
+    now); (None, None, empty) when a file went away meanwhile (``liveness`` then connects afresh, which lists again)."""
+    import duckdb  # not at the top: the converters import this module, and only prune
+
+    from tracedag.pipeline.store.views import create_raw_views
+
     try:
-        con.execute("set enable_progress_bar = false")
-        # the pairs the ``traces`` view keeps, without reading the other columns of traces_all
-        live = con.sql("select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id "
-                       "from traces_all group by trace_id").to_arrow_table()
-        builds = con.sql(_BUILDS_SQL).fetchall()
+        create_raw_views(con, data, ["traces", materialized.STATE])
+        # one thread: narrow reads of a few thousand rows a file, where DuckDB's other threads only add CPU
+        con.execute("set threads = 1; set enable_progress_bar = false")
+        pairs = con.sql(_PAIRS_SQL).to_arrow_table()
         replaced, stale = _replaced(con)
-    finally:
-        con.close()
-    keys = pc.binary_join_element_wise(live.column("trace_id"), live.column("build_id"), "\x1f")
-    return Liveness(
-        keys=keys.combine_chunks(),
-        total={b: int(n) for b, n, _, _ in builds},
-        live={b: int(n) for b, _, n, _ in builds},
-        dead_spans={b: int(n) for b, _, _, n in builds},
-        replaced=replaced,
-        stale_rounds=stale,
-    )
+    except duckdb.IOException:
+        return None, None, frozenset()
+    return pairs, replaced, stale
+
+
+def latest_builds(pairs: pa.Table) -> tuple[pa.Array, dict[str, dict[str, int]]]:
+    """The keys ``trace_id\x1fbuild_id`` of each trace's latest build in ``pairs`` (``_PAIRS_SQL``: the greatest
+    (built_unix_nano, build_id), as the ``traces`` view's arg_max), and per build: ``total`` rows, ``live`` rows
+    (of a trace's latest build) and ``dead_spans`` (``span_count`` of the others)."""
+    order = pc.sort_indices(pairs, sort_keys=[("trace_id", "ascending"), ("built_unix_nano", "descending"),
+                                              ("build_id", "descending")])
+    t = pairs.take(order)
+    trace = t.column("trace_id").combine_chunks()
+    build = t.column("build_id").combine_chunks()
+    n = len(t)
+    first = np.ones(n, dtype=np.bool_)  # the first row of each trace's run: its latest build
+    if n > 1:
+        first[1:] = pc.not_equal(trace.slice(1), trace.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    run = np.cumsum(first) - 1  # each row's trace, as the index of its run
+    heads = np.flatnonzero(first)
+    latest = build.take(pa.array(heads))
+    is_live = pc.equal(build, latest.take(pa.array(run))).to_numpy(zero_copy_only=False) if n else first
+    spans = np.asarray(t.column("span_count").to_numpy(zero_copy_only=False), dtype=np.int64)
+    per = pa.table({"b": build, "live": pa.array(is_live.astype(np.int64)),
+                    "dead": pa.array(np.where(is_live, 0, spans))}).group_by("b").aggregate(
+        [("b", "count"), ("live", "sum"), ("dead", "sum")])
+    names = per.column("b").to_pylist()
+    counts = {k: per.column(c).to_pylist() for k, c in (("total", "b_count"), ("live", "live_sum"),
+                                                          ("dead_spans", "dead_sum"))}
+    keys = pc.binary_join_element_wise(trace.take(pa.array(heads)), latest, "\x1f")
+    return keys, {k: {b: int(v) for b, v in zip(names, vs, strict=True)} for k, vs in counts.items()}
 
 
 _REPLACED_SQL = f"""
@@ -269,15 +304,14 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
     not make up ``rewrite_share`` of it (its dead rows are then reported as 0: it stays as it is).
     A file holding rows of a round no state row names (``lv.orphans``) is read, unless that is every round of it.
     """
-    meta = pq.ParquetFile(path).metadata
-    rows = meta.num_rows
-    rounds = rounds_of(path, meta) if table in ROUNDS else []
+    rows, build = footer(path)
+    rounds = rounds_of(path) if table in ROUNDS else []
     orphans = lv.orphans(rounds)
     if orphans and len(orphans) == len(rounds):
         return rows, rows, rows  # every round of the file was killed before its state rows
     replaced = bool(lv.stale_rounds.intersection(rounds))  # a later round's
     if not orphans:
-        dead = _dead_unread(path, meta, table, lv, rewrite_share, replaced)
+        dead = _dead_unread(path, rows, build, table, lv, rewrite_share, replaced)
         if dead is not None:
             return rows, dead, 0
     columns = ["trace_id", "build_id", *(["mat_round"] if replaced or orphans else [])]
@@ -285,11 +319,10 @@ def dead_share(path: Path, table: str, lv: Liveness, rewrite_share: float) -> tu
     return rows, rows - int(pc.sum(live_mask(t, lv)).as_py() or 0), orphan_rows(t, lv)
 
 
-def _dead_unread(path: Path, meta: pq.FileMetaData, table: str, lv: Liveness, rewrite_share: float,
+def _dead_unread(path: Path, rows: int, build: str | None, table: str, lv: Liveness, rewrite_share: float,
                  replaced: bool) -> int | None:
-    """The dead rows of ``path`` (metadata ``meta``) known without reading it (``dead_share``), or None."""
-    rows = meta.num_rows
-    build = single_build(path, meta)
+    """The dead rows of ``path`` (``rows`` rows, all of ``build`` per ``footer``) known without reading it
+    (``dead_share``), or None."""
     if build is not None:
         state = lv.status(build)
         if state == "dead" or (state == "live" and not replaced):
@@ -302,6 +335,23 @@ def _dead_unread(path: Path, meta: pq.FileMetaData, table: str, lv: Liveness, re
     if states == {"dead"} or (states == {"live"} and not replaced):  # several builds (scores, merged files)
         return rows if states == {"dead"} else 0
     return None
+
+
+_FOOTERS: dict[tuple[str, int, int], tuple[int, str | None]] = {}
+"""(path, size, mtime) -> (rows, ``single_build``) of a file, from its footer (as ``_BUILDS_SEEN``): a live builder
+collects after every round, and reading every footer of every derived table each time costs ~0.6 ms a file."""
+
+
+def footer(path: Path) -> tuple[int, str | None]:
+    """The rows of ``path`` and its one build per its statistics (``single_build``), read once per version."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _FOOTERS:
+        if len(_FOOTERS) > 10_000:
+            _FOOTERS.clear()
+        meta = pq.ParquetFile(path).metadata
+        _FOOTERS[key] = (meta.num_rows, single_build(path, meta))
+    return _FOOTERS[key]
 
 
 _BUILDS_SEEN: dict[tuple[str, int, int], list[str | None]] = {}

@@ -11,6 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,9 @@ from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
 from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
 
+if TYPE_CHECKING:
+    import duckdb
+
 logger = logging.getLogger(__name__)
 
 ROW_GROUP = 16 * 1024
@@ -44,13 +48,15 @@ ROW_GROUP = 16 * 1024
 (``dag.build.TRACE_ROW_GROUP``): a reader of one trace skips the row groups whose statistics do not hold it."""
 
 
-def collect(data: Path, settings: GcSettings | None = None, compact: bool = False) -> GcStats:
-    """Remove superseded rows (and merge small files) of every derived table; call inside the build lock."""
+def collect(data: Path, settings: GcSettings | None = None, compact: bool = False,
+            con: duckdb.DuckDBPyConnection | None = None) -> GcStats:
+    """Remove superseded rows (and merge small files) of every derived table; call inside the build lock.
+    ``con``: a connection of the caller's over ``data`` to read the liveness on (``gc.liveness``), left open."""
     t0 = time.perf_counter()
     cfg = settings or GcSettings()
     stats = GcStats()
     remove_staging(data)
-    lv = liveness(data)
+    lv = liveness(data, con)
     for table in TABLES:
         if table not in SCORED:
             collect_table(data, table, lv, cfg, compact, stats)
