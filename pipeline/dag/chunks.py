@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from tracedag.pipeline.dag.prep import INPUT_COLUMNS
 from tracedag.pipeline.store.files import parquet_files
@@ -51,13 +52,65 @@ class Source:
 
     def dataset(self, relist: bool = False) -> ds.Dataset:
         files = parquet_files(self.data, "spans") if relist or self.files is None else self.files
-        return spans_dataset(self.data, files, self.store)
+        return spans_dataset(self.data, arrived_since(files, self.received_from), self.store)
 
     def filter(self, trace_ids: pa.Array) -> ds.Expression:
         flt = ds.field("trace_id").isin(trace_ids)
         if self.received_from is not None:
             flt = flt & (ds.field("received_unix_nano") >= self.received_from)
         return flt
+
+
+_LAST_ARRIVAL: dict[tuple[str, int, int], int | None] = {}
+"""(path, size, mtime) -> the latest ``received_unix_nano`` of a spans file per its statistics (None: unknown)."""
+
+
+def arrived_since(files: list[Path], received_from: int | None) -> list[Path]:
+    """``files`` without those whose every span arrived before ``received_from``, per their footers (read once
+    per file version: spans files never change in place). The scan would skip them on the same statistics, but
+    only after opening each: a live round then opened every spans file of the store. A file that is not here
+    (in an object store) or whose statistics do not tell is kept."""
+    if received_from is None:
+        return files
+    kept = []
+    for f in files:
+        last = _last_arrival(f)
+        if last is None or last >= received_from:
+            kept.append(f)
+    return kept
+
+
+def _last_arrival(path: Path) -> int | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _LAST_ARRIVAL:
+        if len(_LAST_ARRIVAL) > 10_000:
+            _LAST_ARRIVAL.clear()
+        try:
+            meta = pq.ParquetFile(path).metadata
+        except (OSError, pa.ArrowInvalid):
+            return None  # the scan reports it
+        _LAST_ARRIVAL[key] = _max_statistic(meta, "received_unix_nano")
+    return _LAST_ARRIVAL[key]
+
+
+def _max_statistic(meta: pq.FileMetaData, column: str) -> int | None:
+    """The greatest value of the top-level int ``column`` over the row groups of ``meta`` (None: not known)."""
+    col = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), -1)
+    if col < 0:
+        return None
+    best: int | None = None
+    for g in range(meta.num_row_groups):
+        if meta.row_group(g).num_rows == 0:
+            continue
+        st = meta.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max:
+            return None
+        best = int(st.max) if best is None else max(best, int(st.max))
+    return best
 
 
 def spans_dataset(data: Path, files: list[Path], store: str | None = None) -> ds.Dataset:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.dag import duck
 from tracedag.pipeline.dag.graph import Graph
 from tracedag.pipeline.dag.roles import step_roles
 from tracedag.pipeline.dag.siblings import arrow
@@ -89,20 +89,21 @@ def edges_table(prep: pa.Table, g: Graph, build_id: str) -> pa.Table:
         np.full(x_src.size, 3),
         np.full(int(tc.sum()), 4),
     ]).astype(np.int8)
-    n, c = src.size, child.size
-    src_ids, dst_ids = _ids(prep, src), _ids(prep, dst)
-    # tree edges come first: there a child (dst) influences its parent (src); zero-copy slices
-    up = pa.chunked_array(dst_ids.slice(0, c).chunks + src_ids.slice(c).chunks)
-    down = pa.chunked_array(src_ids.slice(0, c).chunks + dst_ids.slice(c).chunks)
+    tree_edge = np.arange(src.size) < child.size
+    # in trace order (stable), as the build writes them (``build.by_trace``): the trace numbers follow the trace ids
+    order = np.argsort(g.trace[dst], kind="stable")
+    src, dst, kinds, tree_edge = src[order], dst[order], kinds[order], tree_edge[order]
+    n = src.size
+    # tree edges: a child (dst) influences its parent (src); the others: src influences dst
     return pa.Table.from_arrays(
         [
             prep.column("trace_id").take(pa.array(dst)),
             pa.repeat(pa.scalar(build_id), n),
-            src_ids,
-            dst_ids,
+            _ids(prep, src),
+            _ids(prep, dst),
             pa.DictionaryArray.from_arrays(pa.array(kinds), EDGE_KINDS).cast(pa.string()),
-            up,
-            down,
+            _ids(prep, np.where(tree_edge, dst, src)),
+            _ids(prep, np.where(tree_edge, src, dst)),
             *(pa.nulls(n, pa.string()) for _ in range(3)),  # src_trace_id, data_arg, data_from: data edges only
         ],
         schema=DAG_EDGES_V1,
@@ -131,7 +132,7 @@ def _trace_meta(prep: pa.Table, g: Graph, edges: pa.Table, nodes: pa.Table, spec
 def _deviations(edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None, trace_ids: list[str]) -> list[str | None]:
     if spec is None:
         return [None] * len(trace_ids)
-    con = duckdb.connect(":memory:")
+    con = duck.cursor()
     try:
         con.register("e", edges)
         con.register("n", nodes)

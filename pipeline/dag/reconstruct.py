@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.dag import loops, tree
+from tracedag.pipeline.dag import duck, loops, tree
 from tracedag.pipeline.dag.explicit import TraceGraph, explicit_edges, resolve
 from tracedag.pipeline.dag.graph import Graph
 from tracedag.pipeline.dag.output import assemble
@@ -173,8 +173,7 @@ def reconstruct(
     spec: WorkflowSpec | None = None,
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Build (traces, dag_nodes, dag_edges) tables for the complete traces in ``spans``."""
-    con = duckdb.connect(":memory:")
-    con.execute("set enable_progress_bar = false")
+    con = duck.cursor()
     try:
         with stage("prepare"):
             f = prepare(con, spans)
