@@ -3,14 +3,11 @@
 A newcomer copies these lines into a shell, so the test does the same: the demo runs as a user runs it (in an
 empty directory, default ``--data ./tracedag-demo``, as a subprocess of this interpreter), each printed command
 runs through ``bash -c`` with this interpreter's ``bin/`` first on PATH, in the order the demo prints them, and
-the ``next:`` lines those commands print run after them. Four commands need something a shell user would
+the ``next:`` lines those commands print run after them. Three commands need something a shell user would
 have: ``tracedag serve`` gets ``--port 0`` (8080 may be taken on a CI machine; the kernel picks a free port) and
 is stopped once it answers at the URL it prints; the semantic merge gets the judge variables its line names,
 pointing at a local chat-completions server; ``tracedag sql`` without a statement gets a statement on its
-standard input; the Ray line's two commands (``build ... --engine ray --workers 2 && score ... --engine ray``)
-join one local Ray cluster by ``RAY_ADDRESS``, as a user with a cluster runs them, instead of each starting and
-stopping one (a cluster takes ~10 s to start). That cluster is started by the product's own ``init_ray(None, 2)``
-(what ``--workers 2`` without an address runs), in a process of its own, while the commands before it run.
+standard input.
 """
 
 from __future__ import annotations
@@ -18,11 +15,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -117,47 +111,6 @@ def _check(command: str, cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-# A local Ray cluster as ``--engine ray --workers 2`` starts one (tracedag's init_ray), held until stdin closes; it
-# prints what a shell joining it needs: its address, and Ray's RAY_AUTH_MODE when ray.init turned token auth on
-# (the token itself is in ~/.ray, where the cluster's start found or wrote it).
-_CLUSTER = ("import json, os, sys, ray\n"
-            "from tracedag.pipeline.engine.ray_engine import init_ray\n"
-            "assert init_ray(None, 2)\n"
-            "join = {'RAY_ADDRESS': ray.get_runtime_context().gcs_address}\n"
-            "join.update({k: v for k, v in os.environ.items() if k == 'RAY_AUTH_MODE'})\n"
-            "print(json.dumps(join), flush=True)\n"
-            "sys.stdin.read()\n"
-            "ray.shutdown()\n")
-
-
-@contextmanager
-def ray_cluster(cwd: Path) -> Iterator[Callable[[], dict[str, str]]]:
-    """Start a local Ray cluster of 2 CPUs in a process of its own; yield a function that waits for it to start and
-    returns the environment variables that join it.
-
-    It starts while the commands printed before the Ray line run, and stops (``ray.shutdown``) at the end."""
-    if not _has_ray():
-        yield lambda: pytest.fail("Ray is not installed")
-        return
-    log = cwd.parent / "ray-cluster.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", _CLUSTER], cwd=cwd, env=_env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    join: list[dict[str, str]] = []
-
-    def wait() -> dict[str, str]:
-        if not join:
-            line = proc.stdout.readline().strip() if proc.stdout else ""
-            assert line, f"the Ray cluster did not start:\n{log.read_text()[-3000:]}"
-            join.append(json.loads(line))
-        return join[0]
-
-    try:
-        yield wait
-    finally:
-        proc.communicate(timeout=120)  # closes stdin: the cluster stops
-
-
 @pytest.mark.timeout(1500)  # about fifteen commands, a Ray cluster among them
 def test_every_printed_command_runs_as_printed(demo):
     cwd, output = demo
@@ -165,16 +118,14 @@ def test_every_printed_command_runs_as_printed(demo):
     assert len(printed) >= 12, printed
     assert not [c for c in printed if re.search(r"\.\.\.|BUCKET|PREFIX|TRACE_ID|\bDIR\b", c)], printed
     fake = FakeJudge(_same_step)
-    with serve(fake) as url, ray_cluster(cwd) as ray_join:
+    with serve(fake) as url:
         judged = _env(TRACEDAG_JUDGE_MODEL="local-judge", TRACEDAG_JUDGE_BASE_URL=url)
         ran: list[str] = []
         for command in printed:
             if "--engine ray" in command and not _has_ray():
                 continue
-            # only the semantic merge's line names the judge variables, only the Ray line joins the cluster
+            # only the semantic merge's line names the judge variables; every other command runs without them
             env = judged if "--merge semantic" in command else _env()
-            if "--engine ray" in command:
-                env = _env(**ray_join())
             started = time.monotonic()
             follow = [c for c in hints(_check(command, cwd, env)) if c not in printed and c not in ran]
             print(f"{time.monotonic() - started:6.1f} s  {command}")
