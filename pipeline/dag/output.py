@@ -132,7 +132,7 @@ def _trace_meta(prep: pa.Table, g: Graph, edges: pa.Table, nodes: pa.Table, spec
 def _deviations(edges: pa.Table, nodes: pa.Table, spec: WorkflowSpec | None, trace_ids: list[str]) -> list[str | None]:
     if spec is None:
         return [None] * len(trace_ids)
-    con = duck.cursor()
+    con = duck.connection(nodes.num_rows)
     try:
         con.register("e", edges)
         con.register("n", nodes)

@@ -173,7 +173,7 @@ def reconstruct(
     spec: WorkflowSpec | None = None,
 ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Build (traces, dag_nodes, dag_edges) tables for the complete traces in ``spans``."""
-    con = duck.cursor()
+    con = duck.connection(spans.num_rows)
     try:
         with stage("prepare"):
             f = prepare(con, spans)
