@@ -27,7 +27,7 @@ from tracedag.pipeline.serve.sqlguard import Catalog, catalog
 from tracedag.pipeline.store import files, materialized
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
 from tracedag.pipeline.store.manifests import cached_listing
-from tracedag.pipeline.store.querying import bind_params, query_doc, run_named, to_arrow
+from tracedag.pipeline.store.querying import bind_params, query_doc, run_named, run_named_together, to_arrow
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed, TracedagError
@@ -129,17 +129,28 @@ class Store:
         result: pa.Table = self.cache.get(self.state(), key, lambda: run_named(self.data, name, params, None))
         return result
 
-    def _whole_or_run(self, name: str, params: Mapping[str, str], state: str) -> pa.Table:
-        """The query over every trace when it is cached for this build state (then filtered), else run narrowed."""
+    def _named_tables(self, names: tuple[str, ...], params: Mapping[str, str], state: str) -> dict[str, pa.Table]:
+        """The results of ``names`` for a document: each query over every trace when it is cached for this build
+        state (then filtered), or one trace's stored rows; the rest run narrowed, on one connection for them all
+        (``run_named_together``: a connection and the shared macros for each cost ~0.17 s CPU)."""
+        found = {name: self._whole_or_stored(name, params, state) for name in names}
+        todo = [name for name, table in found.items() if table is None]
+        if todo and "trace_id" in params:
+            found.update(zip(todo, run_named_together(self.data, [(name, params) for name in todo]), strict=True))
+        tables = {name: table if table is not None else run_named(self.data, name, params)
+                  for name, table in found.items()}
+        return tables
+
+    def _whole_or_stored(self, name: str, params: Mapping[str, str], state: str) -> pa.Table | None:
+        """The query over every trace when it is cached for this build state (filtered to ``params``' trace), or
+        the trace's stored rows; None: to run."""
         whole = self.cache.peek(state, repr((name, [], None)))
         if whole is not None and "trace_id" in params:
             table: pa.Table = whole.filter(pc.equal(whole["trace_id"], params["trace_id"]))
             return table
         if "trace_id" in params:
-            stored = self._stored(name, params, state)
-            if stored is not None:
-                return stored
-        return run_named(self.data, name, params) if params or whole is None else whole
+            return self._stored(name, params, state)
+        return whole if not params else None
 
     def _stored(self, name: str, params: Mapping[str, str], state: str) -> pa.Table | None:
         """One trace's materialized rows of ``name``, read on this build state's connection (None: not stored)."""
@@ -213,9 +224,10 @@ class Store:
                     out.setdefault(r[key], []).append(r)
             return out
 
-        summary = grouped(self._whole_or_run("trace_summary", p, state).to_pylist())
-        failures = grouped(self._whole_or_run("propagation", p, state).to_pylist())
-        roots = grouped(self._whole_or_run("root_causes", p, state).to_pylist())
+        named = self._named_tables(("trace_summary", "propagation", "root_causes"), p, state)
+        summary = grouped(named["trace_summary"].to_pylist())
+        failures = grouped(named["propagation"].to_pylist())
+        roots = grouped(named["root_causes"].to_pylist())
         parts = {name: grouped(rows) for name, rows in self._parts(sorted(wanted), state).items()}
         docs = {}
         for tid in trace_ids:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from pathlib import Path
 
 import duckdb
@@ -21,7 +22,7 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.remote import remote_of
-from tracedag.pipeline.store.views import _LATEST
+from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -34,19 +35,37 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     """``name``'s result from its stored rows and its SQL (``sql``, ``values``) over the traces they do not
     answer; None when the stored rows answer every trace or too few (then one statement does it all).
 
-    Restricts ``con``'s ``traces`` view: for a connection of its own (``querying.run_named``)."""
+    Restricts ``con``'s refined views: for a connection of its own (``querying.run_named``), or one whose later
+    queries are read here too or after ``unrestrict`` (``querying.run_named_together``). A connection restricted
+    to the same traces by a query before keeps its views (its copies of their rows): the stored rows of one trace
+    or of every trace are read from the raw and stored tables alone, never from the refined views."""
     if not materialized.matches(name, values):
         return None
     state = materialized.freshness(con, data)
     if not state.usable or not state.stale:
         return None
-    con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
+    one, whole = materialized.scope_flags(values)
+    if _SCOPED.get(con) != state.stale or not (one or whole):  # a time window's read calls trace_window
+        unrestrict(con, data)
+        con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
     stored = _stored(con, data, name, values)
-    _restrict(con, data, len(state.stale))
+    if con not in _SCOPED:
+        _restrict(con, data, len(state.stale))
+        _SCOPED[con] = state.stale
     computed = _arrow(con.sql(sql, params=values or None))
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
                 name, stored.num_rows, computed.num_rows, len(state.stale))
     return ordered(name, stored, computed)
+
+
+_SCOPED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, tuple[str, ...]] = weakref.WeakKeyDictionary()
+"""The traces each connection's refined views were restricted to by ``read`` (until ``unrestrict``)."""
+
+
+def unrestrict(con: duckdb.DuckDBPyConnection, data: Path) -> None:
+    """Bring ``con``'s refined views back to every trace of ``data`` when ``read`` restricted them (else nothing)."""
+    if _SCOPED.pop(con, None) is not None:
+        refresh_views(con, data)
 
 
 COPY_TRACES = 5_000
@@ -93,6 +112,7 @@ def _restrict(con: duckdb.DuckDBPyConnection, data: Path, traces: int) -> None:
     """Make ``con``'s refined views hold only the traces of ``SCOPE`` (as ``views.restrict_traces``) from the files
     that hold them (``narrowed``), those of the tables sorted by trace id over a copy of their rows when they are
     few (``COPY_TRACES``)."""
+    forget_views(con)  # the next refresh_views makes them all again
     sources = narrowed(con, data, SCOPE)
     for table, body in _LATEST.items():
         source = sources[table]
