@@ -136,7 +136,8 @@ class Store:
         found = {name: self._whole_or_stored(name, params, state) for name in names}
         todo = [name for name, table in found.items() if table is None]
         if todo and "trace_id" in params:
-            found.update(zip(todo, run_named_together(self.data, [(name, params) for name in todo]), strict=True))
+            ran = run_named_together(self.data, [(name, params) for name in todo], trace_id=params["trace_id"])
+            found.update(zip(todo, ran, strict=True))
         tables = {name: table if table is not None else run_named(self.data, name, params)
                   for name, table in found.items()}
         return tables

@@ -11,6 +11,7 @@ SQL stays the reference: tests/queries/test_materialized.py checks that both giv
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import weakref
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, materialized
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
@@ -68,6 +70,38 @@ def unrestrict(con: duckdb.DuckDBPyConnection, data: Path) -> None:
         refresh_views(con, data)
 
 
+def covers(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
+    """Whether ``con``'s refined views hold ``trace_id``'s whole conversation (``read`` or ``restrict_to_conversation``
+    restricted them to it): a named query narrowed to that trace gives the rows it gives over every trace."""
+    scope = _SCOPED.get(con, ())
+    i = bisect.bisect_left(scope, trace_id)
+    return i < len(scope) and scope[i] == trace_id
+
+
+# The traces of one trace's conversation (the trace alone without one), by the latest build of each, as
+# ``materialized.freshness`` groups them: the scope a materialize round computes the trace's rows in.
+_CONVERSATION_SQL = """
+with latest as (
+    select trace_id, arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
+    from traces_all group by trace_id
+)
+select trace_id from latest where conversation_key = (select conversation_key from latest where trace_id = $t)
+order by trace_id
+"""
+
+
+def restrict_to_conversation(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str) -> None:
+    """Make ``con``'s refined views hold only the traces of ``trace_id``'s conversation (as ``read`` restricts them
+    to the traces not stored yet): the named queries narrowed to ``trace_id`` then read those traces' files and
+    rows only (``covers``), and give its rows over every trace. For a reader of one trace (serve's view)."""
+    found = con.sql(_CONVERSATION_SQL, params={"t": trace_id}).fetchall()
+    scope = tuple(str(t) for (t,) in found)
+    unrestrict(con, data)
+    con.register(SCOPE, pa.table({"trace_id": pa.array(scope, pa.string())}))
+    _restrict(con, data, len(scope))
+    _SCOPED[con] = scope
+
+
 COPY_TRACES = 5_000
 """Up to this many traces computed from the SQL (a live round's backlog), the rows of those traces in the tables
 sorted by trace id are copied first: a named query's SQL scans ``traces`` a dozen times and ``step_scores``,
@@ -94,6 +128,8 @@ def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str) -> dict[
 
 def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: str) -> str:
     """SQL of ``table``'s rows of the traces ``ids``, over the files that hold one (none: no rows)."""
+    if not parquet_files(data, table):  # a store not scored yet has no step_scores (a glob of none fails)
+        return f"(select * from {table}_all where false)"
     pattern = _quoted(str(table_dir(data, table) / "**" / "*.parquet"))
     found = con.execute(f"select distinct filename from read_parquet({pattern}, filename = true, "
                         f"union_by_name = false, hive_partitioning = false) where trace_id in {ids}").fetchall()

@@ -175,7 +175,7 @@ def run_sql(data: Path, sql: str, threads: int | None = None, timeout: float | N
 
 
 def run_named_together(data: Path, asked: list[tuple[str, Mapping[str, str]]], threads: int | None = None,
-                       timeout: float | None = None) -> list[pa.Table]:
+                       timeout: float | None = None, trace_id: str | None = None) -> list[pa.Table]:
     """The results of several named queries (name, params), as ``run_named`` gives each, on one connection.
 
     For a reader of one trace that stored rows do not answer (serve's trace view): ``run_named`` for each
@@ -183,7 +183,10 @@ def run_named_together(data: Path, asked: list[tuple[str, Mapping[str, str]]], t
     on a store of 1,500 spans). Here they are made once: the views, then the shared macros when a query calls
     them. A query ``store.mixed`` answers restricts the refined views to the traces not stored yet, once for
     all of them; a query answered from its SQL alone brings them back to the whole store first
-    (``mixed.unrestrict``). Everything is run again on a new connection when a file vanished under a swap."""
+    (``mixed.unrestrict``). Everything is run again on a new connection when a file vanished under a swap.
+
+    ``trace_id``: the queries are narrowed to this trace; the refined views then hold its conversation's traces
+    alone (``mixed.restrict_to_conversation``): its rows are those over every trace, from its files only."""
     bound = [(name, bind_params(query_doc(name), params)) for name, params in asked]
     for name, values in bound:
         logger.info("query %s with %s", name, values)
@@ -191,6 +194,8 @@ def run_named_together(data: Path, asked: list[tuple[str, Mapping[str, str]]], t
     def once() -> list[pa.Table]:
         con = connect(data, threads=threads, shared_macros=False)
         try:
+            if trace_id is not None:
+                mixed.restrict_to_conversation(con, data, trace_id)
             macros: list[bool] = []  # [True] once the shared macros are bound on con
             return [_named_on(con, data, name, values, timeout, macros) for name, values in bound]
         finally:
@@ -212,11 +217,11 @@ def _named_on(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dic
         create_shared_macros(con)
         macros.append(True)
     with deadline(con, timeout, name):
-        partly = mixed.read(con, data, name, sql, values) if stored is None else None
-        if partly is not None:
-            return partly
-        if stored is None:  # the SQL over every trace: not over views a query before restricted
-            mixed.unrestrict(con, data)
+        if stored is None and not (one and mixed.covers(con, str(values["trace_id"]))):
+            partly = mixed.read(con, data, name, sql, values)
+            if partly is not None:
+                return partly
+            mixed.unrestrict(con, data)  # the SQL over every trace: not over views a query before restricted
         return to_arrow(con.sql(sql, params=values or None))
 
 
