@@ -15,6 +15,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.score.judge.rubrics import JudgeInput
 from tracedag.pipeline.score.rules.table import StepFacts
 from tracedag.pipeline.score.rules.toolschema import EmittedCall, Entries, emitted_calls, span_definitions
@@ -189,9 +190,9 @@ def pending_rule_builds(con: duckdb.DuckDBPyConnection, since_ns: int = 0) -> pa
     """(trace_id, build_id, steps) of the latest builds that have not been rule-scored
     (only among the builds made since ``since_ns`` when it is set)."""
     if since_ns <= 0:
-        return con.sql(PENDING_RULES_SQL).to_arrow_table()
+        return arrow(con, PENDING_RULES_SQL)
     params = {"since": since_ns, "since_id": f"build-{since_ns:020d}"}
-    return con.sql(PENDING_RULES_SINCE_SQL, params=params).to_arrow_table()
+    return arrow(con, PENDING_RULES_SINCE_SQL, params)
 
 
 def use_pending(con: duckdb.DuckDBPyConnection, pending: pa.Table) -> None:
@@ -285,7 +286,7 @@ _facts = facts_from_row  # the name tests/score/test_rules.py knows
 def evaluation_rows(con: duckdb.DuckDBPyConnection) -> tuple[list[dict[str, Any]], int]:
     """The ``evaluations`` rows on latest-build steps not mapped yet (each with the step's build_id),
     and how many evaluations target no built step (no span id, or a span not built yet)."""
-    table = con.sql(EVALUATIONS_SQL).to_arrow_table()
+    table = arrow(con, EVALUATIONS_SQL)
     on_dag = pc.fill_null(table.column("on_dag"), False)
     rows: list[dict[str, Any]] = table.filter(on_dag).drop_columns(["on_dag"]).to_pylist()
     return rows, table.num_rows - len(rows)

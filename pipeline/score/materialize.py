@@ -29,13 +29,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag import queries
+from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.score.memory import bound, bounded_connection, memory_limit
 from tracedag.pipeline.score.sharedgraph import shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
-from tracedag.pipeline.store.querying import bind_params, to_arrow
+from tracedag.pipeline.store.querying import bind_params
 from tracedag.pipeline.store.views import _LATEST, create_shared_macros, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
@@ -155,13 +156,13 @@ def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
 
 def _every_trace(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """Every built trace's id (the store's first round, cut into parts)."""
-    return to_arrow(con.sql("select distinct trace_id from traces"))
+    return arrow(con, "select distinct trace_id from traces")
 
 
 def _scope(con: duckdb.DuckDBPyConnection, scored_files: list[Path]) -> pa.Table:
     """The trace ids scored in ``scored_files`` and those whose latest build is not materialized."""
     ids = [pq.read_table(f, columns=["trace_id"]).column("trace_id") for f in scored_files if f.exists()]
-    pending = to_arrow(con.sql(_PENDING_SQL)).column("trace_id")
+    pending = arrow(con, _PENDING_SQL).column("trace_id")
     chunks = [c for col in [*ids, pending] for c in col.chunks]
     column = pa.chunked_array(chunks, pa.string()) if chunks else pa.chunked_array([], pa.string())
     return pa.table({"trace_id": column}).group_by("trace_id").aggregate([])
@@ -177,12 +178,12 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
     create_shared_macros(con)  # the named queries call them (a connection made without: nothing to store costs none)
     with shared_failure_graph(con) as share:
         if scope is None:
-            scope = to_arrow(con.sql("select trace_id from traces"))
+            scope = arrow(con, "select trace_id from traces")
             con.register(SCOPE, scope)
-            state = to_arrow(con.sql(_TRACES_SQL, params=[time.time_ns(), signature]))
+            state = arrow(con, _TRACES_SQL, [time.time_ns(), signature])
             return _write_round(con, data, state, stats, share)
         con.register(SCOPE, scope)
-        state = to_arrow(con.sql(_TRACES_SQL, params=[0, signature]))
+        state = arrow(con, _TRACES_SQL, [0, signature])
         done, deferred = 0, []
         for part in _chunks(state, chunk):
             part = _copy_part(con, data, part)
@@ -277,7 +278,7 @@ def result_rows(con: duckdb.DuckDBPyConnection, name: str, per: str | None, roun
     extra = f", cast('{per}' as varchar) as per" if per is not None else ""
     sql = (f"select r.*, b.build_id, cast({round_ns} as bigint) as mat_round{extra} "
            f"from ({queries.load(name).strip().rstrip(';')}) r join __tracedag_mat_builds b using (trace_id)")
-    return to_arrow(con.sql(sql, params=values))
+    return arrow(con, sql, values)
 
 
 def write_rows(data: Path, name: str, rows: pa.Table) -> int:

@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.store.parquet import write_parquet_atomic
-from tracedag.pipeline.store.querying import to_arrow
 from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import BUILD_LOCK, state_file, table_dir
@@ -206,12 +206,12 @@ def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table) -> pa.Table:
     """The ``data`` edges into the failed tool steps of ``trace_ids`` (a one-column table), on ``con``'s views."""
     con.register("__prov_scope", trace_ids)
     # only a step with a value worth tracing needs its conversation's texts read
-    consumers = [c for c in to_arrow(con.sql(_CONSUMERS_SQL)).to_pylist() if argument_values(c["input_text"])]
+    consumers = [c for c in arrow(con, _CONSUMERS_SQL).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
         con.register("__prov_convs", pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())}))
         sources: dict[str, list[Source]] = {}
-        for r in to_arrow(con.sql(_SOURCES_SQL)).to_pylist():
+        for r in arrow(con, _SOURCES_SQL).to_pylist():
             sources.setdefault(r["conv"], []).append(
                 Source(r["trace_id"], r["trace_start"] or 0, r["span_id"], r["data_from"], r["text"], r["at_ns"] or 0))
         for c in consumers:
@@ -254,7 +254,7 @@ def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.T
     edges = data_edges(con, trace_ids)
     if edges.num_rows == 0:
         return 0
-    stored = {tuple(r.values()) for r in to_arrow(con.sql(_STORED_SQL)).to_pylist()}
+    stored = {tuple(r.values()) for r in arrow(con, _STORED_SQL).to_pylist()}
     keep = [r for r in edges.to_pylist()
             if (r["trace_id"], r["build_id"], r["src_span_id"], r["dst_span_id"], r["data_arg"]) not in stored]
     if not keep:

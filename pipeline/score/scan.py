@@ -101,7 +101,7 @@ def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations:
     con.register("pending", pending)
     try:
         params = {"max_iterations": max_iterations, "received_from": received_from}
-        table = con.sql(SCAN_SQL, params=params).to_arrow_table()
+        table = con.sql(SCAN_SQL, params=params).to_arrow_table()  # a large result: fetch.arrow would copy it
     finally:
         con.unregister("pending")
     defs = definitions_from(_entries(table, ["span_trace_id", "definitions"]))
