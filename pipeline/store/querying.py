@@ -33,6 +33,7 @@ from tracedag.pipeline.store.views import (
     connect,
     create_query_macros,
     create_shared_macros,
+    create_views,
     mentioned_queries,
 )
 from tracedag.schemas.errors import QueryFailed
@@ -250,12 +251,11 @@ def duckdb_message(error: duckdb.Error) -> str:
 
 
 def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
-    stored = _stored_answer(data, values, limits) if limits.named else None
+    stored, con = _stored_answer(data, values, limits) if limits.named else (None, None)
     if stored is not None:
         return stored
-    # the shared macros cost more to bind than the views (~0.15 s): only for SQL that calls them
-    con = connect(data, threads=limits.threads, shared_macros=False)
     try:
+        con = _with_views(con, data, limits.threads)
         stored = materialized.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
@@ -272,42 +272,74 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
             relation = con.sql(sql, params=values or None)
             return pa.table({}) if relation is None else to_arrow(relation)
     finally:
-        con.close()
+        if con is not None:
+            con.close()
+
+
+def _with_views(con: duckdb.DuckDBPyConnection | None, data: Path, threads: int | None) -> duckdb.DuckDBPyConnection:
+    """``con`` (the connection the stored rows were asked on, when they did not answer) with every view, or a new
+    connection with them (no second database: ~25 ms CPU, ~80 ms wall on a busy machine). The shared macros cost
+    more to bind than the views (~0.15 s): ``_execute_once`` binds them only for SQL that calls them."""
+    if con is None:
+        return connect(data, threads=threads, shared_macros=False)
+    create_views(con, data, shared_macros=False)  # the raw views made again too, over the files listed now
+    return con
 
 
 STORED_ATTEMPTS = 3
 """Reads of a whole store's stored rows through its current rounds before the SQL's own join is used instead."""
 
 
-def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> pa.Table | None:
+_Answer = tuple[pa.Table | None, duckdb.DuckDBPyConnection | None]
+
+
+def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> _Answer:
     """The named query's answer from its stored rows alone, on a connection with only the views they need (a
     live poll: every view cost ~45 ms CPU of ~200 on 1M spans), through the kept current rounds for the whole
-    store (``current_rounds``); None: the SQL answers, alone or in part (``store.mixed``), over every view."""
+    store (``current_rounds``); (None, connection): the SQL answers, alone or in part (``store.mixed``), over
+    every view, on that connection when one was made here (still open: the caller makes its other views)."""
     name = str(limits.named)
     one, whole = materialized.scope_flags(values)
     if not materialized.matches(name, values) or not (one or whole):
-        return None  # a time window: its stored read calls a shared macro over the refined views
+        return None, None  # a time window: its stored read calls a shared macro over the refined views
     if not materialized.has_rounds(data):
-        return None  # nothing stored yet: no connection of its own (~0.1 s CPU of a poll)
+        return None, None  # nothing stored yet: no connection of its own (~0.1 s CPU of a poll)
     known = materialized.known_freshness(data)
     if known is not None and not known.fresh and not (one and materialized.answered(known, str(values["trace_id"]))):
-        return None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
+        return None, None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
     for _ in range(STORED_ATTEMPTS):
         con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name))
-        try:
-            current = current_rounds.register(con, data) if whole and materialized.fresh(con, data) else None
-            stored = materialized.named_statement(con, data, name, values,
-                                                  current=current_rounds.RELATION if current else "")
-            if stored is None:
-                return None
-            with deadline(con, limits.timeout, name):
-                table = to_arrow(con.sql(stored[0], params=stored[1]))
-        finally:
-            con.close()
+        answer = _read_stored(con, data, name, values, limits.timeout)
+        if answer is None:
+            return None, con  # the stored rows do not answer (learnt here): the SQL runs on this connection
+        table, current = answer
+        con.close()
         if current is None or current_rounds.listing(data) == current.listing:
-            return table
+            return table, None
         logger.info("query %s: a round or a collection changed the stored rounds meanwhile, reading again", name)
-    return None  # the rounds keep changing: the SQL's join of the rounds on the builds, in one statement
+    return None, None  # the rounds keep changing: the SQL's join of the rounds on the builds, in one statement
+
+
+def _read_stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object],
+                 timeout: float | None) -> tuple[pa.Table, current_rounds.Current | None] | None:
+    """``name``'s stored rows read on ``con`` and the current rounds read through (None: they do not answer it).
+    ``con`` is closed when this raises."""
+    try:
+        current = current_rounds.register(con, data) if _whole_store(values) and materialized.fresh(con, data) else None
+        stored = materialized.named_statement(con, data, name, values,
+                                              current=current_rounds.RELATION if current else "")
+        if stored is None:
+            return None
+        with deadline(con, timeout, name):
+            return to_arrow(con.sql(stored[0], params=stored[1])), current
+    except BaseException:
+        con.close()
+        raise
+
+
+def _whole_store(values: dict[str, object]) -> bool:
+    """Whether ``values`` pick every trace (``materialized.scope_flags``' second flag)."""
+    return materialized.scope_flags(values)[1]
 
 
 def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
