@@ -472,9 +472,22 @@ def release_memory() -> None:
         logger.debug("malloc_trim unavailable")
 
 
+LEFTOVER_SECONDS = 600.0
+"""A temp file of another stage's table (a build's, a scorer's) untouched this long is a crash's leftover."""
+
+
 def _remove_temp_files(data: Path) -> None:
-    """Delete temp files left by a crash (they were never visible to readers)."""
+    """Delete temp files left by a crash (they were never visible to readers): every one of ``spans`` (the
+    converter's writer lock is held, so no spans writer is writing), and of the other tables only those not
+    written for ``LEFTOVER_SECONDS``: a build or a scorer beside this converter's start (a live collector's first
+    round, ``tracedag score``) writes its files as ``.tmp`` and renames them, under locks of their own."""
     root = tables_dir(data)
-    if root.exists():
-        for tmp in root.rglob("*.tmp"):
-            tmp.unlink(missing_ok=True)
+    if not root.exists():
+        return
+    old = time.time() - LEFTOVER_SECONDS
+    for tmp in root.rglob("*.tmp"):
+        try:
+            if tmp.relative_to(root).parts[0] == "spans" or tmp.stat().st_mtime < old:
+                tmp.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue  # renamed by its writer meanwhile

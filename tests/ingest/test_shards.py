@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from bench.gen import requests
 from tests.ingest.ingest_support import request_ids, span_count, stored, stored_ids, write_segment
 from tracedag.pipeline.ingest.processes import merge_metrics
-from tracedag.pipeline.ingest.segments import SpoolConverter, claim
+from tracedag.pipeline.ingest.segments import LEFTOVER_SECONDS, SpoolConverter, claim
 from tracedag.pipeline.store.dedupe import DedupeIndex
 
 NOW = time.time_ns()
@@ -121,3 +122,23 @@ def test_staged_leftovers_of_a_crash_are_removed_at_start(data: Path) -> None:
     assert not list((data / "state" / "convert-3").iterdir())  # no shard 3 any more
     assert list((data / "state" / "convert-1").iterdir())  # shard 1 may be staging right now
     assert stored(data)[0] == sum(span_count(r) for r in _reqs(200, 14))
+
+
+def test_a_converter_starting_leaves_the_temp_files_other_stages_are_writing(data: Path) -> None:
+    """A live collector's converter starts beside its first round (or beside ``tracedag score``): it removed every
+    ``tables/**/*.tmp`` as a crash's, and a scorer's ``step_scores`` file died between its write and its rename
+    (a CI run: FileNotFoundError in write_atomic_stream). Spans temp files and other tables' old ones still go."""
+    tables = data / "tables"
+    writing = tables / "step_scores" / "part-1.parquet.tmp"
+    crashed = tables / "dag_nodes" / "build-1-0000.parquet.tmp"
+    spans = tables / "spans" / "spans-1.parquet.tmp"
+    for f in (writing, crashed, spans):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"partial")
+    gone = time.time() - LEFTOVER_SECONDS - 60
+    os.utime(crashed, (gone, gone))
+    write_segment(data, 2, [(r.SerializeToString(), NOW) for r in _reqs(100, 15)])
+    SpoolConverter(data).run_once()
+    assert writing.exists()  # being written: its writer renames it
+    assert not crashed.exists() and not spans.exists()
+    assert stored(data)[0] == sum(span_count(r) for r in _reqs(100, 15))
