@@ -130,6 +130,16 @@ def _shim(checkout: Path, where: Path) -> Path:
     return where
 
 
+def child_answer(proc: subprocess.Popen[str]) -> dict[str, float]:
+    """The next line a benchmark's child process printed, as JSON (its figures); the child's exit ends the run."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"the child exited ({proc.wait()})")
+    answer: dict[str, float] = json.loads(line)
+    return answer
+
+
 class _Child:
     """``bench/trace_by_id_child.py`` over ``data`` with the tracedag of ``pythonpath`` (None: this checkout's)."""
 
@@ -143,12 +153,7 @@ class _Child:
         self._line()  # ready: its warm Store is made
 
     def _line(self) -> dict[str, float]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the child exited ({self.proc.wait()})")
-        answer: dict[str, float] = json.loads(line)
-        return answer
+        return child_answer(self.proc)
 
     def ask(self, command: str) -> tuple[float, float]:
         """(wall seconds, CPU seconds) of ``command``."""

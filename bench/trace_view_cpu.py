@@ -65,23 +65,19 @@ def _stores(where: Path, spans: int) -> list[Path]:
 
 class _Child:
     def __init__(self, checkout: Path | None, stores: list[Path], shims: Path) -> None:
+        sys.path.insert(0, str(ROOT))
+        from bench.trace_by_id import _shim, child_answer
+
+        self._answer = child_answer
         env = dict(os.environ)
         if checkout is not None:
-            sys.path.insert(0, str(ROOT))
-            from bench.trace_by_id import _shim
-
             env["PYTHONPATH"] = str(_shim(checkout, shims))
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", *map(str, stores)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
         self._line()
 
     def _line(self) -> dict[str, float]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the child exited ({self.proc.wait()})")
-        out: dict[str, float] = json.loads(line)
-        return out
+        return self._answer(self.proc)
 
     def view(self, index: int, tid: str) -> dict[str, float]:
         assert self.proc.stdin is not None
