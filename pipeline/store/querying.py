@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.store import current_rounds, materialized, mixed
 from tracedag.pipeline.store.cachereads import urls_only
-from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
+from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import (
     calls_shared_macros,
@@ -231,18 +231,12 @@ def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits
 
 
 def _retried(label: str, run: Callable[[], _T]) -> _T:
-    """``run()``, again while a file it planned with vanished under a swap; a DuckDB error is ``label``'s ``QueryFailed``."""
-    for attempt in range(1, VANISHED_ATTEMPTS + 1):
-        try:
-            return run()
-        except duckdb.IOException as e:
-            if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
-                raise QueryFailed(label, duckdb_message(e)) from e
-            logger.info("query %s: a file vanished under compaction, re-running (%s)", label, e)
-            vanished_pause(attempt)
-        except duckdb.Error as e:
-            raise QueryFailed(label, duckdb_message(e)) from e
-    raise AssertionError("unreachable")
+    """``run()``, again while a file it planned with vanished under a swap (``files.rerun_if_vanished``); a DuckDB
+    error is ``label``'s ``QueryFailed``."""
+    try:
+        return rerun_if_vanished(run)
+    except duckdb.Error as e:
+        raise QueryFailed(label, duckdb_message(e)) from e
 
 
 def duckdb_message(error: duckdb.Error) -> str:
@@ -309,7 +303,7 @@ def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> _An
         return None, None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
     for _ in range(STORED_ATTEMPTS):
         con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name))
-        answer = _read_stored(con, data, name, values, limits.timeout)
+        answer = _read_stored(con, data, name, values, limits.timeout, whole)
         if answer is None:
             return None, con  # the stored rows do not answer (learnt here): the SQL runs on this connection
         table, current = answer
@@ -321,11 +315,11 @@ def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> _An
 
 
 def _read_stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object],
-                 timeout: float | None) -> tuple[pa.Table, current_rounds.Current | None] | None:
-    """``name``'s stored rows read on ``con`` and the current rounds read through (None: they do not answer it).
-    ``con`` is closed when this raises."""
+                 timeout: float | None, whole: bool) -> tuple[pa.Table, current_rounds.Current | None] | None:
+    """``name``'s stored rows read on ``con`` and (``whole``: ``values`` pick every trace) the current rounds read
+    through (None: they do not answer it). ``con`` is closed when this raises."""
     try:
-        current = current_rounds.register(con, data) if _whole_store(values) and materialized.fresh(con, data) else None
+        current = current_rounds.register(con, data) if whole and materialized.fresh(con, data) else None
         stored = materialized.named_statement(con, data, name, values,
                                               current=current_rounds.RELATION if current else "")
         if stored is None:
@@ -335,11 +329,6 @@ def _read_stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: 
     except BaseException:
         con.close()
         raise
-
-
-def _whole_store(values: dict[str, object]) -> bool:
-    """Whether ``values`` pick every trace (``materialized.scope_flags``' second flag)."""
-    return materialized.scope_flags(values)[1]
 
 
 def to_arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:

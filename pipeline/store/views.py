@@ -28,7 +28,13 @@ import pyarrow as pa
 from tracedag import queries
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
-from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
+from tracedag.pipeline.store.files import (
+    VANISHED_ATTEMPTS,
+    file_vanished,
+    parquet_files,
+    rerun_if_vanished,
+    vanished_pause,
+)
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.queries import macros
@@ -266,21 +272,15 @@ def refresh_views(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     ``create_views`` makes them (~25 ms CPU; a new connection with them costs ~50 ms). Comparing costs a
     listing of the table directories (~1 ms). The shared macros are not touched.
     """
-    for attempt in range(1, VANISHED_ATTEMPTS + 1):
+    def once() -> bool:  # again on a new listing when a GC or compaction swap removed a file meanwhile
         sql = _views_sql(con, data)
         if _VIEWS.get(con) == sql:
             return False
-        try:
-            con.execute(sql)
-        except duckdb.IOException as e:  # a GC or compaction swap removed a file meanwhile: list again
-            if attempt == VANISHED_ATTEMPTS or not file_vanished(e):
-                raise
-            _VIEWS.pop(con, None)
-            vanished_pause(attempt)
-            continue
+        _VIEWS.pop(con, None)
+        con.execute(sql)
         _VIEWS[con] = sql
         return True
-    raise AssertionError("unreachable")
+    return rerun_if_vanished(once)
 
 
 def forget_views(con: duckdb.DuckDBPyConnection) -> None:
