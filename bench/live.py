@@ -10,6 +10,11 @@ acknowledgement of the request that completed it to the first poll of the ``root
 query (``--poll`` seconds apart, through the same DuckDB views a user queries) that returns it.
 Polling goes on until nothing new appeared for ``--settle`` seconds after the load stopped.
 
+With ``--timeline`` (this tree's collector only), where each trace's latency goes: the collector appends each
+round's wall-clock times to a file (``TRACEDAG_LIVE_TIMELINE``), and after the run each traced trace's times from its
+ack to its spans in a Parquet file (the converter), its grace expiring, the start of the round that built it, that
+round holding the round lock, its build end, its score end and the first poll that saw it (``timeline``).
+
 Beside it, in the same run: the acknowledged-only latency of the same requests (p50/p99, the
 floor every live figure includes) and the time one ``root_causes`` poll takes at the end (the
 granularity of the measurement).
@@ -22,6 +27,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
+import itertools
+import json
 import multiprocessing as mp
 import os
 import re
@@ -103,12 +110,15 @@ def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[
 class Collector:
     """A ``tracedag collect`` process with continuous build and score."""
 
-    def __init__(self, data: Path, interval: float, tree: str = "", extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, data: Path, interval: float, tree: str = "", extra: tuple[str, ...] = (),
+                 timeline: Path | None = None) -> None:
         log = os.environ.get("LIVE_COLLECTOR_LOG")  # a file the collectors' logs (-v) are appended to (default: dropped)
         cmd = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()", *(["-v"] if log else []),
                "collect", "--http-port", "0", "--grpc-port", "0", "--data", str(data), "--build", "--build-interval",
                str(interval), *extra]
         env = {**os.environ, "PYTHONPATH": tree} if tree else None  # tree: a directory holding another tracedag/
+        if timeline is not None:
+            env = {**(env or os.environ), "TRACEDAG_LIVE_TIMELINE": str(timeline)}
         err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (the process outlives this call)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         assert self.proc.stdout is not None
@@ -227,23 +237,134 @@ def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
 def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "") -> dict[str, float]:
     """One paced run at ``rate`` spans/s (the collector from ``tree`` when given); return the latency figures."""
     data = Path(tempfile.mkdtemp(prefix="bench-live-"))
-    col = Collector(data, args.interval, tree, () if tree else tuple(args.collect_arg))
+    timeline = data.with_name(data.name + ".timeline") if args.timeline and not tree else None
+    col = Collector(data, args.interval, tree, () if tree else tuple(args.collect_arg), timeline)
+    steps: dict[str, list[float]] = {}
     poller = Poller(data, args.poll, tree)
+    files = FileWatch(data) if timeline is not None else None
     try:
         poller.start()
+        if files is not None:
+            files.start()
         sent = drive(col.port, bodies, ids, counts, rate, args)
         waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
+        col.stop()
+        if files is not None:
+            files.stop.set()
+            files.join(60)
+        if timeline is not None and files is not None:
+            steps = trace_steps(data, timeline, acked, poller.seen, files.seen)
+            console.print(_rounds_table(timeline, f"{rate:,.0f} spans/s"))
     finally:
         col.stop()
         if poller.proc.poll() is None:
             poller.proc.kill()
         shutil.rmtree(data, ignore_errors=True)
+        if timeline is not None:
+            timeline.unlink(missing_ok=True)
     f = figures(rate, sent, acked, poller, poller.final_query, args)
     f["built"], f["sent"], f["settle"] = poller.built, len(ack_times(sent, ids)), waited
     f["first_poll_error"] = poller.errors[0] if poller.errors else ""
+    if steps:
+        console.print(_steps_table(steps, f"{rate:,.0f} spans/s"))
     return f
+
+
+class FileWatch(threading.Thread):
+    """Lists the spans files every 0.1 s; records when each trace id was first seen in one (monotonic)."""
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(daemon=True)
+        self.root = data / "tables" / "spans"
+        self.seen: dict[str, float] = {}
+        self.stop = threading.Event()
+        self._files: set[Path] = set()
+
+    def run(self) -> None:
+        import pyarrow.parquet as pq
+
+        while not self.stop.wait(0.1):
+            now = time.monotonic()
+            for path in sorted(set(self.root.rglob("*.parquet")) - self._files):
+                self._files.add(path)
+                try:
+                    ids = pq.read_table(path, columns=["trace_id"]).column("trace_id").unique().to_pylist()
+                except OSError:  # compacted away meanwhile
+                    continue
+                for trace in ids:
+                    self.seen.setdefault(trace.hex() if isinstance(trace, bytes) else str(trace), now)
+
+
+STEPS = ("spans in a file", "grace expired", "round started", "round locked", "built", "scored", "first poll")
+"""A trace's times after its ack (``trace_steps``), in the order they happen."""
+
+
+def trace_steps(data: Path, timeline: Path, acked: dict[str, float], seen: dict[str, float], in_file: dict[str, float],
+                grace: float = 1.0) -> dict[str, list[float]]:
+    """Seconds from each acked and seen trace's ack to each of ``STEPS`` (a listing of the spans files first showing
+    it, ``FileWatch``; its last span's receipt + ``grace``; its build's round's start, lock, build end and score end
+    per the timeline; its first poll).
+    Monotonic times (acks, polls) are put on the wall clock with this process's offset between the two clocks."""
+    import duckdb
+
+    offset = time.time() - time.monotonic()
+    rounds = {r["round"]: r for r in map(json.loads, timeline.read_text().splitlines()) if "round" in r}
+    con = duckdb.connect()
+    traces = str(data / "tables" / "traces" / "**" / "*.parquet")
+    rows = con.sql(f"""select trace_id, min(build_id) as build_id, min(last_received_unix_nano) as last_received
+                       from read_parquet('{traces}') group by trace_id""").fetchall()
+    con.close()
+    steps: dict[str, list[float]] = {name: [] for name in STEPS}
+    for trace, build, last in rows:
+        trace = trace.hex() if isinstance(trace, bytes) else str(trace)
+        r = rounds.get(build)
+        if trace not in acked or trace not in seen or trace not in in_file or r is None:
+            continue
+        ack = acked[trace] + offset
+        times = (in_file[trace] + offset, last / 1e9 + grace, r["start"], r["locked"], r["built"], r["scored"], seen[trace] + offset)
+        for name, t in zip(STEPS, times, strict=True):
+            steps[name].append(t - ack)
+    return steps
+
+
+def _rounds_table(timeline: Path, title: str) -> Table:
+    """Medians over the timeline's rounds (those that built traces) and store passes."""
+    lines = [json.loads(x) for x in timeline.read_text().splitlines()]
+    rounds = [r for r in lines if "round" in r]
+    stores = [r for r in lines if "store" in r]
+    table = Table(title=f"{title}: {len(rounds)} rounds that built traces, {len(stores)} store passes; medians")
+    cells = {
+        "traces a round": [r["traces"] for r in rounds],
+        "round: waited for the lock s": [r["locked"] - r["start"] for r in rounds],
+        "round: build s": [r["built"] - r["locked"] for r in rounds],
+        "round: score s": [r["scored"] - r["built"] for r in rounds],
+        "round: its thread's CPU s": [r.get("cpu", float("nan")) for r in rounds],
+        "from a round's end to the next's start s": [b["start"] - a["scored"] for a, b in itertools.pairwise(rounds)],
+        "store: traces a pass": [r["store"] for r in stores],
+        "store: copy s (rounds held)": [r["copied"] - r["start"] for r in stores],
+        "store: compute + write s": [r["written"] - r["copied"] for r in stores],
+    }
+    for col in ("what", "p50", "max"):
+        table.add_column(col, justify="right")
+    for name, vals in cells.items():
+        table.add_row(name, f"{statistics.median(vals):.2f}" if vals else "-", f"{max(vals):.2f}" if vals else "-")
+    return table
+
+
+def _steps_table(steps: dict[str, list[float]], title: str) -> Table:
+    """Quantiles of each step's seconds after the ack, and the median of its increment over the step before."""
+    table = Table(title=f"{title}: seconds from a trace's ack to each step ({len(steps[STEPS[0]])} traces)")
+    for col in ("step", "p50", "p90", "p99", "max", "p50 of (this - previous step)"):
+        table.add_column(col, justify="right")
+    before: list[float] = [0.0] * len(steps[STEPS[0]])
+    for name in STEPS:
+        vals = steps[name]
+        table.add_row(name, *(f"{q(sorted(vals), x):.2f}" for x in (0.5, 0.9, 0.99)), f"{max(vals, default=0):.2f}",
+                      f"{q(sorted(v - b for v, b in zip(vals, before, strict=True)), 0.5):.2f}")
+        before = vals
+    return table
 
 
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
@@ -302,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-arg", action="append", default=[], metavar="ARG",
                     help="an argument added to this tree's tracedag collect (not a baseline's), e.g. "
                          "--collect-arg=--materialize-interval --collect-arg=5; repeat for several")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print where each trace's latency goes (this tree's collector; see the module's docstring)")
     ap.add_argument("--no-this-tree", action="store_true", help="run the baseline trees only")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each rate and tree (alternating); medians")
     ap.add_argument("--poll-child", nargs=2, metavar=("DATA", "EVERY"), help=argparse.SUPPRESS)

@@ -9,17 +9,20 @@ named queries compute it from their SQL until it is stored). The named queries' 
 (``score.live_store``) by a thread of its own, beside the round loop: each pass takes whatever was scored
 since the last (a part of at most ``materialize_part`` traces, whole conversations), copies those traces'
 rows between two rounds under the scorer's lock, computes the results without a lock, and writes them under
-that lock; storing costs a fixed ~1-2 s of CPU a pass whatever its size, which inside the loop held every
-later trace back. A failing pass is logged and retried with a growing pause (``Backoff``). A configured LLM
-judge grades in a thread of its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back.
-It returns a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert
-everything acknowledged so far, synchronously) and ``stop(grace_seconds)`` (drain in-flight
-requests, seal, convert what is left, release the store).
+that lock (the part's spans after the round lock is released: only the converter writes them); storing costs
+a fixed ~1-2 s of CPU a pass whatever its size, which inside the loop held every later trace back. A failing
+pass is logged and retried with a growing pause (``Backoff``). A configured LLM judge grades in a thread of
+its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back. It returns
+a ``RunningCollector`` with the bound ports, ``flush()`` (seal the spool and convert everything acknowledged so
+far, synchronously) and ``stop(grace_seconds)`` (drain in-flight requests, seal, convert what is left, release
+the store).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +46,10 @@ if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' p
     from tracedag.pipeline.score.live_store import LiveStore
 
 logger = logging.getLogger(__name__)
+
+TIMELINE_ENV = "TRACEDAG_LIVE_TIMELINE"
+"""A file each live round and store pass appends one JSON line of its wall-clock times to (debugging the live
+latency, ``bench/live.py --timeline``); unset (the default): nothing is written or timed."""
 
 LIVE_GC_SECONDS = 10.0
 """How often the live analysis collects superseded rows and merges small files of the derived
@@ -140,6 +147,7 @@ class RunningCollector:
         self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
         self._scored = threading.Event()  # a round scored something: the store has work
         self._store: LiveStore | None = None
+        self._timeline = os.environ.get(TIMELINE_ENV) or None
 
     @property
     def http_port(self) -> int:
@@ -214,7 +222,10 @@ class RunningCollector:
         from tracedag.pipeline.store.gc import GcSettings
 
         cfg = self.config
+        times = [time.time(), time.thread_time()] if self._timeline else None
         with self._round_lock:
+            if times is not None:
+                times.append(time.time())
             leftover = self._unscored  # the first round, or one that failed between its build and its scoring
             self._unscored = True  # until this round's build is scored: the store copies nothing meanwhile
             # superseded rows and small files are collected every LIVE_GC_SECONDS, not every round
@@ -223,6 +234,8 @@ class RunningCollector:
                                 grace_seconds=cfg.build_grace_seconds, gc=None if gc_due else GcSettings(enabled=False))
             if gc_due and built.traces_built:
                 self._last_gc = time.monotonic()
+            if times is not None:
+                times.append(time.time())
             if built.traces_built or leftover:
                 # rules and evaluations: no network, seconds behind the build, reading what it just wrote
                 score_store(self.data, live=LiveRound(built.build_id if built.traces_built else None,
@@ -230,7 +243,16 @@ class RunningCollector:
             self._unscored = False
         if built.traces_built or leftover:
             self._scored.set()
+        if times is not None and built.traces_built:
+            self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
+                        "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
         return built.traces_built
+
+    def _note(self, line: dict[str, Any]) -> None:
+        """Append ``line`` to the timeline file (``TIMELINE_ENV``; only when set)."""
+        if self._timeline is not None:
+            with open(self._timeline, "a") as out:
+                out.write(json.dumps(line) + "\n")
 
     def store_once(self) -> int:
         """One pass of the store (``score.live_store``): the first part of the scored traces without stored results,
@@ -256,12 +278,16 @@ class RunningCollector:
         if copied.state is None:
             return 0
         t1 = time.perf_counter()
+        self._store.copy_spans(copied)  # no lock: only the converter writes spans
         results = self._store.compute(copied)
         if self._stop.is_set():
             return 0  # nothing written: the part stays without state rows, the next pass or collector stores it
         t2 = time.perf_counter()
         with score_lock(self.data):
             stats = self._store.write(copied, results)
+        if self._timeline is not None:
+            now, wall = time.perf_counter(), time.time()
+            self._note({"store": stats.traces, "start": wall - (now - t0), "copied": wall - (now - t1), "written": wall})
         logger.info("stored the named queries' results of %d traces%s: copied in %.2fs (the rounds held), computed "
                     "in %.2fs, written in %.2fs", stats.traces, " (more wait)" if copied.more else "", t1 - t0,
                     t2 - t1, time.perf_counter() - t2)
