@@ -29,7 +29,6 @@ from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.views import (
-    calls_shared_macros,
     connect,
     create_query_macros,
     create_shared_macros,
@@ -197,15 +196,14 @@ def run_named_together(data: Path, asked: list[tuple[str, Mapping[str, str]]], t
         try:
             if trace_id is not None:
                 mixed.restrict_to_conversation(con, data, trace_id)
-            macros: list[bool] = []  # [True] once the shared macros are bound on con
-            return [_named_on(con, data, name, values, timeout, macros) for name, values in bound]
+            return [_named_on(con, data, name, values, timeout) for name, values in bound]
         finally:
             con.close()
     return _retried(", ".join(name for name, _ in bound), once)
 
 
 def _named_on(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object],
-              timeout: float | None, macros: list[bool]) -> pa.Table:
+              timeout: float | None) -> pa.Table:
     """``name``'s result on ``con`` (``run_named_together``): its stored rows, or ``store.mixed``, or its SQL."""
     one, whole = materialized.scope_flags(values)
     if not (one or whole):  # a time window's stored read calls trace_window over the refined views
@@ -214,9 +212,7 @@ def _named_on(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dic
     stored = materialized.named_statement(con, data, name, values)
     if stored is not None:
         sql, values = stored
-    if not macros and calls_shared_macros(sql):
-        create_shared_macros(con)
-        macros.append(True)
+    create_shared_macros(con, sql)  # those it calls, not made for a query before
     with deadline(con, timeout, name):
         if stored is None and not (one and mixed.covers(con, str(values["trace_id"]))):
             partly = mixed.read(con, data, name, sql, values)
@@ -253,8 +249,7 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
         stored = materialized.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
-        if calls_shared_macros(sql) or (limits.macros and mentioned_queries(sql)):  # ad-hoc SQL calling neither
-            create_shared_macros(con)                                             # (~60 ms CPU to bind) skips them
+        create_shared_macros(con, _with_named_queries(sql) if limits.macros else sql)  # those it calls, if any
         if limits.macros:
             create_query_macros(con, sql)
         if limits.read_only:
@@ -268,6 +263,12 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
     finally:
         if con is not None:
             con.close()
+
+
+def _with_named_queries(sql: str) -> str:
+    """``sql`` and the text of each named query it mentions (whose table macro ``create_query_macros`` makes: the
+    shared macros they call must be there first; its stored rows' reader calls no other than the query does)."""
+    return "\n;\n".join([sql, *(queries.load(name) for name in mentioned_queries(sql))])
 
 
 def _with_views(con: duckdb.DuckDBPyConnection | None, data: Path, threads: int | None) -> duckdb.DuckDBPyConnection:
