@@ -56,6 +56,21 @@ def run_tracedag(*args: object, timeout: float = 240, env: dict[str, str] | None
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
+def in_process(*args: object) -> subprocess.CompletedProcess[str]:
+    """``tracedag ARGS`` in this process (click's runner, 200 columns wide), as ``run_tracedag`` gives it: for a
+    test that needs the command's work, not its process (exit codes, ctrl-c, a stderr of one line are tested
+    on processes)."""
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+
+    words = [str(a) for a in args]
+    done = CliRunner().invoke(cli, words, env={"COLUMNS": "200"})
+    if done.exception is not None and not isinstance(done.exception, SystemExit):
+        raise done.exception  # a traceback, which a process would print: the test fails showing it
+    return subprocess.CompletedProcess(words, done.exit_code, done.stdout, done.stderr)
+
+
 @pytest.fixture(name="files")
 def sim_files(tmp_path: Path) -> tuple[Path, Path]:
     """The tiny graph and a one-persona file of the simulated-user tests."""
