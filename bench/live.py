@@ -10,7 +10,7 @@ acknowledgement of the request that completed it to the first poll of the ``root
 query (``--poll`` seconds apart, through the same DuckDB views a user queries) that returns it.
 Polling goes on until nothing new appeared for ``--settle`` seconds after the load stopped.
 
-With ``--timeline`` (this tree's collector only), where each trace's latency goes: the collector appends each
+With ``--timeline`` (collectors that have it: this tree's and later ones), where each trace's latency goes: the collector appends each
 round's wall-clock times to a file (``TRACEDAG_LIVE_TIMELINE``), and after the run each traced trace's times from its
 ack to its spans in a Parquet file (the converter), its grace expiring, the start of the round that built it, that
 round holding the round lock, its build end, its score end and the first poll that saw it (``timeline``).
@@ -25,10 +25,12 @@ granularity of the measurement).
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import http.client
 import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -121,6 +123,7 @@ class Collector:
             env = {**(env or os.environ), "TRACEDAG_LIVE_TIMELINE": str(timeline)}
         err = open(log, "a") if log else subprocess.DEVNULL  # noqa: SIM115 (the process outlives this call)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        self.started = time.monotonic()
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             m = re.search(r"http_port=(\d+)", line)
@@ -146,6 +149,7 @@ class Poller(threading.Thread):
         self.data, self.every = data, every
         self.seen: dict[str, float] = {}
         self.query_seconds: list[float] = []
+        self.started: list[float] = []  # when each poll began (monotonic)
         self.final: set[str] = set()
         self.built = 0  # traces scored (with step_scores rows), as of the last poll
         self.errors: list[str] = []  # polls that failed (their first line), after the first build
@@ -165,6 +169,7 @@ class Poller(threading.Thread):
                 self.final, self.final_query = set(ids), float(secs)
                 continue
             self.query_seconds.append(float(secs))
+            self.started.append(float(t) - float(secs))
             self.built = int(built)
             for trace in ids:
                 self.seen.setdefault(trace, float(t))
@@ -234,10 +239,11 @@ def settle(poller: Poller, quiet: float, traces: int, most: float) -> float:
     return time.monotonic() - start
 
 
-def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "") -> dict[str, float]:
+def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: str = "",
+             label: str = "this tree") -> dict[str, float]:
     """One paced run at ``rate`` spans/s (the collector from ``tree`` when given); return the latency figures."""
     data = Path(tempfile.mkdtemp(prefix="bench-live-"))
-    timeline = data.with_name(data.name + ".timeline") if args.timeline and not tree else None
+    timeline = data.with_name(data.name + ".timeline") if args.timeline else None  # a tree without it writes none
     col = Collector(data, args.interval, tree, () if tree else tuple(args.collect_arg), timeline)
     steps: dict[str, list[float]] = {}
     poller = Poller(data, args.poll, tree)
@@ -250,13 +256,16 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
         waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
+        if timeline is not None:
+            console.print(f"{label}: the collector and its converters used {_cpu_seconds(col.proc.pid):.1f} s of CPU in "
+                          f"{time.monotonic() - col.started:.1f} s; the polls {_cpu_seconds(poller.proc.pid):.1f} s")
         col.stop()
         if files is not None:
             files.stop.set()
             files.join(60)
-        if timeline is not None and files is not None:
-            steps = trace_steps(data, timeline, acked, poller.seen, files.seen)
-            console.print(_rounds_table(timeline, f"{rate:,.0f} spans/s"))
+        if timeline is not None and files is not None and timeline.exists():
+            steps = trace_steps(data, timeline, acked, poller.seen, files.seen, poller.started)
+            console.print(_rounds_table(timeline, f"{label} {rate:,.0f} spans/s"))
     finally:
         col.stop()
         if poller.proc.poll() is None:
@@ -268,7 +277,11 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     f["built"], f["sent"], f["settle"] = poller.built, len(ack_times(sent, ids)), waited
     f["first_poll_error"] = poller.errors[0] if poller.errors else ""
     if steps:
-        console.print(_steps_table(steps, f"{rate:,.0f} spans/s"))
+        console.print(_steps_table(steps, f"{label} {rate:,.0f} spans/s"))
+        gaps = sorted(b - a for a, b in itertools.pairwise(poller.started))
+        console.print(f"{label}: {len(gaps) + 1} polls, begun every {q(gaps, 0.5):.2f} s (median; p90 "
+                      f"{q(gaps, 0.9):.2f}, max {max(gaps, default=0):.2f}), each {q(sorted(poller.query_seconds), 0.5):.2f} s "
+                      f"(p90 {q(sorted(poller.query_seconds), 0.9):.2f})")
     return f
 
 
@@ -297,15 +310,16 @@ class FileWatch(threading.Thread):
                     self.seen.setdefault(trace.hex() if isinstance(trace, bytes) else str(trace), now)
 
 
-STEPS = ("spans in a file", "grace expired", "round started", "round locked", "built", "scored", "first poll")
+STEPS = ("spans in a file", "grace expired", "round started", "round locked", "built", "scored", "a poll began",
+         "first poll")
 """A trace's times after its ack (``trace_steps``), in the order they happen."""
 
 
 def trace_steps(data: Path, timeline: Path, acked: dict[str, float], seen: dict[str, float], in_file: dict[str, float],
-                grace: float = 1.0) -> dict[str, list[float]]:
+                polls: list[float], grace: float = 1.0) -> dict[str, list[float]]:
     """Seconds from each acked and seen trace's ack to each of ``STEPS`` (a listing of the spans files first showing
     it, ``FileWatch``; its last span's receipt + ``grace``; its build's round's start, lock, build end and score end
-    per the timeline; its first poll).
+    per the timeline; the first poll begun after that, and the first poll that returned it).
     Monotonic times (acks, polls) are put on the wall clock with this process's offset between the two clocks."""
     import duckdb
 
@@ -323,10 +337,24 @@ def trace_steps(data: Path, timeline: Path, acked: dict[str, float], seen: dict[
         if trace not in acked or trace not in seen or trace not in in_file or r is None:
             continue
         ack = acked[trace] + offset
-        times = (in_file[trace] + offset, last / 1e9 + grace, r["start"], r["locked"], r["built"], r["scored"], seen[trace] + offset)
+        after = polls[bisect.bisect_right(polls, r["scored"] - offset)] if polls[-1] > r["scored"] - offset else math.inf
+        times = (in_file[trace] + offset, last / 1e9 + grace, r["start"], r["locked"], r["built"], r["scored"],
+                 after + offset, seen[trace] + offset)
         for name, t in zip(STEPS, times, strict=True):
             steps[name].append(t - ack)
     return steps
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live children, per /proc (0 where unreadable)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return total
+    return total + sum(_cpu_seconds(int(c)) for c in children)
 
 
 def _rounds_table(timeline: Path, title: str) -> Table:
@@ -441,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate in args.rates:
         for r in range(args.repeat):
             for label, tree in trees if r % 2 == 0 else trees[::-1]:  # alternate which goes first
-                f = run_rate(rate, args, bodies, ids, counts, tree)
+                f = run_rate(rate, args, bodies, ids, counts, tree, label)
                 f["load"] = os.getloadavg()[0]
                 results.setdefault((rate, label), []).append(f)
                 table.add_row(label, *_cells(f))
