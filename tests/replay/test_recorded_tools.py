@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.dag.spanbuild import q
-from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store
+from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store, in_process
 from tests.replay.test_replay_cli import _tracedag
 from tracedag import instrument as td
 from tracedag.instrument.recorded import RecordedToolError, UnmatchedToolCall
@@ -63,9 +63,9 @@ def test_replay_serves_every_recorded_call_of_the_example_agent(tmp_path):
     every call is served from the recording, so the replays fail where the source did."""
     data = example_store(tmp_path / "data", {"c-book": BOOKING_TURNS, "c-info": INFO_TURNS}, fault_rate=1.0)
     recorded = q(data, "select count(*) from spans where step_type = 'tool' and run_id is null")[0][0]
-    res = _tracedag("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0",
-                    "--agent-opt", "noise=0", "--tools", "recorded", "--unmatched", "fail", "--times", "3",
-                    "--replay-id", "rt")
+    res = in_process("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0",
+                     "--agent-opt", "noise=0", "--tools", "recorded", "--unmatched", "fail", "--times", "3",
+                     "--replay-id", "rt")
     assert res.returncode == 0, res.stdout + res.stderr  # c-book fails as its source did: a result
     assert "6 of 6 runs finished, 3 failed, 0 could not run" in res.stdout
     served = 3 * recorded
@@ -82,14 +82,14 @@ def test_unmatched_calls_run_live_or_fail(tmp_path):
     live_dir = tmp_path / "live"
     shutil.copytree(data, live_dir)
     drop = ("--agent-opt", "drop_time_rate=1", "--agent-opt", "noise=0", "--agent-opt", "fault_rate=0")
-    failing = _tracedag("replay", "--data", data, "--agent", "example", *drop, "--tools", "recorded",
-                        "--unmatched", "fail")
+    failing = in_process("replay", "--data", data, "--agent", "example", *drop, "--tools", "recorded",
+                         "--unmatched", "fail")
     # the unmatched call fails its run (a result in the table); --fail-on-failure makes it the exit code
     assert failing.returncode == 0 and "UnmatchedToolCall" in failing.stdout, failing.stdout + failing.stderr
     strict = _tracedag("replay", "--data", data, "--agent", "example", *drop, "--tools", "recorded",
                        "--unmatched", "fail", "--fail-on-failure")
     assert strict.returncode == 1 and "1 failed, 0 could not run" in strict.stdout, strict.stdout + strict.stderr
-    live = _tracedag("replay", "--data", live_dir, "--agent", "example", *drop, "--tools", "recorded")
+    live = in_process("replay", "--data", live_dir, "--agent", "example", *drop, "--tools", "recorded")
     assert "0 unmatched" in live.stdout and "ran live" in live.stdout
     # calendar_search without its time is not recorded (it fails live), nor create_booking without a slot
     assert "0 served from the recording, 2 ran live, 0 unmatched" in live.stdout

@@ -1,5 +1,7 @@
-"""``tracedag replay`` end to end, in real processes: the example agent, module:function agents and an
-OpenAI-compatible endpoint (the official openai client against a local scripted server)."""
+"""``tracedag replay`` end to end: the example agent, module:function agents and an OpenAI-compatible endpoint
+(the official openai client against a local scripted server). Exit codes, bad input, ctrl-c and an agent on the
+openai client's own instrumentation run in real processes; replays that need only the command's work run in this
+process through click's runner (``in_process``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 from tests.dag.spanbuild import q
 from tests.queries.rca_scenarios import ACROSS_TURNS, capture
 from tests.realspans import chat_completion, fake_openai_server
-from tests.replay.replay_support import BOOKING_TURNS, CLI, INFO_TURNS, example_store
+from tests.replay.replay_support import BOOKING_TURNS, CLI, INFO_TURNS, example_store, in_process
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.schemas.layout import table_dir
 
@@ -52,9 +54,9 @@ def test_example_agent_replayed_three_times_labelled_and_the_printed_next_line_b
     shutil.copytree(source, data)
     before = _source_rows(data)
     first_trace = q(data, "select arg_min(trace_id, start_time_unix_nano) from spans where conversation_id = 'c-book'")[0][0]
-    res = _tracedag("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0", "--agent-opt", "noise=0",
-                    "--conversation", "c-book", "--times", "3", "--parallel", "2", "--replay-id", "rp1",
-                    "--label", "service_version=candidate", "--label", "team=courts")
+    res = in_process("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0", "--agent-opt",
+                     "noise=0", "--conversation", "c-book", "--times", "3", "--parallel", "2", "--replay-id", "rp1",
+                     "--label", "service_version=candidate", "--label", "team=courts")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "3 of 3 runs finished, 0 failed, 0 could not run" in res.stdout
     runs = q(data, """select run_id, any_value(scenario_id), any_value(replay_index), any_value(variant_id),
@@ -73,7 +75,7 @@ def test_example_agent_replayed_three_times_labelled_and_the_printed_next_line_b
     for part in line.removeprefix("next: ").split(" && "):
         words = shlex.split(part)
         assert words[0] == "tracedag", line
-        done = subprocess.run([*CLI, *words[1:]], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        done = in_process(*words[1:])
         assert done.returncode == 0, part + "\n" + done.stdout + done.stderr
     replayed = q(data, "select count(distinct trace_id) from spans where run_id like 'rp1/%'")[0][0]
     built = q(data, "select count(*) from traces where run_id like 'rp1/%'")[0][0]
@@ -90,8 +92,8 @@ def test_example_agent_replayed_three_times_labelled_and_the_printed_next_line_b
 def test_failing_runs_are_recorded_and_the_rest_continue(source, tmp_path):
     """An agent that fails again ran to its end: a result in the table, exit 0 (1 with --fail-on-failure)."""
     data = _copy(source, tmp_path)
-    res = _tracedag("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=1",
-                    "--times", "2", "--replay-id", "rp2")
+    res = in_process("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=1",
+                     "--times", "2", "--replay-id", "rp2")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "4 of 4 runs finished, 2 failed, 0 could not run" in res.stdout  # c-book needs the calendar
     assert "CalendarTimeout" in res.stdout or "CalendarUnavailable" in res.stdout
@@ -119,8 +121,8 @@ def test_bad_input_gives_one_line_naming_the_problem(source, tmp_path):
 @pytest.mark.parametrize("fn", ["echo", "echo_async"])
 def test_module_function_agent_gets_the_history(source, tmp_path, fn):
     data = _copy(source, tmp_path)
-    res = _tracedag("replay", "--data", data, "--agent", f"tests.replay.agents:{fn}", "--conversation", "c-book",
-                    "--times", "2", "--replay-id", "rf")
+    res = in_process("replay", "--data", data, "--agent", f"tests.replay.agents:{fn}", "--conversation", "c-book",
+                     "--times", "2", "--replay-id", "rf")
     assert res.returncode == 0, res.stdout + res.stderr
     replies = q(data, """select output_text from spans where run_id = 'rf/c-book/r1' and step_type = 'agent'
                          order by start_time_unix_nano""")
@@ -154,8 +156,8 @@ def test_endpoint_agent_replays_an_openai_conversation(tmp_path):
     users = [t.user for t in three.turns]
     replies = [(200, chat_completion(f"reply {i}")) for i in range(9)]
     with fake_openai_server(replies) as srv:
-        res = _tracedag("replay", "--data", data, "--agent", srv.base_url, "--agent-opt", "model=m-1",
-                        "--times", "3", "--replay-id", "re")
+        res = in_process("replay", "--data", data, "--agent", srv.base_url, "--agent-opt", "model=m-1",
+                         "--times", "3", "--replay-id", "re")
         requests = list(srv.requests)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(requests) == 9 and all(r["model"] == "m-1" for r in requests)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.dag.spanbuild import q
 from tests.realspans import chat_completion, fake_openai_server
-from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store
+from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store, in_process
 from tests.replay.test_replay_cli import _tracedag
 from tracedag.pipeline.demo.agent.fake_llm import ScriptedLLM
 from tracedag.pipeline.replay.variants import RuleRewriter, candidates
@@ -33,8 +33,8 @@ def test_rules_are_deterministic_differ_and_keep_what_the_user_asks(text):
 
 def test_offline_variants_are_replayed_and_labelled(tmp_path):
     data = example_store(tmp_path / "data", {"c-book": BOOKING_TURNS})
-    res = _tracedag("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0",
-                    "--agent-opt", "noise=0", "--variants", "2", "--times", "2", "--replay-id", "rv")
+    res = in_process("replay", "--data", data, "--agent", "example", "--agent-opt", "fault_rate=0",
+                     "--agent-opt", "noise=0", "--variants", "2", "--times", "2", "--replay-id", "rv")
     assert res.returncode == 0, res.stdout + res.stderr
     runs = q(data, """select run_id, any_value(variant_id), any_value(replay_index) from spans
                       where run_id like 'rv/%' group by 1 order by 1""")
@@ -48,8 +48,8 @@ def test_offline_variants_are_replayed_and_labelled(tmp_path):
         by_variant.setdefault(variant, []).append(text)
     assert by_variant[None] == list(BOOKING_TURNS)
     assert by_variant["v1"] == [RuleRewriter().rewrite(t, 1) for t in BOOKING_TURNS]
-    assert _tracedag("build", "--data", data).returncode == 0
-    det = _tracedag("determinism", "--data", data, "--output", tmp_path / "det")
+    assert in_process("build", "--data", data).returncode == 0
+    det = in_process("determinism", "--data", data, "--output", tmp_path / "det")
     assert det.returncode == 0, det.stderr
     rows = pq.read_table(tmp_path / "det" / "determinism.parquet").to_pylist()
     kinds = {(r["scenario"], r["comparison"]): r for r in rows if r["scenario"] == "c-book"}
@@ -59,8 +59,8 @@ def test_offline_variants_are_replayed_and_labelled(tmp_path):
 def test_model_rewriter_through_an_openai_compatible_endpoint(tmp_path):
     data = example_store(tmp_path / "data", {"c-info": INFO_TURNS})
     with fake_openai_server([(200, chat_completion("When do you open?"))]) as srv:
-        res = _tracedag("replay", "--data", data, "--agent", "tests.replay.agents:echo", "--variants", "1",
-                        "--rewrite-model", "rw-1", "--rewrite-base-url", srv.base_url, "--replay-id", "rm")
+        res = in_process("replay", "--data", data, "--agent", "tests.replay.agents:echo", "--variants", "1",
+                         "--rewrite-model", "rw-1", "--rewrite-base-url", srv.base_url, "--replay-id", "rm")
         requests = list(srv.requests)
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(requests) == 1 and requests[0]["model"] == "rw-1" and requests[0]["temperature"] == 0
