@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.rca_agents import DIALECTS, paramgen_cases
+from tests.rca_agents import DIALECTS, paramgen_cases, trace_ids
+
+NAMES = ("unknown-field", "one-of-two", "guardrail-between", "recovered")
 
 
 @pytest.fixture(scope="module")
@@ -14,26 +16,40 @@ def cases():
     return {(c.dialect, c.name): c for c in paramgen_cases()}
 
 
-def _edges(data, kind):
+@pytest.fixture(scope="module")
+def stored(cases, tmp_path_factory):
+    """The cases of every dialect in ONE store, built once; each case reads the edges of its own traces (an edge
+    joining one conversation to another would show as a wrong edge in one of them)."""
+    from tests.rca_agents import load_case
+
+    data = tmp_path_factory.mktemp("toolcalls") / "data"
+    load_case([cases[(dialect, name)] for dialect in DIALECTS for name in NAMES], data)
+    return data
+
+
+def _edges(data, kind, traces=None):
+    """The ``kind`` edges (upstream, downstream) of the traces ``traces`` (all when None)."""
     from tracedag.pipeline.store.views import connect
 
     con = connect(data)
     try:
-        return con.execute("select upstream_span_id, downstream_span_id from dag_edges where edge_kind = $k",
+        rows = con.execute("select trace_id, upstream_span_id, downstream_span_id from dag_edges where edge_kind = $k",
                            {"k": kind}).fetchall()
     finally:
         con.close()
+    return [(u, d) for t, u, d in rows if traces is None or t in traces]
+
+
+def test_the_store_holds_no_tool_call_edge_outside_the_cases_traces(cases, stored):
+    mine = set().union(*(trace_ids(cases[(dialect, name)]) for dialect in DIALECTS for name in NAMES))
+    assert _edges(stored, "tool_call") == _edges(stored, "tool_call", mine)
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_each_tool_step_hangs_off_the_model_call_that_emitted_it(cases, dialect, tmp_path):
-    from tests.rca_agents import load_case
-
-    for name in ("unknown-field", "one-of-two", "guardrail-between", "recovered"):
+def test_each_tool_step_hangs_off_the_model_call_that_emitted_it(cases, dialect, stored):
+    for name in NAMES:
         case = cases[(dialect, name)]
-        data = tmp_path / name / "data"
-        load_case([case], data)
-        edges = _edges(data, "tool_call")
+        edges = _edges(stored, "tool_call", trace_ids(case))
         tools = {d for _, d in edges}
         # every tool span got exactly one edge, from a model call
         assert len(edges) == len(tools) >= 1, (name, edges)
