@@ -1,7 +1,8 @@
 """``tracedag simulate`` against an agent behind a URL (its nodes read back from the store by trace id),
 ``--parallel`` and the exit code, in real processes: a ``tracedag collect`` process, an
 OpenAI-compatible agent server with its own OpenTelemetry SDK (tests/replay/remote_agent.py), and the
-``tracedag`` command."""
+``tracedag`` command (``--parallel`` against one at a time, whose process shows nothing more, runs in this process
+through click's runner)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.collector.collector_support import start_process, stop_process
 from tests.dag.spanbuild import q
-from tests.replay.replay_support import CLI, run_tracedag, sim_files  # noqa: F401  (a fixture)
+from tests.replay.replay_support import CLI, in_process, run_tracedag, sim_files  # noqa: F401  (a fixture)
 from tracedag import instrument as td
 from tracedag.pipeline.replay.remote import StoredSpan, remote_visits, settled
 
@@ -142,8 +143,8 @@ def test_parallel_gives_the_same_result_as_one_at_a_time(tmp_path):
     # the permissive example agent with faults (fault_rate 0.25): restarts and failed runs, seeded by run id
     args = ["--agent", "example", "--graph", "example", "--agent-opt", "variant=permissive", "--persona", "terse",
             "--persona", "rude", "--conversations", 2, "--max-visits", 1]
-    one = _tracedag("simulate", *args, "--data", tmp_path / "p1")
-    four = _tracedag("simulate", *args, "--data", tmp_path / "p4", "--parallel", 4)
+    one = in_process("simulate", *args, "--data", tmp_path / "p1")
+    four = in_process("simulate", *args, "--data", tmp_path / "p4", "--parallel", 4)
     # some runs failed (the agent's faults): a result, counted in CCR/PCR, not an error of the simulation
     assert one.returncode == four.returncode == 0, one.stdout + four.stdout
     assert re.search(r"[1-9]\d* of \d+ runs failed, 0 could not run", one.stdout), one.stdout
