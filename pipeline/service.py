@@ -2,9 +2,8 @@
 
 The only module that imports both ``tracedag.collector`` (the request path) and the stages.
 ``start_collector(CollectorConfig(data=...))`` starts the receivers (``collector.server``), then
-the spool converters (child processes, or a thread) and, with ``build``, the live analysis: in rounds, each
-when the earliest pending trace becomes complete (at most ``build_interval`` seconds after the last, at once
-after a round that outlasted that), the complete traces are built and their steps scored (rules and the
+the spool converters (child processes, or a thread) and, with ``build``, the live analysis: every
+``build_interval`` seconds the complete traces are built and their steps scored (rules and the
 evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
 named queries compute it from their SQL until it is stored). The named queries' results are stored
 (``score.live_store``) by a thread of its own, beside the round loop: each pass takes whatever was scored
@@ -39,7 +38,7 @@ from tracedag.pipeline.store.manifests import KeepLocal, publish
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
-from tracedag.schemas.layout import JUDGE_LOCK, build_state_file, state_file
+from tracedag.schemas.layout import JUDGE_LOCK, state_file
 
 if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' process stays small
     from tracedag.pipeline.ingest.segments import SpoolConverter
@@ -51,10 +50,6 @@ logger = logging.getLogger(__name__)
 TIMELINE_ENV = "TRACEDAG_LIVE_TIMELINE"
 """A file each live round and store pass appends one JSON line of its wall-clock times to (debugging the live
 latency, ``bench/live.py --timeline``); unset (the default): nothing is written or timed."""
-
-ROUND_FLOOR_SECONDS = 0.05
-"""The least pause between two live rounds: the store's thread takes the round lock in it (a round started at once
-after the last could keep it waiting), and no loop spins."""
 
 LIVE_GC_SECONDS = 10.0
 """How often the live analysis collects superseded rows and merges small files of the derived
@@ -332,34 +327,17 @@ class RunningCollector:
                 self._store.close()
 
     def _analysis_loop(self) -> None:
-        wait, again = self.config.build_interval, False
+        wait = self.config.build_interval
         while not self._stop.wait(wait):
+            again, wait = wait == 0.0, self.config.build_interval
             try:
                 self.analyze_once()
             except Exception as exc:
                 if _file_went_away(exc) and not again:  # a compaction swapped a partition under the round
                     logger.info("live analysis round met a file compacted away (%s); again at once", exc)
-                    wait, again = 0.0, True  # once: the next failure waits the interval
+                    wait = 0.0  # once: the next failure waits the interval
                     continue
                 logger.exception("live analysis round (build, score) failed; retrying")
-                wait, again = self.config.build_interval, False
-                continue
-            wait, again = self.next_round_in(), False
-
-    def next_round_in(self) -> float:
-        """Seconds from now to the next live round: when the earliest trace pending at the last build becomes complete
-        (its plan saved when: the grace after its last span, or the idle time without a root), at least
-        ``ROUND_FLOOR_SECONDS`` (a round longer than that wait starts the next at once), at most ``build_interval``
-        (also when none was pending: a trace whose spans reach a file later is complete no sooner than its grace).
-        A fixed ``build_interval`` after every round made a trace wait for it on top of the round that built it."""
-        interval = self.config.build_interval
-        try:
-            due = json.loads(build_state_file(self.data).read_text(encoding="utf-8")).get("next_due_unix_nano")
-        except (OSError, ValueError, AttributeError):  # no build yet, or a state of another shape: the interval
-            return interval
-        if not isinstance(due, int):
-            return interval
-        return min(interval, max(ROUND_FLOOR_SECONDS, (due - time.time_ns()) / 1e9))
 
     def judge_once(self) -> int:
         """One bounded judge round over the scored steps not graded yet; return the rows written."""

@@ -85,8 +85,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float | None) ->
 @click.option("--build-grace", default=1.0, show_default=True, type=float,
               help="Seconds without new spans before a trace whose root span is in is built.")
 @click.option("--build-interval", default=1.0, show_default=True, type=float,
-              help="Seconds between live analysis rounds at most: a round starts sooner when a trace pending at the "
-                   "last one becomes complete, at once after a round that took longer.")
+              help="Seconds between live analysis rounds.")
 @click.option("--materialize-interval", default=None, type=float, callback=_seconds, hidden=True,
               help="Ignored (kept so that existing service units still start): the named queries' results are "
                    "stored as traces are scored, by a thread of their own.")
@@ -158,9 +157,9 @@ def collect(
     click.echo(f"tracedag collect: OTLP/gRPC {shown}:{running.grpc_port}")
     click.echo(f"tracedag collect: data in {data}; metrics at {scheme}://{shown}:{running.http_port}/metrics")
     if running.config.build:
-        click.echo(f"tracedag collect: live analysis as traces complete (every {running.config.build_interval:g} s at "
-                   "most); named queries' results stored as scored, by a thread of their own, at most "
-                   f"{running.config.materialize_part} traces a pass")
+        click.echo(f"tracedag collect: live analysis every {running.config.build_interval:g} s; named queries' "
+                   f"results stored as scored, by a thread of their own, at most {running.config.materialize_part} "
+                   "traces a pass")
     click.echo(f"listening http_port={running.http_port} grpc_port={running.grpc_port}")
     while not stop.wait(0.5):
         pass
