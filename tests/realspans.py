@@ -380,7 +380,8 @@ def fake_openai_server(replies: Sequence[tuple[int, dict[str, Any]]]) -> Iterato
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the serving loop's next poll: 0.05 s, not the default 0.5 s (a test holds ~20 of these)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:

@@ -76,7 +76,7 @@ def scripted_model(replies: Sequence[tuple[int, dict[str, Any]]]) -> Iterator[Fa
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)  # quick shutdown
     thread.start()
     state.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
