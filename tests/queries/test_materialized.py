@@ -54,7 +54,7 @@ def references(data: Path, cases: list[tuple[str, dict[str, str]]]) -> list[list
 
 
 def _reads_stored(data: Path, name: str, given: dict[str, str]) -> bool:
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # named_statement calls no shared query macro
     try:
         values = bind_params(queries.describe(name), given)
         return materialized.named_statement(con, data, name, values) is not None
@@ -67,7 +67,7 @@ def check_cases(data: Path, cases: list[tuple[str, dict[str, str]]], stored: boo
     rows of its SQL; return those rows. Asked on one connection, the SQL run on a second and the macros made on a
     third: a connection per case and per way cost two thirds of this check's CPU."""
     wants = references(data, cases)
-    asked, macros = connect(data), connect(data)
+    asked, macros = connect(data, shared_macros=False), connect(data)  # named_statement calls no shared macro
     try:
         for (name, given), want in zip(cases, wants, strict=True):
             values = bind_params(queries.describe(name), given)
@@ -263,7 +263,7 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
     _assert_mixed_equal(data, {"a0", "a1", "a2"})
     # every trace rebuilt (the previous builds collected): nothing is answered, the SQL runs alone
     build_store(data, idle_seconds=0, full=True)
-    con = connect(data)
+    con = connect(data, shared_macros=False)
     try:
         assert not materialized.freshness(con, data).usable
     finally:
@@ -275,7 +275,7 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
 
 def _freshness(data: Path) -> materialized.Freshness:
     materialized._FRESH.clear()  # as a new process: only what is kept on disk is remembered
-    con = connect(data)
+    con = connect(data, shared_macros=False)
     try:
         return materialized.freshness(con, data)
     finally:

@@ -11,7 +11,7 @@ from tracedag.pipeline.store.views import connect
 
 
 def _builds(data, table: str) -> set[str]:
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # no shared query macro called
     try:
         return {r[0] for r in con.execute(f"select distinct build_id from {table}").fetchall()}
     finally:
@@ -25,7 +25,7 @@ def test_a_full_rebuild_and_score_leave_only_the_new_builds_materialized_rows(tm
     score_store(data)
     assert _builds(data, "materialized_failures") == {first.build_id}
     second = build_store(data, idle_seconds=0, full=True)  # collects what the first build's traces left
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # no shared query macro called
     try:
         assert not materialized.fresh(con, data)  # rebuilt, not scored yet: the SQL answers
     finally:
@@ -53,7 +53,7 @@ def test_a_running_scorer_keeps_the_collector_off_the_materialized_tables(tmp_pa
     assert busy.gc is not None
     assert set(busy.gc.skipped) == {"step_scores", materialized.STATE,
                                     *(materialized.table_name(n) for n in materialized.SPECS)}
-    con = connect(data)
+    con = connect(data, shared_macros=False)  # no shared query macro called
     try:
         assert con.execute("select count(*) from materialized_traces").fetchall()[0][0] == 1
     finally:

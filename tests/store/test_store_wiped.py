@@ -70,7 +70,7 @@ def _ingest(url: str, work: Path, dump: Path, env: dict[str, str] | None = None)
 def _span_count(url: str, reader: Path) -> int:
     """What a fresh work directory reads from the store."""
     attach(reader, url)
-    return int(connect(reader).execute("select count(*) from spans").fetchone()[0])
+    return int(connect(reader, shared_macros=False).execute("select count(*) from spans").fetchone()[0])
 
 
 def test_a_wiped_store_gets_the_work_directorys_files_again(memory_url, tmp_path, caplog):

@@ -16,7 +16,7 @@ import pytest
 from bench.gen import make_store
 from tracedag.pipeline.store.compact import Compactor
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import calls_shared_macros, connect
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def spans_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def read_groups(data: Path, sql: str, params: dict[str, object], tmp: Path) -> tuple[int, int, int]:
     """(row groups scanned, row groups in the files, rows returned) of the spans scan of ``sql``."""
-    con = connect(data)
+    con = connect(data, shared_macros=calls_shared_macros(sql))
     out = tmp / "profile.json"
     con.execute("pragma enable_profiling = 'json'")
     con.execute(f"pragma profiling_output = '{out}'")
@@ -45,7 +45,7 @@ def read_groups(data: Path, sql: str, params: dict[str, object], tmp: Path) -> t
 
 
 def a_trace(data: Path) -> tuple[str, int]:
-    con = connect(data)
+    con = connect(data, shared_macros=False)
     try:
         tid, n = con.execute("select trace_id, count(*) from spans_all group by 1 order by 2 desc, 1 limit 1").fetchall()[0]
     finally:
