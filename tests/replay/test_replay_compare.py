@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.dag.spanbuild import q
-from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store, run_tracedag
+from tests.replay.replay_support import BOOKING_TURNS, INFO_TURNS, example_store, in_process
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
@@ -45,9 +45,9 @@ def unlabelled(tmp_path_factory):
 
 
 def _replay_and_build(data, *args):
-    """``tracedag replay`` as a process of its own (it sets up the agent's instrumentation), then the build and
-    the scoring in this one (their commands' own process tests are elsewhere)."""
-    res = run_tracedag("replay", "--data", data, *REPLAY, *args)
+    """``tracedag replay`` (through click's runner: its process is test_replay_cli's), then the build and the
+    scoring, all in this process (their commands' own process tests are elsewhere)."""
+    res = in_process("replay", "--data", data, *REPLAY, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     build_store(data, idle_seconds=0)
     score_store(data)
