@@ -76,6 +76,19 @@ def code_only(text: str, keep_strings: bool = True) -> str:
     return _SKIP.sub(lambda m: m.group(0) if keep_strings and m.group(0)[0] in "'\"" else " ", text)
 
 
+def statements(text: str) -> list[str]:
+    """``text`` cut at each ``;`` outside strings, quoted names and comments; the parts that hold code, without
+    their ``;`` (DuckDB's parser does the same but costs ~50 ms CPU the first time: a database of its own)."""
+    cuts: list[int] = []
+    pos = 0
+    for m in [*_SKIP.finditer(text), None]:
+        end = len(text) if m is None else m.start()
+        cuts += [i for i in range(pos, end) if text[i] == ";"]
+        pos = len(text) if m is None else m.end()
+    parts = [text[a:b] for a, b in zip([0, *(c + 1 for c in cuts)], [*cuts, len(text)], strict=True)]
+    return [part for part in parts if code_only(part).strip()]
+
+
 def rename_params(text: str, prefix: str = PARAM_PREFIX) -> str:
     """Replace every ``$name`` outside strings, quoted names and comments by ``<prefix>name``."""
     out: list[str] = []

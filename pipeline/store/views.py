@@ -348,15 +348,15 @@ _SHARED_MACRO = re.compile(r"\bmacro\s+([A-Za-z_]\w*)\s*\(", re.IGNORECASE)
 @functools.cache
 def _shared_statements() -> tuple[tuple[str, str, frozenset[str]], ...]:
     """Each statement of ``queries/_*.sql`` in the files' order: the name of the macro it makes, its text and the
-    words it calls (outside strings and comments). A file's statements are split by DuckDB's parser, once."""
+    words it calls (outside strings and comments). Read once a process."""
     found: list[tuple[str, str, frozenset[str]]] = []
     for file in queries.macro_files():
-        for statement in duckdb.extract_statements(queries.load(file)):
-            code = macros.code_only(statement.query, keep_strings=False)
+        for statement in macros.statements(queries.load(file)):
+            code = macros.code_only(statement, keep_strings=False)
             made = [m.group(1).lower() for m in _SHARED_MACRO.finditer(code)]
             if len(made) != 1:
                 raise ValueError(f"queries/{file}.sql: a statement must make one macro, not {made or 'none'}")
-            found.append((made[0], statement.query, _called(code)))
+            found.append((made[0], statement, _called(code)))
     return tuple(found)
 
 
