@@ -233,8 +233,8 @@ def test_openai_client_agent_replayed_with_its_own_instrumentation(tmp_path):
 
     [again] = select_conversations(data, Selection(conversations=("ro/" + three.conversation_id + "/r0",)))
     assert again.turns == tuple(t.user for t in three.turns)
-    assert _tracedag("build", "--data", data).returncode == 0
-    det = _tracedag("determinism", "--data", data, "--output", tmp_path / "det")
+    assert in_process("build", "--data", data).returncode == 0
+    det = in_process("determinism", "--data", data, "--output", tmp_path / "det")
     assert det.returncode == 0, det.stderr
     rows = pq.read_table(tmp_path / "det" / "determinism.parquet").to_pylist()
     assert [r["runs"] for r in rows if r["scenario"] == three.conversation_id] == [3]
