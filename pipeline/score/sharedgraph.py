@@ -36,10 +36,10 @@ _STEPS = "failure_steps(p_fail_threshold, p_trace_ids)"
 _GRAPH = "(p_fail_threshold, p_trace_ids, p_max_hops, p_across_turns)"
 
 
-def _defaults() -> tuple[float, int] | None:
+def shared_defaults() -> tuple[float, int] | None:
     """The (fail_threshold, max_hops) every stored query defaults to; None when they differ (nothing shared)."""
-    found = {(mat.defaults(name).get("fail_threshold"), mat.defaults(name).get("max_hops", "1000"))
-             for name in mat.SPECS}
+    headers = [mat.defaults(name) for name in mat.SPECS]  # each header parsed once (~1.5 ms each)
+    found = {(given.get("fail_threshold"), given.get("max_hops", "1000")) for given in headers}
     if len(found) != 1:
         return None
     threshold, hops = found.pop()
@@ -82,7 +82,7 @@ def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hop
         f"select * from {KEPT}{name}{_GRAPH} where p_across_turns")
 
 
-_GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
+GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
 
 
 def share(con: duckdb.DuckDBPyConnection) -> bool:
@@ -91,9 +91,10 @@ def share(con: duckdb.DuckDBPyConnection) -> bool:
     under their own names the first time (``keep_originals``), so that a connection shares part after part
     without making the macros of ``_failure_graph.sql`` again: the kept rows are computed by the originals
     (``reshare``), whatever an earlier part left the public macros reading."""
-    if con not in _KEPT_ON and not keep_originals(con):
+    found = shared_defaults()  # once a part: each read parses every stored query's header
+    if found is None or (con not in _KEPT_ON and not keep_originals(con, found)):
         return False
-    return reshare(con)
+    return reshare(con, found)
 
 
 def _keep_steps(con: duckdb.DuckDBPyConnection, threshold: float, source: str) -> None:
@@ -104,46 +105,49 @@ def _keep_steps(con: duckdb.DuckDBPyConnection, threshold: float, source: str) -
 
 
 
-def keep_originals(con: duckdb.DuckDBPyConnection) -> bool:
+def keep_originals(con: duckdb.DuckDBPyConnection, found: tuple[float, int] | None = None) -> bool:
     """For a connection kept across rounds (``score.live_store``): make the three originals once under the names
     ``__tracedag_shared_<name>``, so that each round's ``reshare`` computes the kept rows from them without making
     every macro of ``_failure_graph.sql`` again (``share``'s fixed cost). False when the stored queries' defaults
-    differ (nothing is shared then)."""
-    if _defaults() is None:
+    differ (nothing is shared then). ``found``: ``shared_defaults()``, when the caller has read them."""
+    if (found or shared_defaults()) is None:
         return False
     text = queries.load(MACROS)
-    con.execute(";\n".join(_original(text, name) for name in _GRAPH_MACROS))
+    con.execute(";\n".join(_original(text, name) for name in GRAPH_MACROS))
     _KEPT_ON.add(con)
     return True
 
 
-def reshare(con: duckdb.DuckDBPyConnection) -> bool:
+def reshare(con: duckdb.DuckDBPyConnection, found: tuple[float, int] | None = None) -> bool:
     """``share`` on a connection ``keep_originals`` prepared, kept shared between rounds: the kept rows again over
     ``con``'s views now, each computed by its original (the originals call the macros before them in the graph by
-    name, which read the rows just kept), the macros made to read them. False when nothing is shared."""
-    found = _defaults()
+    name, which read the rows just kept), the macros made to read them. False when nothing is shared. ``found``:
+    ``shared_defaults()``, when the caller has read them."""
+    found = found or shared_defaults()
     if found is None:
         return False
     threshold, hops = found
     _keep_steps(con, threshold, f"{KEPT}failure_steps")
-    for name in _GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph
+    for name in GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph
         _keep_graph(con, name, threshold, hops, source=f"{KEPT}{name}")
     return True
 
 
-def unshare(con: duckdb.DuckDBPyConnection) -> None:
+def unshare(con: duckdb.DuckDBPyConnection, restore: bool = True) -> None:
     """Make the original macros again and drop the kept rows (only the three ``share`` replaces: making every macro
-    of ``_failure_graph.sql`` costs ~35 ms CPU, these ~20 ms)."""
+    of ``_failure_graph.sql`` costs ~35 ms CPU, these ~20 ms). ``restore`` False: only drop the rows, for a
+    connection closed next (the three macros then fail where called, reading the rows dropped)."""
     text = queries.load(MACROS)
-    con.execute(";\n".join([*(_statement(text, name) for name in _GRAPH_MACROS),
-                            *(f"drop table if exists {KEPT}{name}_rows" for name in _GRAPH_MACROS)]))
+    made = [_statement(text, name) for name in GRAPH_MACROS] if restore else []
+    con.execute(";\n".join([*made, *(f"drop table if exists {KEPT}{name}_rows" for name in GRAPH_MACROS)]))
 
 
 @contextmanager
-def shared_failure_graph(con: duckdb.DuckDBPyConnection) -> Iterator[Callable[[], bool]]:
+def shared_failure_graph(con: duckdb.DuckDBPyConnection, restore: bool = True) -> Iterator[Callable[[], bool]]:
     """``share``, given to call once for each part of a round over ``con``'s views as they are then, and ``unshare``
-    on leaving (whatever happened in between): the originals are made again once a round, not once a part."""
+    on leaving (whatever happened in between): the originals are made again once a round, not once a part
+    (``restore`` False: not at all, for a connection closed next)."""
     try:
         yield lambda: share(con)
     finally:
-        unshare(con)
+        unshare(con, restore)
