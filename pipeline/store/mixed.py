@@ -25,6 +25,7 @@ from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
+from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
 
@@ -115,88 +116,29 @@ def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str) -> dict[
     """For each raw table the refined views read (``views._LATEST``: ``spans_all``, ``traces_all``, ...), SQL of its
     rows of the traces whose ids ``relation`` lists, reading only the files that hold one of them.
 
-    The files are found by the trace ids each holds, scanned once per process (``_trace_ids``). Filtering the whole
-    table instead read every column of every file (a scan drops rows only after decoding them), whatever the traces
-    asked: a live round's 10k spans copied out of 240k took ~0.9 s CPU, ~0.25 s from the four files that held them.
-    A trace's rows of every build are in the files found, so the refined views give it the rows they give it over
-    the whole store. An object store's tables (files listed, fetched through the cache) are filtered in place."""
+    The files are found by a scan of their ``trace_id`` column alone. Filtering the whole table instead read every
+    column of every file (a scan drops rows only after decoding them), whatever the traces asked: a live round's
+    10k spans copied out of 240k took ~0.9 s CPU, ~0.25 s from the four files that held them. A trace's rows of
+    every build are in the files found, so the refined views give it the rows they give it over the whole store.
+    An object store's tables (files listed, fetched through the cache) are filtered in place."""
     ids = f"(select trace_id from {relation})"
     if remote_of(data) is not None:
         return {t: f"(select * from {t}_all where trace_id in {ids})" for t in _LATEST}
-    wanted = _wanted(con, ids)  # once for every table
-    return {t: _files_holding(con, data, t, ids, wanted) for t in _LATEST}
+    return {t: _files_holding(con, data, t, ids) for t in _LATEST}
 
 
-def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: str,
-                   wanted: pa.Array | None = None) -> str:
-    """SQL of ``table``'s rows of the traces ``ids`` (``wanted``: their ids, when known), over the files that hold
-    one (none: no rows)."""
-    files = parquet_files(data, table)
-    if not files:  # a store not scored yet has no step_scores (a glob of none fails)
+def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: str) -> str:
+    """SQL of ``table``'s rows of the traces ``ids``, over the files that hold one (none: no rows)."""
+    if not parquet_files(data, table):  # a store not scored yet has no step_scores (a glob of none fails)
         return f"(select * from {table}_all where false)"
-    if wanted is None:
-        wanted = _wanted(con, ids)
-    found = [f for f, held in _trace_ids(con, data, table, files).items()
-             if len(held) and len(wanted) and pc.any(pc.is_in(held, value_set=wanted)).as_py()]
+    pattern = _quoted(str(table_dir(data, table) / "**" / "*.parquet"))
+    found = con.execute(f"select distinct filename from read_parquet({pattern}, filename = true, "
+                        f"union_by_name = false, hive_partitioning = false) where trace_id in {ids}").fetchall()
     if not found:
         return f"(select * from {table}_all where false)"
-    files_sql = ", ".join(_quoted(f) for f in sorted(found))
-    return (f"(select * from read_parquet([{files_sql}], union_by_name = false, hive_partitioning = false) "
+    files = ", ".join(_quoted(str(f)) for (f,) in sorted(found))
+    return (f"(select * from read_parquet([{files}], union_by_name = false, hive_partitioning = false) "
             f"where trace_id in {ids})")
-
-
-def _wanted(con: duckdb.DuckDBPyConnection, ids: str) -> pa.Array:
-    """The distinct trace ids the SQL ``ids`` lists."""
-    return _fetch(con, f"select distinct trace_id from {ids} w where trace_id is not null").column(0).combine_chunks().cast(pa.string())
-
-
-_HELD: dict[tuple[str, str], dict[tuple[str, int, int], pa.ChunkedArray]] = {}
-"""Per store and table, the distinct trace ids each file holds, by (path, size, mtime): a file is scanned once per
-process (a published file never changes; one rewritten in place, as ``human.parquet``, has a new size or mtime).
-Only the files of the table's latest listing are kept."""
-
-
-def _trace_ids(con: duckdb.DuckDBPyConnection, data: Path, table: str, files: list[Path]) -> dict[str, pa.ChunkedArray]:
-    """The distinct trace ids of each of ``files`` (path text -> ids): those scanned before from ``_HELD``, the
-    others by one scan of their ``trace_id`` column. Scanning every file's column each time cost a live poll
-    ~0.1 s CPU on 200k spans (and more as files accumulate)."""
-    known = _HELD.get((str(data), table), {})
-    keys = {f: _file_key(f) for f in files}
-    new = [f for f, k in keys.items() if k is None or k not in known]
-    scanned = _scan_ids(con, new) if new else {}
-    held: dict[tuple[str, int, int], pa.ChunkedArray] = {}
-    out: dict[str, pa.ChunkedArray] = {}
-    for f, k in keys.items():
-        ids = known[k] if k is not None and k in known else scanned[str(f)]
-        out[str(f)] = ids
-        if k is not None and (k in known or _file_key(f) == k):  # unchanged while scanned: keep its ids
-            held[k] = ids
-    _HELD[(str(data), table)] = held
-    return out
-
-
-def _file_key(f: Path) -> tuple[str, int, int] | None:
-    try:
-        st = f.stat()
-    except OSError:  # gone meanwhile (a compaction swap): the scan says (``files.rerun_if_vanished``)
-        return None
-    return (str(f), st.st_size, st.st_mtime_ns)
-
-
-def _scan_ids(con: duckdb.DuckDBPyConnection, files: list[Path]) -> dict[str, pa.ChunkedArray]:
-    """The distinct trace ids of each of ``files``, by one scan of their ``trace_id`` column."""
-    listed = ", ".join(_quoted(str(f)) for f in files)
-    grouped = _fetch(con, f"select filename, list(distinct trace_id) as ids from read_parquet([{listed}], "
-                     "filename = true, union_by_name = false, hive_partitioning = false) where trace_id is not null "
-                     "group by filename")
-    out = {str(f): pa.chunked_array([], pa.string()) for f in files}
-    for name, ids in zip(grouped.column("filename").to_pylist(), grouped.column("ids"), strict=True):
-        out[str(name)] = pa.chunked_array([ids.values.cast(pa.string())])
-    return out
-
-
-def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    return _arrow(con.sql(sql))
 
 
 def _quoted(text: str) -> str:
