@@ -16,13 +16,8 @@ from tracedag import queries
 from tracedag.pipeline.dag import dataflow, show_check, show_stored
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
-from tracedag.pipeline.store.views import (
-    connect,
-    create_shared_macros,
-    create_views,
-    latest_by_id,
-    restrict_to_trace,
-)
+from tracedag.pipeline.store.shared_macros import create_shared_macros
+from tracedag.pipeline.store.views import connect, create_views, latest_by_id, restrict_to_trace
 from tracedag.schemas.errors import TracedagError
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracedag.instrument.recorded import RecordedCall
-from tracedag.pipeline.store.views import calls_shared_macros, connect
+from tracedag.pipeline.store.shared_macros import calls_shared_macros
+from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import TracedagError
 
 USER_EVENT = "gen_ai.user.message"

@@ -37,7 +37,8 @@ from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params
-from tracedag.pipeline.store.views import _LATEST, create_shared_macros, forget_views, refresh_views
+from tracedag.pipeline.store.shared_macros import create_shared_macros
+from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)

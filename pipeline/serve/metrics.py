@@ -37,7 +37,8 @@ from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
 from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.files import keep_newest
 from tracedag.pipeline.store.querying import bind_params, query_doc
-from tracedag.pipeline.store.views import connect, create_shared_macros
+from tracedag.pipeline.store.shared_macros import create_shared_macros
+from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import state_dir
 
 SCORE_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)

@@ -28,13 +28,8 @@ from tracedag.pipeline.store import current_rounds, materialized, mixed
 from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
-from tracedag.pipeline.store.views import (
-    connect,
-    create_query_macros,
-    create_shared_macros,
-    create_views,
-    mentioned_queries,
-)
+from tracedag.pipeline.store.shared_macros import create_shared_macros
+from tracedag.pipeline.store.views import connect, create_query_macros, create_views, mentioned_queries
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import state_dir
 

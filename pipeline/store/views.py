@@ -15,7 +15,6 @@ and ``create_query_macros`` makes named queries table macros of their own names 
 from __future__ import annotations
 
 import difflib
-import functools
 import logging
 import re
 import weakref
@@ -37,6 +36,7 @@ from tracedag.pipeline.store.files import (
 )
 from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.shared_macros import called_names, create_shared_macros
 from tracedag.queries import macros
 from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
@@ -319,76 +319,6 @@ def _derived_view_sql(data: Path, table: str) -> str:
             "union_by_name = true, hive_partitioning = false)")
 
 
-def create_shared_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) -> None:
-    """The table macros of ``queries/_*.sql`` the named queries call: every one (``sql`` None: binding them all
-    costs ~45 ms CPU), else those ``sql`` calls and the ones they call, in their files' order, each one not made
-    on ``con`` by an earlier call with ``sql`` (``failures`` needs 2 of the 10, ~12 ms; ``step_stats`` 2, ~5 ms).
-
-    A connection's macros are what they were whichever way they were made: DuckDB binds a macro's body again
-    where it is called, over the views of that moment."""
-    if sql is None:
-        for name in queries.macro_files():
-            con.execute(queries.load(name))
-        _SHARED[con] = set(shared_macro_names())
-        return
-    made = _SHARED.setdefault(con, set())
-    todo = [(name, text) for name, text in needed_shared_macros(sql) if name not in made]
-    if todo:  # one call: a separate statement's round trip costs ~0.3 ms
-        con.execute("\n;\n".join(text for _, text in todo))  # a statement may end in a -- comment
-        made.update(name for name, _ in todo)
-
-
-# The shared macros ``create_shared_macros(con, sql)`` made on each connection (every one after a call without sql).
-_SHARED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, set[str]] = weakref.WeakKeyDictionary()
-
-
-_SHARED_MACRO = re.compile(r"\bmacro\s+([A-Za-z_]\w*)\s*\(", re.IGNORECASE)
-
-
-@functools.cache
-def _shared_statements() -> tuple[tuple[str, str, frozenset[str]], ...]:
-    """Each statement of ``queries/_*.sql`` in the files' order: the name of the macro it makes, its text and the
-    words it calls (outside strings and comments). Read once a process."""
-    found: list[tuple[str, str, frozenset[str]]] = []
-    for file in queries.macro_files():
-        for statement in macros.statements(queries.load(file)):
-            code = macros.code_only(statement, keep_strings=False)
-            made = [m.group(1).lower() for m in _SHARED_MACRO.finditer(code)]
-            if len(made) != 1:
-                raise ValueError(f"queries/{file}.sql: a statement must make one macro, not {made or 'none'}")
-            found.append((made[0], statement, _called(code)))
-    return tuple(found)
-
-
-def _called(code: str) -> frozenset[str]:
-    """The names called (``name(``) in ``code``, lower case."""
-    return frozenset(m.group(1).lower() for m in _CALLED.finditer(code))
-
-
-@functools.cache
-def shared_macro_names() -> frozenset[str]:
-    """The names of the table macros ``create_shared_macros`` makes (read from ``queries/_*.sql``)."""
-    return frozenset(name for name, _, _ in _shared_statements())
-
-
-@functools.lru_cache(maxsize=256)
-def needed_shared_macros(sql: str) -> tuple[tuple[str, str], ...]:
-    """(name, statement) of the shared macros ``sql`` calls and of those they call, in their files' order."""
-    statements = _shared_statements()
-    wanted = _called(macros.code_only(sql, keep_strings=False)) & shared_macro_names()
-    while True:  # the macros the wanted ones call, until none is new
-        more = frozenset().union(*(calls for name, _, calls in statements if name in wanted)) & shared_macro_names()
-        if more <= wanted:
-            return tuple((name, text) for name, text, _ in statements if name in wanted)
-        wanted |= more
-
-
-def calls_shared_macros(sql: str) -> bool:
-    """Whether ``sql`` calls a shared macro (outside strings and comments): only then must a connection
-    made with ``shared_macros=False`` bind them (``create_shared_macros``) before running it."""
-    return not _called(macros.code_only(sql, keep_strings=False)).isdisjoint(shared_macro_names())
-
-
 DATA_VARIABLE = "__tracedag_data"
 """A DuckDB variable on every ``connect`` connection: its store (``create_query_macros`` checks it is fresh)."""
 
@@ -402,8 +332,6 @@ def data_of(con: duckdb.DuckDBPyConnection) -> Path | None:
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist")
 
 
-_CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
-
 
 def mentioned_queries(sql: str) -> list[str]:
     """The named queries whose names occur as words in ``sql`` outside strings and comments.
@@ -412,7 +340,7 @@ def mentioned_queries(sql: str) -> list[str]:
     can name the named query instead of some other function.
     """
     code = macros.code_only(sql, keep_strings=False)
-    called = {m.group(1).lower() for m in _CALLED.finditer(code)}
+    called = called_names(code)
     near = {hit for word in called for hit in difflib.get_close_matches(word, queries.names(), n=1, cutoff=0.8)}
     return [n for n in queries.names() if n in near or re.search(rf"\b{n}\b", code, re.IGNORECASE)]
 

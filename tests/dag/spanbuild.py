@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow as pa
 
 from tracedag.pipeline.store.parquet import write_parquet_atomic
-from tracedag.pipeline.store.views import calls_shared_macros, connect
+from tracedag.pipeline.store.shared_macros import calls_shared_macros
+from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SPANS_V1
 

@@ -18,7 +18,8 @@ from typing import Any
 from bench.gen import requests
 from tracedag.pipeline.engine import Engine
 from tracedag.pipeline.ingest.direct import ingest_requests
-from tracedag.pipeline.store.views import calls_shared_macros, connect
+from tracedag.pipeline.store.shared_macros import calls_shared_macros
+from tracedag.pipeline.store.views import connect
 
 HOUR = 3600 * 10**9
 T0 = 1_764_460_800_000_000_000

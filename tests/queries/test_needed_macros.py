@@ -1,4 +1,4 @@
-"""The shared macros a statement needs (``views.create_shared_macros(con, sql)``): only those it calls and the
+"""The shared macros a statement needs (``shared_macros.create_shared_macros(con, sql)``): only those it calls and the
 ones they call are bound, in their files' order, each once a connection; the answers are those of a connection
 with every shared macro (``connect()``), on the hand-built store of tests/queries/rca_store.py."""
 
@@ -11,12 +11,12 @@ import pytest
 
 from tracedag import queries
 from tracedag.pipeline.store.querying import bind_params, query_doc
-from tracedag.pipeline.store.views import (
-    connect,
+from tracedag.pipeline.store.shared_macros import (
     create_shared_macros,
     needed_shared_macros,
     shared_macro_names,
 )
+from tracedag.pipeline.store.views import connect
 from tracedag.queries.macros import statements
 
 

@@ -87,7 +87,8 @@ def otel_provider(*exporters: Any) -> Any:
 
 def sorted_rows(data: Path, sql: str) -> list[tuple]:
     """The rows of ``sql`` over the store of work directory ``data``, sorted."""
-    from tracedag.pipeline.store.views import calls_shared_macros, connect
+    from tracedag.pipeline.store.shared_macros import calls_shared_macros
+    from tracedag.pipeline.store.views import connect
 
     con = connect(data, shared_macros=calls_shared_macros(sql))  # binding them costs ~45 ms CPU a poll
     try:

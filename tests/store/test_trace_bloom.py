@@ -16,7 +16,8 @@ import pytest
 from bench.gen import make_store
 from tracedag.pipeline.store.compact import Compactor
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.views import calls_shared_macros, connect
+from tracedag.pipeline.store.shared_macros import calls_shared_macros
+from tracedag.pipeline.store.views import connect
 
 
 @pytest.fixture(scope="module")
