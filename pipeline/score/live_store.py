@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shutil
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +45,6 @@ from tracedag.pipeline.score import sharedgraph
 from tracedag.pipeline.score.memory import memory_limit
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
-from tracedag.pipeline.store.mixed import _files_holding
 from tracedag.pipeline.store.querying import to_arrow
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, SCHEMAS, _derived_tables, connect, create_views
@@ -137,7 +134,7 @@ class LiveStore:
         part = parts[0].set_column(parts[0].schema.get_field_index("mat_round"), "mat_round",
                                    pa.array([time.time_ns()] * parts[0].num_rows, pa.int64()))
         con.register(m.SCOPE + "_all", part.select(["trace_id"]))
-        _snapshot(con, self.data, [t for t in _LATEST if t not in CONVERTED])
+        m._snapshot(con, self.data, [t for t in _LATEST if t not in CONVERTED])
         return Copied(part, more=len(parts) > 1)
 
     def copy_spans(self, copied: Copied) -> None:
@@ -145,7 +142,7 @@ class LiveStore:
         away under it)."""
         assert copied.state is not None
         con = self._connection()
-        rerun_if_vanished(lambda: _snapshot(con, self.data, CONVERTED))
+        rerun_if_vanished(lambda: m._snapshot(con, self.data, CONVERTED))
 
     def compute(self, copied: Copied) -> Results:
         """Step 2, without a lock, after ``copy_spans``: every stored query's rows over the copy (the failure graph
@@ -185,17 +182,3 @@ class LiveStore:
             con, self._con = self._con, None
             con.close()
         shutil.rmtree(self._spill, ignore_errors=True)
-
-
-def _snapshot(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str]) -> None:
-    """``materialize._snapshot`` for ``tables`` only: a copy of the rows of the traces in ``SCOPE_all`` in each, read
-    from the files that hold one (an object store's table filtered in place), and the refined view reading it."""
-    ids = f"(select trace_id from {m.SCOPE}_all)"
-    remote = remote_of(data) is not None
-    for table in tables:
-        source = f"(select * from {table}_all where trace_id in {ids})" if remote else _files_holding(con, data, table, ids)
-        copy = f"{m.SNAPSHOT}{table}"
-        con.execute(f"create or replace temp table {copy} as select * from {source}")
-        refined = re.sub(rf"\bfrom {table}_all\b", f"from {copy}", _LATEST[table])
-        assert refined != _LATEST[table], table
-        con.execute(f"create or replace view {table} as {refined}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,16 +230,15 @@ def _chunks(state: pa.Table, size: int) -> list[pa.Table]:
     return parts
 
 
-def _snapshot(con: duckdb.DuckDBPyConnection, data: Path) -> None:
-    """Copy the rows of the traces in ``SCOPE_all`` from each raw table the refined views read into a temporary
-    table, reading only the files that hold them (``mixed.narrowed``), and make the refined view read that copy:
-    the named queries then read each table once a part (a dozen scans each otherwise), and the refined views (the
-    latest build, the conversation ids of spans) give the scope's traces exactly the rows they give them over the
-    whole store."""
-    sources = narrowed(con, data, f"{SCOPE}_all")
-    for table, body in _LATEST.items():
-        raw, copy = f"{table}_all", f"{SNAPSHOT}{table}"
-        con.execute(f"create or replace temp table {copy} as select * from {sources[table]}")
+def _snapshot(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str] = tuple(_LATEST)) -> None:
+    """Copy the rows of the traces in ``SCOPE_all`` from each of ``tables`` (raw tables the refined views read; every
+    one by default) into a temporary table, reading only the files that hold them (``mixed.narrowed``), and make the
+    refined view read that copy: the named queries then read each table once a part (a dozen scans each otherwise),
+    and the refined views (the latest build, the conversation ids of spans) give the scope's traces exactly the rows
+    they give them over the whole store."""
+    for table, source in narrowed(con, data, f"{SCOPE}_all", tables).items():
+        body, raw, copy = _LATEST[table], f"{table}_all", f"{SNAPSHOT}{table}"
+        con.execute(f"create or replace temp table {copy} as select * from {source}")
         refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
         assert refined != body, table
         con.execute(f"create or replace view {table} as {refined}")

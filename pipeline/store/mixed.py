@@ -15,6 +15,7 @@ import bisect
 import logging
 import re
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -112,9 +113,10 @@ place, from the files that hold those traces (``narrowed``). More traces: filter
 _COPIED = ("traces", "dag_nodes", "dag_edges", "step_scores")
 
 
-def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str) -> dict[str, str]:
-    """For each raw table the refined views read (``views._LATEST``: ``spans_all``, ``traces_all``, ...), SQL of its
-    rows of the traces whose ids ``relation`` lists, reading only the files that hold one of them.
+def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str,
+             tables: Iterable[str] = tuple(_LATEST)) -> dict[str, str]:
+    """For each of ``tables`` (raw tables the refined views read, ``views._LATEST``: ``spans``, ``traces``, ...), SQL
+    of its rows of the traces whose ids ``relation`` lists, reading only the files that hold one of them.
 
     The files are found by a scan of their ``trace_id`` column alone. Filtering the whole table instead read every
     column of every file (a scan drops rows only after decoding them), whatever the traces asked: a live round's
@@ -123,8 +125,8 @@ def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str) -> dict[
     An object store's tables (files listed, fetched through the cache) are filtered in place."""
     ids = f"(select trace_id from {relation})"
     if remote_of(data) is not None:
-        return {t: f"(select * from {t}_all where trace_id in {ids})" for t in _LATEST}
-    return {t: _files_holding(con, data, t, ids) for t in _LATEST}
+        return {t: f"(select * from {t}_all where trace_id in {ids})" for t in tables}
+    return {t: _files_holding(con, data, t, ids) for t in tables}
 
 
 def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: str) -> str:
