@@ -257,23 +257,35 @@ flagged as materialized (
     left join carried r on r.trace_id = f.trace_id and r.span_id = f.span_id
     left join err t on t.trace_id = f.trace_id and t.span_id = f.span_id
 ),
+cancelled_step as materialized (
+    -- the cancelled failures with their place in the call tree (usually none: the joins on the
+    -- nested set below then read nothing)
+    select c.trace_id, c.span_id, c.parent_span_id, c.end_time_unix_nano, n.nested_left, n.nested_right
+    from flagged c
+    join tnode n on n.trace_id = c.trace_id and n.span_id = c.span_id
+    where c.cancelled
+),
+trigger_cand as materialized (
+    -- the failures neither cancelled nor recovered that ended no later than a cancelled step of their trace
+    select c.trace_id, c.span_id, c.parent_span_id as c_parent, c.nested_left as c_left, c.nested_right as c_right,
+           t.span_id as trigger_id, t.parent_span_id
+    from cancelled_step c
+    join flagged t on t.trace_id = c.trace_id and t.span_id <> c.span_id and not t.cancelled
+                  and not t.recovered and t.end_time_unix_nano <= c.end_time_unix_nano
+),
 trigger as (
-    -- what a cancelled step is the effect of: the failures (neither cancelled nor recovered) that
-    -- ended no later than it, are not its ancestors, and whose parent encloses it (it, or one of its
-    -- ancestors, is their sibling); the nearest level only
+    -- what a cancelled step is the effect of: the failures of trigger_cand that are not its
+    -- ancestors and whose parent encloses it (it, or one of its ancestors, is their sibling); the
+    -- nearest level only
     select trace_id, span_id, list(trigger_id order by trigger_id) as cancelled_by
     from (
-        select c.trace_id, c.span_id, t.span_id as trigger_id
-        from flagged c
-        join tnode cn on cn.trace_id = c.trace_id and cn.span_id = c.span_id
-        join flagged t on t.trace_id = c.trace_id and t.span_id <> c.span_id and not t.cancelled
-                      and not t.recovered and t.end_time_unix_nano <= c.end_time_unix_nano
-        join tnode tn on tn.trace_id = t.trace_id and tn.span_id = t.span_id
-        left join tnode p on p.trace_id = t.trace_id and p.span_id = t.parent_span_id
-        where c.cancelled
-          and (t.parent_span_id = c.parent_span_id
-               or (p.nested_left < cn.nested_left and cn.nested_right < p.nested_right))
-          and not coalesce(tn.nested_left < cn.nested_left and cn.nested_right < tn.nested_right, false)
+        select c.trace_id, c.span_id, c.trigger_id
+        from trigger_cand c
+        join tnode tn on tn.trace_id = c.trace_id and tn.span_id = c.trigger_id
+        left join tnode p on p.trace_id = c.trace_id and p.span_id = c.parent_span_id
+        where (c.parent_span_id = c.c_parent
+               or (p.nested_left < c.c_left and c.c_right < p.nested_right))
+          and not coalesce(tn.nested_left < c.c_left and c.c_right < tn.nested_right, false)
         qualify rank() over (partition by c.trace_id, c.span_id order by tn.depth desc nulls last) = 1
     )
     group by all
@@ -503,7 +515,7 @@ fe as (
 anc as (
     select grp, node as v, unnest(ancestors, recursive := true) from g
 ),
-gnext as (
+gnext as materialized (
     select fe.grp, fe.down as v, fe.up as nxt
     from fe join fail u on u.grp = fe.grp and u.node = fe.up
     qualify row_number() over (
