@@ -516,11 +516,15 @@ anc as (
     select grp, node as v, unnest(ancestors, recursive := true) from g
 ),
 gnext as materialized (
-    select fe.grp, fe.down as v, fe.up as nxt
+    -- the walk's next step: the lowest-scoring predecessor (ties: the earliest turn, no turn first, the
+    -- deepest, the earliest start, the node key; a null sorts after every value in the key). An
+    -- aggregate, not a window: the planner sizes a window's partitions by its estimate, ~1e8 rows
+    -- for a few hundred
+    select fe.grp, fe.down as v,
+           arg_min(fe.up, (u.score, u.turn_index is not null, u.turn_index, -u.depth,
+                           u.start_time_unix_nano, fe.up)) as nxt
     from fe join fail u on u.grp = fe.grp and u.node = fe.up
-    qualify row_number() over (
-        partition by fe.grp, fe.down order by u.score, u.turn_index nulls first, u.depth desc nulls last,
-                                              u.start_time_unix_nano, fe.up) = 1
+    group by fe.grp, fe.down
 ),
 walk(grp, start_id, cur, hops) as (
     select grp, node, node, 0 from fail

@@ -131,14 +131,14 @@ weighted as (
         order by (5.0 - a.score) * (1 + b.downstream_failures) desc, a.turn_index nulls first,
                  a.depth desc nulls last, a.start_time_unix_nano, anc.a) = 1
 ),
-direct_next as (
-    -- AgentEval: the source of each failure with a failing direct parent
-    select d.grp, d.down as v, d.up as nxt
+direct_next as materialized (
+    -- AgentEval: the source of each failure with a failing direct parent (ties as greedy's, a null
+    -- sorting after every value in the key)
+    select d.grp, d.down as v,
+           arg_min(d.up, (u.score, u.turn_index is not null, u.turn_index, -u.depth, u.start_time_unix_nano, d.up)) as nxt
     from (select grp, node as down, unnest(direct) as up from g where cast($strategy as varchar) = 'agenteval') d
     join fail u on u.grp = d.grp and u.node = d.up
-    qualify row_number() over (
-        partition by d.grp, d.down
-        order by u.score, u.turn_index nulls first, u.depth desc nulls last, u.start_time_unix_nano, d.up) = 1
+    group by d.grp, d.down
 ),
 direct_walk(grp, start_id, cur, hops) as (
     select grp, node, node, 0 from fail where cast($strategy as varchar) = 'agenteval'
