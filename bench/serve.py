@@ -2,9 +2,11 @@
 
 On a bench store (``bench/gen.py`` spans, built and scored; ``--data`` reuses one), for each
 endpoint: *cold* = the first request after the server started (a fresh server per run, so no
-cached result; the server's warm-up thread starts computing the whole-store results at the same
-time), *warm* = the same request repeated on a running server (answered from the result cache of
-the build state; the "new id each time" row asks for a trace not asked for before). Printed: p50 and p95 over ``--runs``, beside the baseline measured in
+cached result: the /metrics text an earlier server kept on disk, ``state/metrics/``, is removed
+before each start unless ``--keep-metrics-text``; the server's warm-up thread starts computing the
+whole-store results at the same time), *warm* = the same request repeated on a running server
+(answered from the result cache of the build state; the "new id each time" row asks for a trace not
+asked for before). Printed: p50 and p95 over ``--runs``, beside the baseline measured in
 the same run: the same work in-process without HTTP (``run_named`` of the query the endpoint runs,
 ``metrics.compute`` for /metrics). Server memory: resident set (VmRSS) and its peak (VmHWM) of the
 server process after the runs. With ``--browser``, the time from a click to the first painted DAG
@@ -40,6 +42,7 @@ import gen  # noqa: E402
 from tracedag.pipeline.serve import encode, metrics  # noqa: E402
 from tracedag.pipeline.serve.data import Store  # noqa: E402
 from tracedag.pipeline.store.querying import run_named  # noqa: E402
+from tracedag.schemas.layout import state_dir  # noqa: E402
 
 
 def ensure_store(data: Path, spans: int) -> None:
@@ -132,13 +135,21 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def measure(data: Path, runs: int, warm_runs: int) -> tuple[dict[str, dict[str, float]], tuple[float, float]]:
+def drop_metrics_text(data: Path) -> None:
+    """Remove the /metrics texts kept on disk (``metrics.DISK``), so that a new server computes its first."""
+    shutil.rmtree(state_dir(data) / metrics.DISK, ignore_errors=True)
+
+
+def measure(data: Path, runs: int, warm_runs: int, keep_text: bool = False) -> tuple[dict[str, dict[str, float]],
+                                                                                  tuple[float, float]]:
     eps = endpoints(data)
     cold: dict[str, list[float]] = {e[0]: [] for e in eps}
     warm: dict[str, list[float]] = {e[0]: [] for e in eps}
     base: dict[str, list[float]] = {e[0]: [] for e in eps}
     memory = (0.0, 0.0)
     for run in range(runs):
+        if not keep_text:
+            drop_metrics_text(data)
         server = Server(data)
         try:
             with httpx.Client(base_url=server.url, timeout=600) as c:
@@ -189,11 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=4, help="warm repeats per server")
     ap.add_argument("--browser", action="store_true", help="also time the DAG first paint in Chromium")
     ap.add_argument("--dag-steps", type=int, default=2000)
+    ap.add_argument("--keep-metrics-text", action="store_true",
+                    help="leave the /metrics text an earlier server kept: its cold figure is then a file read")
     args = ap.parse_args(argv)
     ensure_store(args.data, args.spans)
     spans = run_named(args.data, "step_stats", {}).num_rows  # warms the OS page cache like any first reader
     del spans
-    figures, (rss, peak) = measure(args.data, args.runs, args.warm)
+    figures, (rss, peak) = measure(args.data, args.runs, args.warm, args.keep_metrics_text)
     table = Table(title=f"tracedag serve on {args.data} ({args.runs} cold runs, {args.runs * args.warm} warm)")
     for col in ("endpoint", "cold p50 s", "cold p95 s", "warm p50 s", "warm p95 s", "in-process baseline s",
                 "cold / baseline"):

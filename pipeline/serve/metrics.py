@@ -99,10 +99,7 @@ def compute(data: Path) -> str:
     def once() -> str:
         con = connect(data, tables=READ)
         try:
-            fresh = materialized.fresh(con, data)
-            if not fresh:  # the named queries compute from their SQL, over the refined views and shared macros
-                create_views(con, data, shared_macros=True)
-            return _compute(con, data, fresh)
+            return _compute(con, data, materialized.fresh(con, data))
         finally:
             con.close()
     text: str = rerun_if_vanished(once)
@@ -117,17 +114,17 @@ spans' agent names, the steps' durations; determinism_agent's table when written
 
 def _keep(con: duckdb.DuckDBPyConnection, data: Path, table: str, name: str, columns: str, tail: str = "",
           fresh: bool = False) -> None:
-    """Temporary table ``table``: ``select <columns> from <name's result> s <tail>`` (defaults), from its stored
-    rows when current (their rounds: ``current_rounds.RELATION``, registered by ``_latest``), else its SQL
-    (``fresh``: ``con`` has the raw views alone, and a write since made the stored rows stale: all the views
-    are made first)."""
+    """Temporary table ``table``: ``select <columns> from <name's result> s <tail>`` (defaults): on a ``fresh``
+    store its stored rows of every trace (``materialized.reader_sql``, their rounds registered by ``_latest``),
+    else its SQL."""
     values = bind_params(query_doc(name), {})
-    stored = materialized.named_statement(con, data, name, values, current=current_rounds.RELATION)
-    if stored is None and fresh and name in materialized.SPECS:
-        create_views(con, data, shared_macros=True)
-    sql, params = stored or (queries.load(name), values)
+    if fresh and name in materialized.SPECS and materialized.matches(name, values):
+        sql = materialized.reader_sql(name, whole=True, current=current_rounds.RELATION)
+        values = materialized.reader_values(name, values)
+    else:
+        sql = queries.load(name)
     con.execute(f"create or replace temp table {table} as select {columns} from ({sql.strip().rstrip(';')}) s {tail}",
-                params or None)
+                values or None)
 
 
 def _named(con: duckdb.DuckDBPyConnection, data: Path, name: str, columns: str) -> list[dict[str, Any]]:
@@ -180,7 +177,9 @@ from m_who w where w.lag is not null group by all
 
 def _compute(con: duckdb.DuckDBPyConnection, data: Path, fresh: bool) -> str:
     t0 = time.perf_counter()
-    _latest(con, data, fresh)
+    fresh = _latest(con, data, fresh)
+    if not fresh:  # the named queries compute from their SQL, over the refined views and the shared macros
+        create_views(con, data, shared_macros=True)
     con.execute(f"create or replace temp table m_who as {_WHO_SQL}")
     _keep(con, data, "m_summary", "trace_summary", _SUMMARY_COLUMNS, "left join m_who w using (trace_id)", fresh)
     _keep(con, data, "m_failed", "failures", _FAILED_COLUMNS, _FAILED_TAIL, fresh)
@@ -274,15 +273,16 @@ where t.build_id = c.build_id
 """
 
 
-def _latest(con: duckdb.DuckDBPyConnection, data: Path, fresh: bool) -> None:
+def _latest(con: duckdb.DuckDBPyConnection, data: Path, fresh: bool) -> bool:
     """``m_latest``: each trace's latest build, service name and build lag; on a fresh store, its current rounds
-    registered (``current_rounds.RELATION``) for the stored rows' readers too."""
+    registered (``current_rounds.RELATION``) for the stored rows' readers too (returns whether they were)."""
     current = current_rounds.register(con, data) if fresh else None
     if current is not None:
         con.execute(f"create or replace temp table m_latest as {_FRESH_LATEST_SQL}")
         if con.execute("select count(*) from m_latest").fetchall()[0][0] == current.table.num_rows:
-            return  # one traces_all row per current round: each trace's latest (else a duplicate row: aggregate)
+            return True  # one traces_all row per current round: each trace's latest (else a duplicate row: aggregate)
     con.execute(f"create or replace temp table m_latest as {_LATEST_SQL}")
+    return current is not None
 
 
 # Per trace: its agent name (tracelist.AGENTS_SQL), service name and build lag.
