@@ -280,7 +280,8 @@ def _latest(con: duckdb.DuckDBPyConnection, data: Path, fresh: bool) -> bool:
     if current is not None:
         con.execute(f"create or replace temp table m_latest as {_FRESH_LATEST_SQL}")
         if con.execute("select count(*) from m_latest").fetchall()[0][0] == current.table.num_rows:
-            return True  # one traces_all row per current round: each trace's latest (else a duplicate row: aggregate)
+            return True  # one traces_all row per current round: each trace's latest
+        logger.info("metrics: a current round's build has several traces_all rows: latest builds aggregated")
     con.execute(f"create or replace temp table m_latest as {_LATEST_SQL}")
     return current is not None
 
