@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.score.score_support import StoreBuilder, agent_turn, span
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.serve import metrics
 from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import tables_dir
 
 
@@ -52,3 +56,26 @@ def test_a_duplicated_build_row_falls_back_to_the_latest_builds_aggregate(serve_
     assert "latest builds aggregated" in caplog.text
     assert "tracedag_traces_built " in text
     assert text == without_timing(metrics.compute(serve_store))
+
+
+def test_a_trace_built_twice_reads_its_latest_build_from_the_current_rounds(tmp_path: Path,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans(agent_turn("a1", "conv-1", 1_000_000, "search") + agent_turn("b1", "conv-2", 2_000_000, "fetch"))
+    build_store(data, idle_seconds=0)
+    b.spans([span("a1", "a1-late", "a1-r", step_type="llm", step_name="think", start_time_unix_nano=1_000_050,
+                  end_time_unix_nano=1_000_070, duration_ns=20, conversation_id="conv-1", received_unix_nano=3_000_000)])
+    build_store(data, idle_seconds=0)  # a1 built again: its first build's row stays in traces_all
+    score_store(data)
+    con = connect(data)
+    try:
+        assert con.execute("select count(*), count(distinct trace_id) from traces_all").fetchall() == [(3, 2)]
+        assert materialized.fresh(con, data)
+    finally:
+        con.close()
+    with caplog.at_level(logging.INFO, logger=metrics.__name__):
+        text = without_timing(metrics.compute(data))
+    assert "latest builds aggregated" not in caplog.text
+    assert "tracedag_traces_built 2\n" in text and 'step_name="think"' in text
+    assert text == _sql_text(data, tmp_path)
