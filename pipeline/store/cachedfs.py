@@ -2,8 +2,9 @@
 
 DuckDB asks a registered fsspec filesystem to ``glob`` each file of a ``read_parquet`` list, then opens it
 several times (binding, then each thread); s3fs answers each with HEAD requests and ranged GETs. Here the
-ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds), and its
-bytes from ``tracedag.pipeline.store.objcache``: after the first read, a query sends the store listings only.
+ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds; a
+connection's views list every directory of the store at once, ``list_ahead``), and its bytes from
+``tracedag.pipeline.store.objcache``: after the first read, a query sends the store listings only.
 
 A view made inside ``cachereads.native_reads(con)`` names the complete local copy of each object that has one
 (``cachereads.local_copies``), pinned until ``con`` is gone: DuckDB reads it as a local file, without this
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -68,18 +69,33 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         return self._listing(parent).get(key)
 
     def _listing(self, parent: str) -> dict[str, Entry]:
+        """``parent``'s objects as listed within ``ttl`` seconds (listed now when not: outside the lock, so
+        that several folders are listed at once, ``list_ahead``)."""
         with self._lock:
             hit = self._listings.get(parent)
             now = time.monotonic()
             if hit is not None and now - hit[0] < self.ttl:
                 return hit[1]
-            try:
-                rows = (self.lite or self.inner).ls(parent, detail=True)
-            except FileNotFoundError:
-                rows = []
-            found = {str(r["name"]): _entry(r) for r in rows if r.get("type") == "file"}
+        try:
+            rows = (self.lite or self.inner).ls(parent, detail=True)
+        except FileNotFoundError:
+            rows = []
+        found = {str(r["name"]): _entry(r) for r in rows if r.get("type") == "file"}
+        with self._lock:
             self._listings[parent] = (now, found)
-            return found
+        return found
+
+    def list_ahead(self, paths: Iterable[str]) -> None:
+        """List the folders of ``paths`` (objects of the store) not listed within ``ttl`` seconds, several at
+        once: a connection's views look up their files' entries one view after another, a LIST each (a round
+        trip each: 11 of them on a scored store)."""
+        now = time.monotonic()
+        parents = dict.fromkeys(self._strip_protocol(p).rpartition("/")[0] for p in paths)
+        with self._lock:
+            stale = [p for p in parents if p not in self._listings or now - self._listings[p][0] >= self.ttl]
+        if len(stale) > 1:
+            for _ in _listers().map(self._listing, stale):
+                pass
 
     def glob(self, path: str, **kwargs: Any) -> Any:
         """A plain path the store lists is answered from the listing; patterns go to the store."""
@@ -131,6 +147,15 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         with self._lock:
             self._together.update(dict.fromkeys(keys, keys))
 
+    def fetch_ahead(self, uris: list[str]) -> None:
+        """Start the GETs of ``uris``, one view's files not held whole, in the background now (the cache fetches
+        whole those of at most ``whole`` bytes): DuckDB opens the first to bind the view, then each as a scan
+        reaches it, after every view is made; the first comes before any other view's files but firsts."""
+        for k, uri in enumerate(uris):
+            found = self.entry(uri)
+            if found is not None and found.size <= self.cache.limit:
+                self.cache.prefetch(found, self._fetcher(found), first=k == 0)
+
     def _prefetch_together(self, opened: Entry) -> None:
         with self._lock:
             keys = self._together.get(opened.path, ())
@@ -179,6 +204,23 @@ def _delegate(fs: CachedFileSystem, name: str) -> Callable[..., Any]:
 
     call.__name__ = name
     return call
+
+
+LISTERS = 6
+"""Folders one process lists at once (``CachedFileSystem.list_ahead``): threads kept for the process, each
+with its own kept-alive connection to the store."""
+_LISTERS: list[Any] = []
+_LISTERS_LOCK = threading.Lock()
+
+
+def _listers() -> Any:
+    """The process's listing threads (made on first use)."""
+    with _LISTERS_LOCK:
+        if not _LISTERS:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _LISTERS.append(ThreadPoolExecutor(LISTERS, thread_name_prefix="tracedag-list"))
+        return _LISTERS[0]
 
 
 _FILESYSTEMS: dict[int, Any] = {}

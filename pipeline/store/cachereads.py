@@ -16,7 +16,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.manifests import cached_listing
+from tracedag.pipeline.store.remote import Remote, remote_of
 
 _PINNED: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
 """The complete copies each connection's views name (``pinned_copies``)."""
@@ -57,8 +58,9 @@ def local_copies(data: Path, uris: list[str]) -> list[str]:
     con = held() if held is not None and held is not _URLS else None
     remote = remote_of(data) if con is not None and any("://" in u for u in uris) else None
     fs: Any = remote.reading_fs() if remote is not None else None
-    if fs is None or not getattr(fs, "native_copies", False):  # the cache is off: the store's own filesystem
+    if remote is None or not getattr(fs, "native_copies", False):  # the cache is off: the store's own filesystem
         return uris
+    fs.list_ahead(store_uris(remote))  # every folder at once, on the first view; fresh listings after it
     out: list[str] = []
     pinned: list[str] = []
     for uri in uris:
@@ -68,10 +70,16 @@ def local_copies(data: Path, uris: list[str]) -> list[str]:
         if path is not None:
             pinned.append(str(path))
     fs.cache.pins.tie(con, pinned)
-    fs.read_together([u for u, o in zip(uris, out, strict=True) if u is o and "://" in u])
+    fs.fetch_ahead([u for u, o in zip(uris, out, strict=True) if u is o and "://" in u])
     if pinned:
         _PINNED.setdefault(con, []).extend(pinned)
     return out
+
+
+def store_uris(remote: Remote) -> list[str]:
+    """The URL of every file the store's manifests name now (``manifests.cached_listing``)."""
+    return [remote.uri(f"tables/{table}/{rel}") for tables in cached_listing(remote).values()
+            for table, files in tables.items() for rel in files]
 
 
 def pinned_copies(con: Any) -> list[str]:

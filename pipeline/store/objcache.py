@@ -34,6 +34,8 @@ names is pinned (a shared ``flock``): eviction passes over it until the connecti
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import re
@@ -116,6 +118,8 @@ class ObjectCache:
         self.pins = Pins()
         self._fetching = [threading.Lock() for _ in range(FETCH_LOCKS)]
         self._queued: set[str] = set()
+        self._waiting: list[tuple[int, int, Entry, Fetch]] = []  # a heap: (0 first, 1 others), order queued
+        self._order = itertools.count()
         self._lock = threading.Lock()
 
     def open(self, entry: Entry, fetch: Fetch) -> BlockReader | CopyReader:
@@ -160,16 +164,25 @@ class ObjectCache:
             self.counters.add(fills=1, fetched_bytes=len(data), whole=1)
             return self._store_copy(entry, data)
 
-    def prefetch(self, entry: Entry, fetch: Fetch) -> None:
-        """Fetch ``entry`` whole in the background, unless it is too big or held: the file after the one a scan
-        opens (DuckDB opens a list's files one after the other; meanwhile the next one's GET is under way)."""
+    def prefetch(self, entry: Entry, fetch: Fetch, first: bool = False) -> None:
+        """Fetch ``entry`` whole in the background, unless it is too big or held: a view's files, queued when the
+        view is made (DuckDB then opens each, the first one to bind the view, the others as a scan reaches them;
+        meanwhile their GETs are under way). ``first``: fetched before every file queued without it (the files
+        binding opens come before the rest of the views' files)."""
         if entry.size > self.whole or (self.root / entry.copy_name).exists():
             return
         with self._lock:
             if entry.copy_name in self._queued:
                 return
             self._queued.add(entry.copy_name)
-        _prefetcher().submit(self._prefetch_one, entry, fetch)
+            heapq.heappush(self._waiting, (0 if first else 1, next(self._order), entry, fetch))
+        _prefetcher().submit(self._prefetch_next)
+
+    def _prefetch_next(self) -> None:
+        """Fetch the queued object that comes first (one task is submitted per object queued)."""
+        with self._lock:
+            _, _, entry, fetch = heapq.heappop(self._waiting)
+        self._prefetch_one(entry, fetch)
 
     def _prefetch_one(self, entry: Entry, fetch: Fetch) -> None:
         try:
@@ -281,7 +294,7 @@ def _touch(path: Path) -> None:
         os.utime(path)
 
 
-PREFETCHERS = 2
+PREFETCHERS = 4
 """Background whole fetches one process makes at once (``ObjectCache.prefetch``)."""
 _PREFETCH: list[Any] = []
 

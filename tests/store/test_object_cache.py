@@ -647,3 +647,87 @@ def test_opening_one_file_of_a_view_fetches_the_others_whole_in_the_background(s
     assert sorted(p.name for p in _entries(tmp_path / "cache")) == sorted(fs.entry(p).copy_name for p in paths)
     assert [_blob(fs, p) for p in paths] == [bodies[p] for p in paths] and fs.cache.counters.fills == 3
     assert _blob(fs, paths[1]) and fs.cache.counters.prefetched == 2  # once per view: no prefetch again
+
+
+def _requests(server: S3Server, bucket: str) -> int:
+    """Every request the server answered for ``bucket`` (listings, GETs, HEADs), as it counts them."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    found = re.findall(rf'SeaweedFS_s3_request_total\{{bucket="{re.escape(bucket)}",[^}}]*\}}\s+([0-9.e+]+)', body)
+    return sum(int(float(v)) for v in found)
+
+
+def test_the_store_s_folders_are_listed_at_once_and_then_answer_every_lookup(s3m_reader, built_store, tmp_path):
+    """``list_ahead`` lists every folder of the store's files, several at once (the views then look up each file
+    in a listing already made: one LIST a folder, none per view); a lookup after it sends no request."""
+    from tracedag.pipeline.store.cachereads import store_uris
+    from tracedag.pipeline.store.remote import bind_store, remote_of
+
+    work = bind_store(built_store, tmp_path / "r1", None, False)
+    remote = remote_of(work)
+    assert remote is not None
+    fs = remote.reading_fs()
+    uris = store_uris(remote)
+    folders = {fs._strip_protocol(u).rpartition("/")[0] for u in uris}
+    assert len(folders) > 2, folders
+    before = _requests(s3m_reader, _bucket(built_store))
+    fs.list_ahead(uris)
+    assert _requests(s3m_reader, _bucket(built_store)) - before == len(folders)
+    assert all(fs.entry(u) is not None for u in uris)
+    assert _requests(s3m_reader, _bucket(built_store)) - before == len(folders)  # answered by the listings
+    assert any(t.name.startswith("tracedag-list") for t in threading.enumerate())
+
+
+def test_a_cold_connection_queues_every_file_s_get_as_its_views_are_made(s3m_reader, built_store, tmp_path):
+    """Making a cold connection's views queues the whole GET of each of their files (before DuckDB binds a view
+    or a scan opens a file): once they are done the cache holds a complete copy of every file of the store, and
+    the connection answers as one without the cache does."""
+    from tracedag.pipeline.store.cachereads import store_uris
+    from tracedag.pipeline.store.remote import bind_store, remote_of
+    from tracedag.pipeline.store.views import connect
+
+    url = built_store
+    reference = _query(url, tmp_path / "r0", env={"TRACEDAG_CACHE_SIZE": "0"})
+    work = bind_store(url, tmp_path / "r1", None, False)
+    remote = remote_of(work)
+    assert remote is not None
+    fs = remote.reading_fs()
+    con = connect(work)
+    wanted = sorted({fs.entry(u).copy_name for u in store_uris(remote)})
+    deadline = time.monotonic() + 60
+    while [p.name for p in _entries(tmp_path / "cache")] != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p.name for p in _entries(tmp_path / "cache")] == wanted
+    assert fs.cache.counters.prefetched >= 1
+    con.close()
+    assert _query(url, tmp_path / "r2") == reference
+
+
+def test_the_first_file_of_each_view_is_fetched_before_the_other_files_queued(tmp_path):
+    """DuckDB binds every view (opening its first file) before a scan opens the others: a view's first file,
+    queued after another view's other files, is fetched before them."""
+    from tracedag.pipeline.store.objcache import PREFETCHERS, Entry, ObjectCache
+
+    cache = ObjectCache(tmp_path / "cache", 1 << 30)
+    order: list[str] = []
+    release = threading.Event()
+
+    def fetcher(name: str, size: int, wait: bool = False):
+        def fetch(start: int, end: int) -> bytes:
+            if wait:
+                release.wait(30)
+            order.append(name)
+            return bytes(size)
+        return fetch
+
+    for k in range(PREFETCHERS):  # every prefetch thread busy
+        cache.prefetch(Entry(f"b/busy{k}", "e", 10), fetcher(f"busy{k}", 10, wait=True))
+    for k in range(1, 4):
+        cache.prefetch(Entry(f"b/a{k}", "e", 10 + k), fetcher(f"a{k}", 10 + k))
+    cache.prefetch(Entry("b/first", "e", 20), fetcher("first", 20), first=True)
+    time.sleep(0.2)
+    release.set()
+    deadline = time.monotonic() + 30
+    while len(order) < PREFETCHERS + 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rest = [name for name in order if not name.startswith("busy")]
+    assert rest == ["first", "a1", "a2", "a3"], order
