@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.store import current_rounds, materialized, mixed
 from tracedag.pipeline.store.cachereads import urls_only
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.shared_macros import create_shared_macros
@@ -214,7 +215,7 @@ def _named_on(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dic
             if partly is not None:
                 return partly
             mixed.unrestrict(con, data)  # the SQL over every trace: not over views a query before restricted
-        return to_arrow(con.sql(sql, params=values or None))
+        return arrow(con, sql, values or None)
 
 
 def _execute(data: Path, label: str, sql: str, values: dict[str, object], limits: Limits) -> pa.Table:
@@ -253,6 +254,8 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
             partly = mixed.read(con, data, limits.named, sql, values) if limits.named and stored is None else None
             if partly is not None:
                 return partly
+            if limits.named:  # a named query (or its stored rows' statement) is one SELECT: planned once
+                return arrow(con, sql, values or None)
             relation = con.sql(sql, params=values or None)
             return pa.table({}) if relation is None else to_arrow(relation)
     finally:
@@ -321,7 +324,7 @@ def _read_stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: 
         if stored is None:
             return None
         with deadline(con, timeout, name):
-            return to_arrow(con.sql(stored[0], params=stored[1])), current
+            return arrow(con, stored[0], stored[1] or None), current  # planned once
     except BaseException:
         con.close()
         raise
