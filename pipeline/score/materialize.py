@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.score.memory import bound, bounded_connection, memory_limit
-from tracedag.pipeline.score.sharedgraph import shared_failure_graph
+from tracedag.pipeline.score.sharedgraph import across_turns, shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.mixed import narrowed
@@ -282,7 +282,9 @@ def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: st
 
 def result_rows(con: duckdb.DuckDBPyConnection, name: str, per: str | None, round_ns: int) -> pa.Table:
     """``name``'s rows with its defaults (and ``per``) over ``con``'s views, with the build of each trace (the
-    registered ``__tracedag_mat_builds``) and the round, as stored."""
+    registered ``__tracedag_mat_builds``) and the round, as stored. On a connection sharing the failure graph, only
+    per=conversation binds its original definitions (``sharedgraph.across_turns``)."""
+    across_turns(con, per == "conversation")
     given = {} if per is None else {"per": per}
     values = bind_params(queries.describe(name), given)
     extra = f", cast('{per}' as varchar) as per" if per is not None else ""

@@ -10,9 +10,10 @@ six queries took 14 s of CPU, of which two thirds went into the same three macro
 the whole store, or the part a round copied), keeps them in temporary tables, and makes the macros read
 those tables for the traces asked. The calls the tables do not hold keep their own definitions: across
 turns (``p_across_turns`` true, the root causes per conversation) the originals run, under other names, over
-the kept failure steps. The kept rows are the macros' rows for every trace, and each macro's rows for a
-trace depend on that trace alone (across turns: on its conversation, which is not kept), so a query reads
-the rows it would have computed. A call with another threshold or bound than the defaults the tables were
+the kept failure steps; ``across_turns`` makes such a call fail instead, for the queries within traces, which
+then bind the kept rows alone (``materialize.result_rows``). The kept rows are the macros' rows for every trace,
+and each macro's rows for a trace depend on that trace alone (across turns: on its conversation, which is not
+kept), so a query reads the rows it would have computed. A call with another threshold or bound than the defaults the tables were
 computed with fails loudly rather than read them. On leaving, the original macros are made again and the
 tables dropped: the connection answers as before.
 """
@@ -71,18 +72,43 @@ _KEPT_ON: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
 
 def _keep_graph(con: duckdb.DuckDBPyConnection, name: str, threshold: float, hops: int, source: str | None = None) -> None:
     """Keep ``name``'s rows within each trace (computed by the macro ``source``, ``name`` itself by default); the
-    macro reads them, and runs the original across turns."""
+    macro reads them, within traces only (``across_turns``)."""
     con.execute(f"create or replace temp table {KEPT}{name}_rows as "
                 f"from {source or name}({threshold!r}, {IDS}, {hops}, false)")
-    con.execute(
-        f"create or replace macro {name}{_GRAPH} as table "
-        f"select * from {KEPT}{name}_rows where not p_across_turns and trace_id in (select unnest(p_trace_ids)) "
-        f"and {_guard('p_fail_threshold', threshold)} and {_guard('p_max_hops', hops)} "
-        f"union all by name "
-        f"select * from {KEPT}{name}{_GRAPH} where p_across_turns")
+    con.execute(_graph_macro(name, threshold, hops, across_turns=False))
+
+
+def _graph_macro(name: str, threshold: float, hops: int, across_turns: bool) -> str:
+    """The statement making ``name`` read its kept rows within traces; ``across_turns``: the original (under its
+    kept name) answers a call across turns, else such a call fails (and the original is not bound at all)."""
+    kept = (f"select * from {KEPT}{name}_rows where trace_id in (select unnest(p_trace_ids)) "
+            f"and {_guard('p_fail_threshold', threshold)} and {_guard('p_max_hops', hops)}")
+    if not across_turns:
+        return (f"create or replace macro {name}{_GRAPH} as table {kept} and (case when p_across_turns then "
+                f"error('shared failure graph: {name} is shared within traces only (sharedgraph.across_turns)') "
+                f"else true end)")
+    return (f"create or replace macro {name}{_GRAPH} as table {kept} and not p_across_turns "
+            f"union all by name select * from {KEPT}{name}{_GRAPH} where p_across_turns")
 
 
 GRAPH_MACROS = ("failure_steps", "failure_dag", "failure_dag_roots")
+
+# The connections whose graph macros read kept rows: the defaults they were kept with, and whether the macros
+# run the originals across turns (``across_turns``).
+_SHARED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, tuple[float, int, bool]] = weakref.WeakKeyDictionary()
+
+
+def across_turns(con: duckdb.DuckDBPyConnection, needed: bool) -> None:
+    """On a shared connection, make the two graph macros answer calls across turns (``needed``: the originals run
+    for them) or not (a call across turns fails). A query binds every macro its SQL reaches, whatever the rows
+    asked: within traces only, a stored query binds the kept rows alone, not the whole original graph (~40-50 ms
+    of planning each on a small store). Nothing on a connection not shared, or already so."""
+    found = _SHARED.get(con)
+    if found is None or found[2] == needed:
+        return
+    threshold, hops, _ = found
+    con.execute(";\n".join(_graph_macro(name, threshold, hops, needed) for name in GRAPH_MACROS[1:]))
+    _SHARED[con] = (threshold, hops, needed)
 
 
 def share(con: duckdb.DuckDBPyConnection) -> bool:
@@ -128,8 +154,11 @@ def reshare(con: duckdb.DuckDBPyConnection, found: tuple[float, int] | None = No
         return False
     threshold, hops = found
     _keep_steps(con, threshold, f"{KEPT}failure_steps")
-    for name in GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph
+    _SHARED.pop(con, None)
+    for name in GRAPH_MACROS[1:]:  # in this order: the roots read the kept graph (binding it alone)
         _keep_graph(con, name, threshold, hops, source=f"{KEPT}{name}")
+    _SHARED[con] = (threshold, hops, False)
+    across_turns(con, True)  # every call answered, as the originals do
     return True
 
 
@@ -137,6 +166,7 @@ def unshare(con: duckdb.DuckDBPyConnection, restore: bool = True) -> None:
     """Make the original macros again and drop the kept rows (only the three ``share`` replaces: making every macro
     of ``_failure_graph.sql`` costs ~35 ms CPU, these ~20 ms). ``restore`` False: only drop the rows, for a
     connection closed next (the three macros then fail where called, reading the rows dropped)."""
+    _SHARED.pop(con, None)
     text = queries.load(MACROS)
     made = [_statement(text, name) for name in GRAPH_MACROS] if restore else []
     con.execute(";\n".join([*made, *(f"drop table if exists {KEPT}{name}_rows" for name in GRAPH_MACROS)]))
