@@ -130,17 +130,17 @@ def _rounded(rows: list[dict]) -> list[dict]:
 def _sql_answers_equal(data) -> None:
     """Every stored named query answers, through ``tracedag query``, what its SQL text computes on the store now."""
     from tracedag import queries
-    from tracedag.pipeline.store.querying import bind_params, to_arrow
+    from tracedag.pipeline.store.fetch import arrow
+    from tracedag.pipeline.store.querying import bind_params
     from tracedag.pipeline.store.views import connect
 
-    for name, given in NAMED:
-        con = connect(data)
-        try:
-            sql = _rounded(to_arrow(con.sql(queries.load(name), params=bind_params(queries.describe(name), given)))
-                           .to_pylist())
-        finally:
-            con.close()
-        assert _rounded(run_named(data, name, given).to_pylist()) == sql, f"{name} {given}"
+    con = connect(data)  # one connection for every query's SQL: the store does not change meanwhile
+    try:
+        for name, given in NAMED:
+            sql = _rounded(arrow(con, queries.load(name), bind_params(queries.describe(name), given)).to_pylist())
+            assert _rounded(run_named(data, name, given).to_pylist()) == sql, f"{name} {given}"
+    finally:
+        con.close()
 
 
 def _round_with_a_trace(c) -> str:

@@ -11,7 +11,8 @@ from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import materialize
 from tracedag.pipeline.score.runner import LiveRound, score_store
-from tracedag.pipeline.store.querying import bind_params, run_named, run_sql, to_arrow
+from tracedag.pipeline.store.fetch import arrow
+from tracedag.pipeline.store.querying import bind_params, run_named, run_sql
 from tracedag.pipeline.store.views import connect
 
 NAMED = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
@@ -27,8 +28,8 @@ def _answers_equal_the_sql(data: Path) -> None:
     CPU than the queries on these small stores)."""
     con = connect(data)
     try:
-        sql = [_rounded(to_arrow(con.sql(queries.load(name), params=bind_params(queries.describe(name), given)))
-                        .to_pylist()) for name, given in NAMED]
+        sql = [_rounded(arrow(con, queries.load(name), bind_params(queries.describe(name), given)).to_pylist())
+               for name, given in NAMED]
     finally:
         con.close()
     for (name, given), want in zip(NAMED, sql, strict=True):
