@@ -15,6 +15,7 @@ from rich.text import Text
 from tracedag import queries
 from tracedag.pipeline.dag import dataflow, show_check, show_stored
 from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, parquet_files, vanished_pause
 from tracedag.pipeline.store.shared_macros import create_shared_macros
 from tracedag.pipeline.store.views import connect, create_views, latest_by_id, restrict_to_trace
@@ -158,7 +159,7 @@ def _read_shown(con: duckdb.DuckDBPyConnection, data: Path, trace_id: str, cause
     trace = _found(con, data, trace_id)
     tid, build = str(trace["trace_id"]), str(trace["build_id"])
     restrict_to_trace(con, tid, build)
-    nodes = con.sql(_NODES_SQL, params={"t": tid}).to_arrow_table().to_pylist()
+    nodes = arrow(con, _NODES_SQL, {"t": tid}).to_pylist()
     if cause and _needs_macros(con, tid):  # the SQL reads tables beyond the trace's: every view, then the macros
         create_views(con, data, shared_macros=False)
         restrict_to_trace(con, tid, build)
@@ -186,7 +187,7 @@ def _cause(con: duckdb.DuckDBPyConnection, trace_id: str) -> Cause | None:
               "max_hops": int(defaults["max_hops"])}
     rows = show_stored.cause_rows(con, trace_id)  # the rows stored at score time, else computed
     if rows is None:
-        rows = con.sql(_CAUSE_SQL, params=params).to_arrow_table().to_pylist()
+        rows = arrow(con, _CAUSE_SQL, params).to_pylist()  # planned once
     final = next((r for r in rows if r["final"]), None)
     if final is None:
         return None

@@ -17,6 +17,7 @@ import duckdb
 
 from tracedag import queries
 from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.querying import bind_params
 from tracedag.pipeline.store.views import data_of
 
@@ -45,7 +46,7 @@ def cause_rows(con: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, 
     if stored is None:
         return None
     sql, params = stored
-    rows: list[dict[str, Any]] = con.sql(_ROWS_SQL.format(stored=sql), params=params).to_arrow_table().to_pylist()
+    rows: list[dict[str, Any]] = arrow(con, _ROWS_SQL.format(stored=sql), params).to_pylist()
     _greedy(rows, int(str(values["max_hops"])))
     _final(rows)
     return rows

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, materialized
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
@@ -55,7 +56,7 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     if con not in _SCOPED:
         _restrict(con, data, len(state.stale))
         _SCOPED[con] = state.stale
-    computed = _arrow(con.sql(sql, params=values or None))
+    computed = arrow(con, sql, values or None)  # planned once
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
                 name, stored.num_rows, computed.num_rows, len(state.stale))
     return ordered(name, stored, computed)
@@ -171,16 +172,10 @@ def _stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[
     current = current_rounds.register(con, data) if whole and not one else None
     if current is not None:
         reader = materialized.reader_sql(name, one, whole, skip=SCOPE, current=current_rounds.RELATION)
-        table = _arrow(con.sql(reader, params=params))
+        table = arrow(con, reader, params or None)
         if current_rounds.listing(data) == current.listing:
             return table
-    return _arrow(con.sql(materialized.reader_sql(name, one, whole, skip=SCOPE), params=params))
-
-
-def _arrow(relation: duckdb.DuckDBPyRelation) -> pa.Table:
-    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
-    table: pa.Table = fetch()
-    return table
+    return arrow(con, materialized.reader_sql(name, one, whole, skip=SCOPE), params or None)
 
 
 def ordered(name: str, stored: pa.Table, computed: pa.Table) -> pa.Table:
