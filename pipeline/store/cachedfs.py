@@ -25,6 +25,9 @@ from tracedag.pipeline.store.objcache import Entry, Fetch, ObjectCache, configur
 LISTING_TTL = 1.0
 """Seconds a directory listing (ETags and sizes) is reused: a store wiped and written again is seen after this."""
 
+LIST_WAIT = 120.0
+"""Seconds a lookup waits for another thread's LIST of the same folder (then it lists the folder itself)."""
+
 LOCAL = frozenset({"memory", "file", "local"})
 """Filesystems in this process or on this disk: read directly, never copied into the cache."""
 
@@ -48,6 +51,7 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         self.cache = cache
         self.ttl = ttl
         self._listings: dict[str, tuple[float, dict[str, Entry]]] = {}
+        self._busy: dict[str, threading.Event] = {}  # folders being listed now, set when done
         self._together: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         for name in _DELEGATED:
@@ -69,21 +73,33 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         return self._listing(parent).get(key)
 
     def _listing(self, parent: str) -> dict[str, Entry]:
-        """``parent``'s objects as listed within ``ttl`` seconds (listed now when not: outside the lock, so
-        that several folders are listed at once, ``list_ahead``)."""
-        with self._lock:
-            hit = self._listings.get(parent)
-            now = time.monotonic()
-            if hit is not None and now - hit[0] < self.ttl:
-                return hit[1]
+        """``parent``'s objects as listed within ``ttl`` seconds, else listed now: outside the lock, so that
+        several folders are listed at once (``list_ahead``), and once for the threads that ask meanwhile (DuckDB
+        opens a view's files from several threads: each would send its own LIST)."""
+        while True:
+            with self._lock:
+                hit = self._listings.get(parent)
+                now = time.monotonic()
+                if hit is not None and now - hit[0] < self.ttl:
+                    return hit[1]
+                busy = self._busy.get(parent)
+                if busy is None:
+                    busy = self._busy[parent] = threading.Event()
+                    break
+            busy.wait(LIST_WAIT)  # then the listing it made, or (it failed, or is stale already) one made here
         try:
-            rows = (self.lite or self.inner).ls(parent, detail=True)
-        except FileNotFoundError:
-            rows = []
-        found = {str(r["name"]): _entry(r) for r in rows if r.get("type") == "file"}
-        with self._lock:
-            self._listings[parent] = (now, found)
-        return found
+            try:
+                rows = (self.lite or self.inner).ls(parent, detail=True)
+            except FileNotFoundError:
+                rows = []
+            found = {str(r["name"]): _entry(r) for r in rows if r.get("type") == "file"}
+            with self._lock:
+                self._listings[parent] = (now, found)
+            return found
+        finally:
+            with self._lock:
+                self._busy.pop(parent, None)
+            busy.set()
 
     def list_ahead(self, paths: Iterable[str]) -> None:
         """List the folders of ``paths`` (objects of the store) not listed within ``ttl`` seconds, several at
