@@ -196,10 +196,14 @@ READS = {"show first view": "show", "serve first view (/view, warm)": "view",
          "live poll, first after a round": "poll_first"}
 
 
-def before_after(data: Path, before: Path, runs: int, after: Path | None = None) -> int:
-    """Time ``READS`` with the code of ``before`` on ``data`` and of ``after`` (None: this checkout) on
-    ``data`` with its spans files as written now, alternating, and print medians."""
-    stores = {"before": data, "after": files_as_written_now(data, data.with_name(data.name + "-after"))}
+def before_after(data: Path, before: Path, runs: int, after: Path | None = None,
+                 commands: tuple[str, ...] = (), same_store: bool = False) -> int:
+    """Time ``READS`` (those whose command is in ``commands``; none given: all) with the code of ``before`` on
+    ``data`` and of ``after`` (None: this checkout) on ``data`` with its spans files as written now, alternating,
+    and print medians (``same_store``: ``after`` reads ``data`` too, to time the code alone)."""
+    reads = {r: c for r, c in READS.items() if not commands or c in commands}
+    stores = {"before": data,
+              "after": data if same_store else files_as_written_now(data, data.with_name(data.name + "-after"))}
     con = connect(data)
     ids = [str(r[0]) for r in con.execute("select trace_id from traces order by trace_id").fetchall()]
     spans = con.execute("select count(*) from spans").fetchall()[0][0]
@@ -208,12 +212,12 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None)
     with tempfile.TemporaryDirectory(prefix="bench-byid-") as tmp:
         shims = {k: None if c is None else _shim(c, Path(tmp) / k) for k, c in (("before", before), ("after", after))}
         children = {k: _Child(stores[k], shim) for k, shim in shims.items()}
-        times: dict[str, dict[str, list[tuple[float, float]]]] = {k: {r: [] for r in READS} for k in children}
+        times: dict[str, dict[str, list[tuple[float, float]]]] = {k: {r: [] for r in reads} for k in children}
         try:
             for run in range(runs):
                 order = list(children) if run % 2 == 0 else list(reversed(children))
                 for label in order:
-                    for read, command in READS.items():
+                    for read, command in reads.items():
                         tid = picked[2 * run + (read == "serve /api/traces/{id}, cold")]
                         times[label][read].append(children[label].ask(f"{command} {tid}"))
         finally:
@@ -221,7 +225,7 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None)
                 c.close()
     print(f"{spans} spans, {len(ids)} traces, {runs} runs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'read (median ms)':<34}{'before':>10}{'after':>10}{'ratio':>8}{'cpu before':>12}{'cpu after':>11}{'ratio':>8}")
-    for read in READS:
+    for read in reads:
         (b, bc), (a, ac) = (tuple(statistics.median(x[i] for x in times[k][read]) * 1000 for i in (0, 1))
                             for k in ("before", "after"))
         print(f"{read:<34}{b:>10.1f}{a:>10.1f}{a / b:>8.3f}{bc:>12.1f}{ac:>11.1f}{ac / max(bc, 1e-9):>8.3f}")
@@ -239,9 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare with")
     ap.add_argument("--after", type=Path, default=None, help="with --before: the checkout to time (default: this one)")
     ap.add_argument("--runs", type=int, default=5, help="runs of each read (--before)")
+    ap.add_argument("--reads", default="", help="--before: only these child commands, comma-separated (show,view,"
+                    "cold,unknown,metrics,metrics_kept,poll,poll_first; default: all)")
+    ap.add_argument("--same-store", action="store_true", help="--before: the code of now reads --data too (not a "
+                    "copy with its files as written now): the ratios are the code's alone")
     args = ap.parse_args(argv)
     if args.before is not None:
-        return before_after(args.data, args.before, args.runs, args.after)
+        commands = tuple(c for c in args.reads.split(",") if c)
+        return before_after(args.data, args.before, args.runs, args.after, commands, args.same_store)
     base = args.dir or args.data.parent
     stores = {"unsorted": base / f"{args.data.name}-unsorted", "sorted": base / f"{args.data.name}-sorted"}
     for label, path in stores.items():
