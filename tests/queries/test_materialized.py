@@ -25,7 +25,8 @@ from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import MaterializeStats, materialize
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import materialized, mixed
-from tracedag.pipeline.store.querying import bind_params, run_named, run_sql, to_arrow
+from tracedag.pipeline.store.fetch import arrow
+from tracedag.pipeline.store.querying import bind_params, run_named, run_sql
 from tracedag.pipeline.store.views import connect, create_query_macros
 
 CASES = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
@@ -47,8 +48,8 @@ def references(data: Path, cases: list[tuple[str, dict[str, str]]]) -> list[list
     """``_reference`` of each case, all on one plain connection (connecting binds every view: ~0.2 s CPU each)."""
     con = connect(data)
     try:
-        return [_exact(to_arrow(con.sql(queries.load(name), params=bind_params(queries.describe(name), given)))
-                       .to_pylist()) for name, given in cases]
+        return [_exact(arrow(con, queries.load(name), bind_params(queries.describe(name), given)).to_pylist())
+                for name, given in cases]
     finally:
         con.close()
 
@@ -77,7 +78,7 @@ def check_cases(data: Path, cases: list[tuple[str, dict[str, str]]], stored: boo
             args = ", ".join(f"{k} := '{v}'" for k, v in given.items())
             sql = f"select * from {name}({args})"
             create_query_macros(macros, sql)
-            assert _exact(to_arrow(macros.sql(sql)).to_pylist()) == want, f"{name}() {given}"
+            assert _exact(arrow(macros, sql).to_pylist()) == want, f"{name}() {given}"
     finally:
         asked.close()
         macros.close()
