@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
-from tracedag.pipeline.store import files, materialized
+from tracedag.pipeline.store import files, materialized, sqlfiles
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
 from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import bind_params, run_named, run_named_together, to_arrow
@@ -173,7 +173,7 @@ class Store:
         stored); the store's freshness and the trace's newest round are asked once for them all."""
         if not names:
             return {}
-        wanted = [(name, bind_params(materialized.described(name), params)) for name in names]
+        wanted = [(name, bind_params(sqlfiles.described(name), params)) for name in names]
 
         def read(cur: duckdb.DuckDBPyConnection, rounds: bool) -> dict[str, pa.Table | None]:
             stored = materialized.named_statements(cur, self.data, wanted, has_view=rounds or None)

@@ -23,15 +23,15 @@ import bisect
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracedag import queries
-from tracedag.pipeline.store import current_rounds
+from tracedag.pipeline.store import current_rounds, sqlfiles
 from tracedag.pipeline.store.files import keep_newest, parquet_files
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
+from tracedag.pipeline.store.sqlfiles import described
 from tracedag.queries import macros
 
 if TYPE_CHECKING:  # store.gc imports this module in the converters, which must not load DuckDB
@@ -124,48 +124,12 @@ def has_rounds(data: Path) -> bool:
 
 
 def definitions_hash() -> str:
-    """A hash of the SQL the materialized rows come from (the queries and the shared macros they call).
-
-    Remembered by the name, size and modification time of each ``.sql`` file (an edited or added file is read
-    again): reading them through ``importlib.resources`` cost ~4 ms CPU per call, 3 per trace first viewed."""
-    stamp = _sql_stamp()
-    found = _DEFINITIONS.get(stamp) if stamp else None
-    if found is None:
+    """A hash of the SQL the materialized rows come from (the queries and the shared macros they call), remembered
+    while the ``.sql`` files are as they are (``sqlfiles``: ~4 ms CPU a read, 3 per trace first viewed)."""
+    def compute() -> str:
         texts = [queries.load(n) for n in (*SPECS, *queries.macro_files())]
-        found = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
-        if stamp:
-            _DEFINITIONS.clear()
-            _DEFINITIONS[stamp] = found
-    return found
-
-
-_Stamp = tuple[tuple[str, int, int], ...]
-_DEFINITIONS: dict[_Stamp, str] = {}
-_DOCS: dict[tuple[_Stamp, str], queries.QueryDoc] = {}
-
-
-def described(name: str) -> queries.QueryDoc:
-    """``queries.describe(name)``, remembered by the ``.sql`` files' stamp (it reads and parses the file: ~1.5 ms
-    CPU, twice per query of a trace's first view)."""
-    stamp = _sql_stamp()
-    if not stamp:
-        return queries.describe(name)
-    found = _DOCS.get((stamp, name))
-    if found is None:
-        if len(_DOCS) > 256:
-            _DOCS.clear()
-        found = _DOCS[(stamp, name)] = queries.describe(name)
-    return found
-
-
-def _sql_stamp() -> _Stamp:
-    """The ``.sql`` files of the queries package (name, size, mtime); () when they are not plain files."""
-    try:
-        with os.scandir(Path(queries.__file__).parent) as found:
-            return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
-                                for e in found if e.name.endswith(".sql")))
-    except (OSError, TypeError):  # a package in a zip (no __file__ directory): no stamp, read each time
-        return ()
+        return hashlib.sha256("\0".join(texts).encode()).hexdigest()[:16]
+    return sqlfiles.remembered("definitions", compute)
 
 
 def signature(data: Path) -> str:

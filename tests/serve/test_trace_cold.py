@@ -11,7 +11,7 @@ import pytest
 
 from tracedag import queries
 from tracedag.pipeline.serve.data import Store
-from tracedag.pipeline.store import current_rounds, materialized
+from tracedag.pipeline.store import current_rounds, materialized, sqlfiles
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect
 
@@ -64,13 +64,13 @@ def test_named_statements_are_each_named_statement(serve_store: Path) -> None:
 
 def test_the_sql_definitions_are_read_again_when_a_sql_file_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     before = materialized.definitions_hash()
-    stamp = materialized._sql_stamp()
-    assert stamp and materialized.described("failures") == queries.describe("failures")
+    stamp = sqlfiles.stamp()
+    assert stamp and sqlfiles.described("failures") == queries.describe("failures")
     real = queries.load
     monkeypatch.setattr(queries, "load", lambda name: real(name) + ("\n-- edited" if name == "failures" else ""))
     assert materialized.definitions_hash() == before  # the files' names, sizes and times are the same
     edited = (*stamp[:-1], (stamp[-1][0], stamp[-1][1] + 1, stamp[-1][2]))
-    monkeypatch.setattr(materialized, "_sql_stamp", lambda: edited)
+    monkeypatch.setattr(sqlfiles, "stamp", lambda: edited)
     assert materialized.definitions_hash() != before
-    monkeypatch.setattr(materialized, "_sql_stamp", lambda: ())  # not plain files: read each time
+    monkeypatch.setattr(sqlfiles, "stamp", lambda: ())  # not plain files: read each time
     assert materialized.definitions_hash() != before
