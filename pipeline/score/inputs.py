@@ -15,10 +15,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.score.judge.rubrics import JudgeInput
 from tracedag.pipeline.score.rules.table import StepFacts
 from tracedag.pipeline.score.rules.toolschema import EmittedCall, Entries, emitted_calls, span_definitions
+from tracedag.pipeline.store.fetch import arrow
 
 # The latest build of each trace, as the traces view picks it, read from two columns of
 # traces_all (the view packs whole rows): the queries below join dag_nodes_all with it instead

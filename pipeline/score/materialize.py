@@ -29,11 +29,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag import queries
-from tracedag.pipeline.score.fetch import arrow
 from tracedag.pipeline.score.memory import bound, bounded_connection, memory_limit
 from tracedag.pipeline.score.sharedgraph import across_turns, shared_failure_graph
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store import materialized as mat
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.score.fetch import arrow
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.fsio import file_lock

@@ -25,9 +25,10 @@ from tracedag.pipeline.serve import encode
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
 from tracedag.pipeline.store import files, materialized, sqlfiles
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
 from tracedag.pipeline.store.manifests import cached_listing
-from tracedag.pipeline.store.querying import bind_params, run_named, run_named_together, to_arrow
+from tracedag.pipeline.store.querying import bind_params, run_named, run_named_together
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed, TracedagError
@@ -177,7 +178,7 @@ class Store:
 
         def read(cur: duckdb.DuckDBPyConnection, rounds: bool) -> dict[str, pa.Table | None]:
             stored = materialized.named_statements(cur, self.data, wanted, has_view=rounds or None)
-            return {name: None if s is None else to_arrow(cur.sql(s[0], params=s[1]))
+            return {name: None if s is None else arrow(cur, s[0], s[1])
                     for name, s in zip(names, stored, strict=True)}
         return self._on_connection(state, read)
 

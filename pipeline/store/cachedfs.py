@@ -52,7 +52,6 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         self.ttl = ttl
         self._listings: dict[str, tuple[float, dict[str, Entry]]] = {}
         self._busy: dict[str, threading.Event] = {}  # folders being listed now, set when done
-        self._together: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         for name in _DELEGATED:
             setattr(self, name, _delegate(self, name))
@@ -153,15 +152,7 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         if found is None or found.size > self.cache.limit:
             return self.inner._open(path, mode=mode, block_size=block_size, autocommit=autocommit,
                                     cache_options=cache_options, **kwargs)
-        self._prefetch_together(found)
         return self.cache.open(found, self._fetcher(found))
-
-    def read_together(self, uris: list[str]) -> None:
-        """``uris`` are one view's files, which a scan opens one after the other: when the first is opened, the
-        cache fetches the others (those it fetches whole) in the background."""
-        keys = tuple(self._strip_protocol(u) for u in uris)
-        with self._lock:
-            self._together.update(dict.fromkeys(keys, keys))
 
     def fetch_ahead(self, uris: list[str]) -> None:
         """Start the GETs of ``uris``, one view's files not held whole, in the background now (the cache fetches
@@ -171,16 +162,6 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
             found = self.entry(uri)
             if found is not None and found.size <= self.cache.limit:
                 self.cache.prefetch(found, self._fetcher(found), first=k == 0)
-
-    def _prefetch_together(self, opened: Entry) -> None:
-        with self._lock:
-            keys = self._together.get(opened.path, ())
-            for key in keys:
-                self._together.pop(key, None)
-        for key in keys:
-            found = self.entry(key) if key != opened.path else None
-            if found is not None:
-                self.cache.prefetch(found, self._fetcher(found))
 
     def _fetcher(self, entry: Entry) -> Fetch:
         """``fetch(start, end)`` of ``entry``'s bytes from the store (a ranged GET)."""

@@ -8,7 +8,7 @@ than the second bind for a result of a few MB (the stored queries' results of a 
 2.9 MB, 238 -> 209 ms CPU), more for a large one (the rule pass's scan of 40k spans, 16 MB: 366 -> 409 ms), which
 keeps the relation's fetch.
 
-Here, in the store, so that ``querying`` fetches a named query's rows so too; ``score.fetch`` names it for the scorer.
+Here, in the store, so that ``querying`` fetches a named query's rows so too; the scorer imports it from here.
 """
 
 from __future__ import annotations

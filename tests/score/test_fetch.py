@@ -1,4 +1,4 @@
-"""``score.fetch.arrow``: a query's rows as Arrow, planned once, equal to the relation's, without DuckDB's warning."""
+"""``store.fetch.arrow``: a query's rows as Arrow, planned once, equal to the relation's, without DuckDB's warning."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from tracedag import queries
-from tracedag.pipeline.score.fetch import arrow
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.querying import bind_params, to_arrow
 from tracedag.pipeline.store.views import connect
 
