@@ -5,10 +5,12 @@ for each tree. One long-lived child process per tree (its ``tracedag`` first on 
 ``bench/live.py --baseline-tree`` does) runs the rounds on its own copy: per round it ingests the same
 ``--batch`` new spans (same seed in every tree), runs ``build_store(data, idle_seconds=0, grace_seconds=0)``
 as ``tracedag collect --build`` does (incremental plan), timed in process CPU (all threads), then scores as a
-live round does (untimed). The trees take turns round by round (which goes first alternates). A first round
+live round does (``score_store`` with its ``LiveRound``, the named queries' results left to the store's thread),
+timed the same way. The trees take turns round by round (which goes first alternates). A first round
 per tree warms the imports and is not counted. Printed: per tree the median build CPU per span (us), the
 median CPU by build stage (``dag.timing`` stages; ``collect`` is the collection after the build), and the
-ratio against the first tree.
+ratio against the first tree; then the score's and the whole round's (build + score) CPU, per round and per
+span, with their ratios.
 
     python bench/build_round.py --size 200000 --batch 20000 --rounds 5 --baseline-tree base=/tmp/base
 """
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,8 +53,10 @@ for line in sys.stdin:
     cpu, wall = time.process_time() - c, time.perf_counter() - t
     stages = {k: v[1] for k, v in timing.TOTALS.items()}
     live = LiveRound(built.build_id if built.traces_built else None, built.received_from, materialize=False)
+    c = time.process_time()
     score_store(data, live=live)
-    print(json.dumps({"cpu": cpu, "wall": wall, "spans": built.spans, "traces": built.traces_built,
+    score = time.process_time() - c
+    print(json.dumps({"cpu": cpu, "wall": wall, "score": score, "spans": built.spans, "traces": built.traces_built,
                       "plan": built.plan, "stages": stages,
                       "gc": built.gc.seconds if built.gc is not None else 0.0}), flush=True)
 """
@@ -165,6 +170,21 @@ def report(trees: list[tuple[str, str]], results: list[list[dict[str, object]]])
               f"spans {spans}; plans {[x['plan'] for x in res]}")
         print("   stages (median CPU s): " + ", ".join(f"{k} {v:.3f}" for k, v in stages.items()))
         print("   all CPU s: " + ", ".join(f"{float(x['cpu']):.2f}" for x in res))  # type: ignore[arg-type]
+    rounds(trees, results)
+
+
+def rounds(trees: list[tuple[str, str]], results: list[list[dict[str, Any]]]) -> None:
+    """The score's and the whole round's CPU (medians) per tree, against the first tree."""
+    first: dict[str, float] = {}
+    for (label, _), res in zip(trees, results, strict=True):
+        cells = []
+        for part, of in (("score", lambda x: x["score"]), ("round", lambda x: x["cpu"] + x["score"])):
+            cpu = statistics.median(float(of(x)) for x in res)
+            per_span = statistics.median(float(of(x)) / max(int(x["spans"]), 1) * 1e6 for x in res)
+            first.setdefault(part, cpu)
+            cells.append(f"{part} CPU median {cpu:.3f} s (x{cpu / first[part]:.2f}), {per_span:.1f} us/span")
+        print(f"{label}: " + "; ".join(cells))
+        print("   score CPU s: " + ", ".join(f"{float(x['score']):.2f}" for x in res))
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ tools as materialized (
 inputs as (
     select s.trace_id, s.span_id, any_value(s.input_text) as input_text from spans_all s
     semi join tools k on k.trace_id = s.trace_id and k.span_id = s.span_id
-    where s.trace_id in (select trace_id from tools)
+    where s.trace_id in (select trace_id from tools) and s.received_unix_nano >= $received_from
     group by all
 ),
 emitters as (
@@ -202,11 +202,16 @@ class Source:
     at_ns: int
 
 
-def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table) -> pa.Table:
-    """The ``data`` edges into the failed tool steps of ``trace_ids`` (a one-column table), on ``con``'s views."""
+def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0) -> pa.Table:
+    """The ``data`` edges into the failed tool steps of ``trace_ids`` (a one-column table), on ``con``'s views.
+
+    ``received_from``: no span of these traces arrived earlier (0: unknown); the failed steps' inputs are read
+    from the spans files' row groups that arrived since (the others are skipped on their statistics).
+    """
     con.register("__prov_scope", trace_ids)
     # only a step with a value worth tracing needs its conversation's texts read
-    consumers = [c for c in arrow(con, _CONSUMERS_SQL).to_pylist() if argument_values(c["input_text"])]
+    consumers = [c for c in arrow(con, _CONSUMERS_SQL, {"received_from": received_from}).to_pylist()
+                 if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
         con.register("__prov_convs", pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())}))
@@ -249,9 +254,10 @@ where e.edge_kind = 'data' and e.trace_id in (select trace_id from __prov_scope)
 """
 
 
-def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.Table) -> int:
-    """Compute and store the data edges of ``trace_ids`` not stored yet for their build; return how many."""
-    edges = data_edges(con, trace_ids)
+def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0) -> int:
+    """Compute and store the data edges of ``trace_ids`` not stored yet for their build; return how many
+    (``received_from``: as ``data_edges``)."""
+    edges = data_edges(con, trace_ids, received_from)
     if edges.num_rows == 0:
         return 0
     stored = {tuple(r.values()) for r in arrow(con, _STORED_SQL).to_pylist()}
@@ -268,31 +274,42 @@ def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.T
     return int(table.num_rows)
 
 
-def _failed_traces(scored_files: list[Path]) -> pa.Table:
-    """The trace ids with a failing row in ``scored_files`` (a round without one costs no query)."""
-    parts = []
+def _failed_traces(scored_files: list[Path], build_id: str | None = None) -> tuple[pa.Table, bool]:
+    """The trace ids with a failing row in ``scored_files`` (a round without one costs no query), and whether
+    every one of them has a row of build ``build_id`` there (was built by it; False without ``build_id``)."""
+    failing, built = [], []
     for f in scored_files:
         if f.exists():
-            t = pq.read_table(f, columns=["trace_id", "score"])
-            parts.append(t.filter(pc.less_equal(t.column("score"), FAIL_THRESHOLD)).column("trace_id"))
-    chunks = [c for col in parts for c in col.chunks]
-    ids = pa.chunked_array(chunks, pa.string()) if chunks else pa.chunked_array([], pa.string())
-    return pa.table({"trace_id": ids}).group_by("trace_id").aggregate([])
+            t = pq.read_table(f, columns=["trace_id", "build_id", "score"])
+            failing.append(t.filter(pc.less_equal(t.column("score"), FAIL_THRESHOLD)).column("trace_id"))
+            if build_id is not None:
+                built.append(t.filter(pc.equal(t.column("build_id"), build_id)).column("trace_id"))
+    scope = pa.table({"trace_id": _ids(failing)}).group_by("trace_id").aggregate([])
+    return scope, build_id is not None and bool(pc.all(pc.is_in(scope.column("trace_id"), value_set=_ids(built)
+                                                                .combine_chunks())).as_py())
 
 
-def provenance_round(data: Path, scored_files: list[Path], con: duckdb.DuckDBPyConnection | None = None) -> int:
+def _ids(columns: list[pa.ChunkedArray]) -> pa.ChunkedArray:
+    return pa.chunked_array([c for col in columns for c in col.chunks], pa.string())
+
+
+def provenance_round(data: Path, scored_files: list[Path], con: duckdb.DuckDBPyConnection | None = None,
+                     built: tuple[str, int] | None = None) -> int:
     """Store the data edges of the traces with a failing row in ``scored_files`` (a score run's); return how many.
     ``con``: a ``views.connect`` connection to read on (its views brought to the store as it is,
-    ``views.refresh_views``) instead of one of its own."""
-    scope = _failed_traces(scored_files)
+    ``views.refresh_views``) instead of one of its own. ``built``: (build id, earliest arrival) of a live round's
+    build: no span of a trace it built arrived before (``LiveRound``); when it built every trace in scope, their
+    failed steps' inputs are read from the spans that arrived since."""
+    scope, in_build = _failed_traces(scored_files, built[0] if built is not None else None)
     if scope.num_rows == 0:
         return 0
+    received_from = built[1] if built is not None and in_build else 0
     if con is not None:
         refresh_views(con, data)
-        return write_data_edges(data, con, scope)
+        return write_data_edges(data, con, scope, received_from)
     con = connect(data, shared_macros=False)  # the data edges' SQL calls none of the shared macros
     try:
         con.execute("set enable_progress_bar = false")
-        return write_data_edges(data, con, scope)
+        return write_data_edges(data, con, scope, received_from)
     finally:
         con.close()

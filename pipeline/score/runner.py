@@ -381,7 +381,7 @@ def score_store(data: Path, judge: JudgeConfig | None = None, progress: bool = F
         spill = stack.enter_context(spill_directory(data)) if stores else None
         con = stack.enter_context(closing(_connect(data, spill)))  # closed before the spill directory goes
         con = _score_locked(con, data, judge, progress, max_iterations, stats, live, engine)
-        _provenance(data, stats, con)
+        _provenance(data, stats, con, live)
         if stores:
             _materialize(data, stats, part=materialize_part, memory=memory, con=con)
     logger.info("scored %d steps of %d builds into %d files", stats.steps, stats.builds, len(stats.files))
@@ -407,11 +407,16 @@ def _score_locked(con: duckdb.DuckDBPyConnection, data: Path, judge: JudgeConfig
     return con
 
 
-def _provenance(data: Path, stats: ScoreStats, con: duckdb.DuckDBPyConnection | None = None) -> None:
+def _provenance(data: Path, stats: ScoreStats, con: duckdb.DuckDBPyConnection | None = None,
+                live: LiveRound | None = None) -> None:
     """Store the ``data`` edges into the failed tool steps just scored (``score.provenance``; on ``con`` when
-    given), before the named queries are materialized; a failure loses nothing but those edges (logged)."""
+    given; a ``live`` round's build: the spans of the traces it built, from their earliest arrival), before the
+    named queries are materialized; a failure loses nothing but those edges (logged)."""
+    built = None
+    if live is not None and live.build_id is not None and live.received_from is not None:
+        built = (live.build_id, live.received_from)
     try:
-        stats.data_edges = rerun_if_vanished(lambda: provenance_round(data, stats.files, con))
+        stats.data_edges = rerun_if_vanished(lambda: provenance_round(data, stats.files, con, built))
     except (duckdb.Error, OSError, pa.ArrowException):
         logger.exception("storing the data edges (value provenance) failed")
 

@@ -214,3 +214,37 @@ def test_stored_root_causes_equal_the_sql(store: Path) -> None:
     from tests.queries.test_materialized import assert_materialized_equal
 
     assert_materialized_equal(store)  # the rows root_causes read above were the materialized ones
+
+
+def test_inputs_read_from_the_earliest_arrival(store: Path) -> None:
+    """A live round's bound (no span of the scope arrived earlier) gives the same edges; one past every
+    arrival reads no failed step's input, so no edge: the bound is what the spans are read by."""
+    from tracedag.pipeline.score.provenance import data_edges
+    from tracedag.pipeline.store.querying import to_arrow
+    from tracedag.pipeline.store.views import connect
+
+    con = connect(store)
+    try:
+        scope = to_arrow(con.sql("select distinct trace_id from traces"))
+        first, last = con.execute("select min(received_unix_nano), max(received_unix_nano) from spans_all").fetchall()[0]
+        full = data_edges(con, scope).sort_by([("trace_id", "ascending"), ("dst_span_id", "ascending")])
+        bounded = data_edges(con, scope, first).sort_by([("trace_id", "ascending"), ("dst_span_id", "ascending")])
+        assert bounded.equals(full) and full.num_rows == 4
+        assert data_edges(con, scope, last + 1).num_rows == 0
+    finally:
+        con.close()
+
+
+def test_scope_built_by_the_round(store: Path) -> None:
+    """``_failed_traces`` says whether the round's build built every trace in scope (then its bound holds)."""
+    import pyarrow.parquet as pq
+
+    from tracedag.pipeline.score.provenance import _failed_traces
+    from tracedag.schemas.layout import table_dir
+
+    files = sorted(table_dir(store, "step_scores").glob("*.parquet"))
+    builds = {b for f in files for b in pq.read_table(f, columns=["build_id"]).column("build_id").to_pylist() if b}
+    scope, built = _failed_traces(files, next(iter(builds)) if len(builds) == 1 else None)
+    assert scope.num_rows > 0 and built == (len(builds) == 1)
+    assert _failed_traces(files, "build-0-none") == (scope, False)
+    assert _failed_traces(files)[1] is False
