@@ -10,7 +10,10 @@ seconds of its process (every DuckDB thread: on a loaded machine the wall time i
   (``traces_api.trace_view``), on the warm Store (its whole-store results computed, as the server's
   warm-up and the trace list page leave them; nothing of this trace cached);
 - ``cold ID``: ``GET /api/traces/{id}`` (``Store.trace_json``) on a Store just opened (only its id set read;
-  freshness not remembered);
+  freshness not remembered), in this process, which read other traces before: what it keeps across Stores
+  (``serve.tracefiles``' row group filters of the files it read, since #31) is kept, as by a server whose
+  build state changed (a new connection);
+- ``fresh ID``: the same in a server just started: those filters forgotten too;
 - ``unknown``: an unknown id on the warm Store (404);
 - ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
   freshness answers forgotten too; the text a previous server kept on disk removed: a new build state);
@@ -54,6 +57,15 @@ def _forget_freshness() -> None:
     current_rounds._LAST.clear()
 
 
+def _forget_files() -> None:
+    """Forget the row group filters this process read (``serve.tracefiles``; a tracedag before it has none)."""
+    try:
+        from tracedag.pipeline.serve import tracefiles
+    except ImportError:
+        return
+    tracefiles.KEPT.clear()
+
+
 def main() -> int:
     """Answer the parent's commands until stdin closes."""
     from tracedag.pipeline.dag.show import load_shown
@@ -80,8 +92,10 @@ def main() -> int:
         _forget_freshness()  # as a `tracedag show` process: the freshness check is paid (the metrics reads
         return _seconds(lambda: load_shown(data, tid))  # before it left it remembered or not)
 
-    def cold(tid: str) -> Timed:
+    def cold(tid: str, fresh: bool = False) -> Timed:
         _forget_freshness()  # a server just started
+        if fresh:
+            _forget_files()
         store = Store(data)
         store.trace_ids()
         return _seconds(lambda: store.trace_json(tid))
@@ -108,6 +122,7 @@ def main() -> int:
         "show": show,
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
         "cold": cold,
+        "fresh": lambda tid: cold(tid, fresh=True),
         "unknown": lambda _: _seconds(unknown),
         "metrics": lambda _: metrics(False),
         "metrics_kept": lambda _: metrics(True),

@@ -21,7 +21,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.serve import encode
+from tracedag.pipeline.serve import encode, tracefiles
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog
 from tracedag.pipeline.store import files, materialized, sqlfiles
@@ -268,11 +268,21 @@ class Store:
         def read(cur: duckdb.DuckDBPyConnection) -> dict[str, list[dict[str, Any]]]:
             latest = cur.sql(_LATEST_SQL, params={"t": trace_ids}).fetchall()
             values = {"t": trace_ids, "lt": [r[0] for r in latest], "lb": [r[1] for r in latest]}
-            parts = {name: cur.sql(sql, params={k: v for k, v in values.items() if f"${k}" in sql})
-                     .to_arrow_table().to_pylist() for name, sql in _TRACE_SQL.items()}
+            # only the files that may hold the traces (listed again when a read is planned again)
+            sources = tracefiles.sources(self.data, {table for table, _ in _TRACE_SQL.values()}, trace_ids)
+            parts = {name: _part(cur, sql, sources[table], values) for name, (table, sql) in _TRACE_SQL.items()}
             scored(parts["nodes"], parts["scores"])
             return parts
         return self.on_state(state, read)
+
+
+def _part(cur: duckdb.DuckDBPyConnection, sql: str, source: str | None, values: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The rows of one part of a trace read from ``source`` (None: no file holds the trace: none)."""
+    if source is None:
+        return []
+    query = sql.format(source=source)
+    rows: list[dict[str, Any]] = arrow(cur, query, {k: v for k, v in values.items() if f"${k}" in query}).to_pylist()
+    return rows
 
 
 def _ids(cur: duckdb.DuckDBPyConnection) -> frozenset[str]:
@@ -344,35 +354,37 @@ from traces_all where trace_id in (select unnest($t)) group by trace_id
 _PAIRS = "(select unnest($lt::varchar[]) as trace_id, unnest($lb::varchar[]) as build_id)"
 
 _TRACE_SQL = {
-    "nodes": f"""
+    "nodes": ("dag_nodes", f"""
         select n.trace_id, n.span_id, n.parent_span_id, n.step_type, n.step_name, n.step_key, n.iteration,
                n.is_retry, n.depth, n.topo_index, n.status_code, n.start_time_unix_nano,
                n.duration_ns / 1e6 as duration_ms
-        from dag_nodes_all n semi join {_PAIRS} l using (trace_id, build_id)
+        from {{source}} n semi join {_PAIRS} l using (trace_id, build_id)
         where n.trace_id in (select unnest($lt::varchar[]))
         order by n.trace_id, n.nested_left
-    """,
-    "edges": f"""
+    """),
+    "edges": ("dag_edges", f"""
         select e.trace_id, e.upstream_span_id as source, e.downstream_span_id as target, e.edge_kind
-        from dag_edges_all e semi join {_PAIRS} l using (trace_id, build_id)
+        from {{source}} e semi join {_PAIRS} l using (trace_id, build_id)
         where e.trace_id in (select unnest($lt::varchar[]))
         order by e.trace_id, source, target
-    """,
-    "spans": """
+    """),
+    "spans": ("spans", """
         select trace_id, span_id, parent_span_id, name, kind, status_code, status_message, step_type, step_name,
                agent_name, tool_name, model, input_tokens, output_tokens, error_type,
                input_text, output_text, attributes::json::varchar as attributes,
                start_time_unix_nano, duration_ns / 1e6 as duration_ms
-        from spans_all where trace_id in (select unnest($t)) order by trace_id, start_time_unix_nano, span_id
-    """,
+        from {source} where trace_id in (select unnest($t)) order by trace_id, start_time_unix_nano, span_id
+    """),
     # A score belongs to the build it was computed on; human labels (build_id null) always count.
-    "scores": f"""
+    "scores": ("step_scores", f"""
         select s.trace_id, s.span_id, s.metric, s.score, s.label, s.source, s.rule_name, s.explanation,
                s.taxonomy_l1, s.taxonomy_l2, s.taxonomy_l3
-        from step_scores_all s
+        from {{source}} s
         where s.trace_id in (select unnest($t))
           and (s.build_id is null or exists (select 1 from {_PAIRS} l
                                              where l.trace_id = s.trace_id and l.build_id = s.build_id))
         order by s.trace_id, s.span_id, s.metric
-    """,
+    """),
 }
+"""Each part of a trace document: the table it reads and its SQL over ``{source}`` (``tracefiles.sources``: the
+files of the table that may hold the traces, or an object store's raw view)."""

@@ -1,0 +1,208 @@
+"""Which Parquet files of a table may hold a trace (#31 traces by id): the trace id filters of each file's row
+groups, read once per file for the server's life.
+
+A trace's read named the table's view, so DuckDB parsed the footer of every file of the table on each new
+connection (a new Store, every new build state): on 1M spans its 31 spans files' footers cost ~50 ms CPU of
+a trace's first view, for the one or two files that hold the trace. Here each local file's row groups are
+kept in memory as their ``trace_id`` min/max and Bloom filter (``store.parquet.TRACE_BLOOM``, written since
+#31), keyed by the file's path, size and modification time (a published file never changes under its name;
+a rewritten one has another size or time), and a read names only the files where a row group may hold the
+trace: ``read_parquet([...])`` of those, whose footers DuckDB parses, and which it prunes as before.
+
+A row group with neither statistics nor a filter may hold any trace. Bloom filters are Parquet's split block
+filters (xxHash64 of the value, seed 0); one whose header is not understood may hold any trace too. An object
+store's tables are read through their views as before (``sources`` names the view).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import xxhash
+
+from tracedag.pipeline.store.remote import remote_of
+from tracedag.schemas.layout import table_dir
+
+CACHE_BYTES = 32 << 20
+"""Budget of the kept row group filters (spans: ~5.5 KB a file of 32k rows; 31 files of 1M spans ~170 KB)."""
+
+_SALT = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
+"""The split block Bloom filter's eight salts (Parquet format, BloomFilter.md)."""
+_BLOCK = 32
+_READ_AT_ONCE = 4 << 20
+"""A file's Bloom filters are read in one piece when they lie within this many bytes (pyarrow writes them
+together), else one by one."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One row group's ``trace_id`` filter: min/max (None: not written) and the Bloom filter's bitset (None: none)."""
+
+    low: str | None
+    high: str | None
+    bits: bytes | None
+
+    def may_hold(self, trace_id: str, key: int) -> bool:
+        """Whether a row of ``trace_id`` (``key``: its xxHash64) may be in the row group."""
+        if self.low is not None and self.high is not None and not self.low <= trace_id <= self.high:
+            return False
+        return self.bits is None or bloom_may_hold(self.bits, key)
+
+
+def bloom_may_hold(bits: bytes, key: int) -> bool:
+    """Whether a split block Bloom filter's bitset may hold the value whose xxHash64 is ``key``."""
+    blocks = len(bits) // _BLOCK
+    start = (((key >> 32) * blocks) >> 32) * _BLOCK
+    low = key & 0xFFFFFFFF
+    for i, salt in enumerate(_SALT):
+        word = int.from_bytes(bits[start + 4 * i : start + 4 * i + 4], "little")
+        if not (word >> (((low * salt) & 0xFFFFFFFF) >> 27)) & 1:
+            return False
+    return True
+
+
+def trace_key(trace_id: str) -> int:
+    """The Bloom filter hash of a trace id (xxHash64, seed 0, of its bytes as Parquet stores them)."""
+    return int(xxhash.xxh64_intdigest(trace_id.encode()))
+
+
+def bitset(blob: bytes) -> bytes | None:
+    """The bitset of a Bloom filter as stored (a Thrift compact ``BloomFilterHeader``, then the bitset), None
+    when its header is not the one expected (numBytes first, a whole number of blocks, within the blob)."""
+    if len(blob) < 2 or blob[0] != 0x15:  # field 1 (numBytes), i32
+        return None
+    value, shift, i = 0, 0, 1
+    while i < len(blob) and shift < 35:
+        byte = blob[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        shift += 7
+        if not byte & 0x80:
+            size = (value >> 1) ^ -(value & 1)  # zigzag
+            ok = 0 < size <= len(blob) - i and size % _BLOCK == 0
+            return bytes(blob[len(blob) - size :]) if ok else None
+    return None
+
+
+def _trace_column(meta: pq.FileMetaData) -> int | None:
+    for i in range(meta.num_columns):
+        if meta.schema.column(i).path == "trace_id":
+            return i
+    return None
+
+
+def _filters(path: Path, meta: pq.FileMetaData, column: int) -> list[bytes | None]:
+    """The Bloom filter bitset of each row group's ``column`` (None: none written, or not understood)."""
+    spans = []
+    for g in range(meta.num_row_groups):
+        c = meta.row_group(g).column(column)
+        offset, length = c.bloom_filter_offset, c.bloom_filter_length
+        spans.append((offset, length) if offset is not None and length else None)
+    present = [s for s in spans if s is not None]
+    if not present:
+        return [None] * len(spans)
+    first, last = min(o for o, _ in present), max(o + n for o, n in present)
+    with open(path, "rb") as fh:
+        if last - first <= _READ_AT_ONCE:
+            fh.seek(first)
+            whole = fh.read(last - first)
+            blobs = [None if s is None else whole[s[0] - first : s[0] - first + s[1]] for s in spans]
+        else:
+            blobs = []
+            for s in spans:
+                if s is not None:
+                    fh.seek(s[0])
+                blobs.append(None if s is None else fh.read(s[1]))
+    return [None if b is None else bitset(b) for b in blobs]
+
+
+def _stat(value: object) -> str | None:
+    return value if isinstance(value, str) else value.decode() if isinstance(value, bytes) else None
+
+
+def read_groups(path: Path) -> tuple[Group, ...] | None:
+    """The ``trace_id`` filter of each row group of ``path`` (None: the file has no ``trace_id`` column)."""
+    meta = pq.read_metadata(path)
+    column = _trace_column(meta)
+    if column is None:
+        return None
+    groups = []
+    for g, bits in enumerate(_filters(path, meta, column)):
+        stats = meta.row_group(g).column(column).statistics
+        bounded = stats is not None and stats.has_min_max
+        groups.append(Group(_stat(stats.min) if bounded else None, _stat(stats.max) if bounded else None, bits))
+    return tuple(groups)
+
+
+class _Kept:
+    """The row group filters of files, by path, with the size and mtime they were read at; bounded in bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self.files: OrderedDict[str, tuple[int, int, tuple[Group, ...] | None, int]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def groups(self, path: Path) -> tuple[Group, ...] | None:
+        st = os.stat(path)  # a vanished file raises FileNotFoundError: the read is planned again
+        key = str(path)
+        with self.lock:
+            kept = self.files.get(key)
+            if kept is not None and kept[:2] == (st.st_size, st.st_mtime_ns):
+                self.files.move_to_end(key)
+                return kept[2]
+        groups = read_groups(path)
+        cost = 200 + sum(100 + len(g.bits or b"") for g in groups or ())
+        with self.lock:
+            old = self.files.pop(key, None)
+            self.used += cost - (old[3] if old else 0)
+            self.files[key] = (st.st_size, st.st_mtime_ns, groups, cost)
+            while self.used > self.budget and len(self.files) > 1:
+                self.used -= self.files.popitem(last=False)[1][3]
+        return groups
+
+    def clear(self) -> None:
+        with self.lock:
+            self.files.clear()
+            self.used = 0
+
+
+KEPT = _Kept(CACHE_BYTES)
+"""The filters this process has read (``KEPT.clear()`` forgets them, as a server just started)."""
+
+
+def files_holding(files: Iterable[Path], trace_ids: list[str]) -> list[Path]:
+    """The files of which a row group may hold one of ``trace_ids``."""
+    keys = [(t, trace_key(t)) for t in trace_ids]
+    picked = []
+    for f in files:
+        groups = KEPT.groups(f)
+        if groups is None or any(g.may_hold(t, k) for g in groups for t, k in keys):
+            picked.append(f)
+    return picked
+
+
+def read_sql(files: list[Path]) -> str:
+    """``read_parquet`` of ``files`` as the tables' raw views read them (by position, no hive columns)."""
+    names = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    return f"read_parquet([{names}], union_by_name = false, hive_partitioning = false)"
+
+
+def sources(data: Path, tables: Iterable[str], trace_ids: list[str]) -> dict[str, str | None]:
+    """For each table, what a read of ``trace_ids``' rows selects from: the files that may hold them
+    (``read_sql``), None when none may; an object store's tables: their raw view (``<table>_all``)."""
+    if remote_of(data) is not None:
+        return {t: f"{t}_all" for t in tables}
+    out: dict[str, str | None] = {}
+    for t in tables:
+        root = table_dir(data, t)
+        files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+        picked = files_holding(files, trace_ids)
+        out[t] = read_sql(picked) if picked else None
+    return out
