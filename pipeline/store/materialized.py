@@ -21,18 +21,22 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import logging
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracedag import queries
-from tracedag.pipeline.store import current_rounds, sqlfiles
-from tracedag.pipeline.store.files import keep_newest, parquet_files
+from tracedag.pipeline.store import current_rounds, freshkept, sqlfiles
+from tracedag.pipeline.store.cachereads import local_copies, native_reads
+from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.latest import LATEST_BUILDS_SQL
+from tracedag.pipeline.store.manifests import source_uris
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.sqlfiles import described
 from tracedag.queries import macros
+from tracedag.schemas.layout import tables_dir
 
 if TYPE_CHECKING:  # store.gc imports this module in the converters, which must not load DuckDB
     import duckdb
@@ -198,29 +202,35 @@ _FRESH: dict[tuple[str, ...], Freshness] = {}
 """Answers of ``freshness`` by the files it depends on (files never change: a new state has new names)."""
 
 
-def _fresh_key(data: Path) -> tuple[str, ...]:
-    names = [str(f) for t in ("traces", STATE) for f in parquet_files(data, t)]
-    return (str(data), signature(data), FRESH_VERSION, *names)
+def _listed(data: Path) -> list[Path]:
+    """The files an answer of ``freshness`` depends on: the builds' and the state's."""
+    return [f for t in ("traces", STATE) for f in parquet_files(data, t)]
+
+
+def _fresh_key(data: Path, files: list[Path] | None = None) -> tuple[str, ...]:
+    return freshkept.key(data, signature(data), FRESH_VERSION, _listed(data) if files is None else files)
 
 
 def freshness(con: duckdb.DuckDBPyConnection, data: Path, has_view: bool | None = None) -> Freshness:
     """Which built traces of ``con``'s store the materialized rows answer (``Freshness``).
 
     Remembered by the listing of the ``traces`` and ``materialized_traces`` files (their names: a published
-    file never changes, a rewrite has a new name) and the signature, per process and on disk (``KEPT``):
-    a reader asks the tables again only when a build, a round, a collection or a label import wrote files.
+    file never changes, a rewrite has a new name) and the signature, per process, on disk and on an object
+    store beside its tables (``freshkept``): a reader asks the tables again only when a build, a round, a
+    collection or a label import wrote files.
     ``has_view``: True when the caller knows ``con`` has the state's view (None: ask its catalog, ``has_state_view``).
     """
     if not (has_view or has_state_view(con)):  # made before the store's first round landed: it has no view of the stored rows
         return Freshness(False)
-    key = _fresh_key(data)
+    files = _listed(data)
+    key = _fresh_key(data, files)
     if key not in _FRESH:
         if len(_FRESH) > 256:
             _FRESH.clear()
         found = kept_freshness(data, key)
         if found is None:
-            found = _freshness_now(con, data)
-            if _fresh_key(data) == key:  # no file came or went meanwhile: the answer is that listing's
+            found, pinned = _freshness_now(con, data, files)
+            if pinned and _fresh_key(data) == key:  # no file came or went meanwhile: the answer is that listing's
                 keep_freshness(data, key, found)
         _FRESH[key] = found
     return _FRESH[key]
@@ -238,37 +248,41 @@ def known_freshness(data: Path) -> Freshness | None:
     return found
 
 
+_HAS_VIEW: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, bool] = weakref.WeakKeyDictionary()
+"""Connections known to have the state's view (a view is made again, never dropped: it stays)."""
+
+
 def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``con`` has the state's view, i.e. a round was stored when it connected. A round writes its state
     last, so a connection that has it has the view of every stored table too (each has a ``schema.parquet``
-    before its first state row)."""
+    before its first state row). A connection found with it is remembered (a catalog scan costs 0.7-4 ms);
+    one without it is asked again (its views may be made again over a store that has a round now)."""
+    if _HAS_VIEW.get(con):
+        return True
     found = con.execute("select count(*) from duckdb_views() where view_name = ?", [STATE]).fetchall()
+    if found[0][0]:
+        _HAS_VIEW[con] = True
     return bool(found[0][0])
 
 
-KEPT = "materialized"
+KEPT = freshkept.KEPT
 """``<data>/state/materialized/fresh-<digest of the listing>.json``: the last ``freshness`` answer, for the next
-process (``tracedag query``/``show``/a poll would each scan ``traces`` and the state again: ~0.1 s CPU on 1M spans)."""
-
-
-def _kept_path(data: Path, key: tuple[str, ...]) -> Path:
-    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:32]
-    return data / "state" / KEPT / f"fresh-{digest}.json"
+process (``tracedag query``/``show``/a poll would each scan ``traces`` and the state again: ~0.1 s CPU on 1M spans);
+on an object store also ``<store>/state/materialized-fresh.json`` (``freshkept``)."""
 
 
 def kept_freshness(data: Path, key: tuple[str, ...]) -> Freshness | None:
-    """The answer an earlier process kept for the listing ``key`` (None: none, or unreadable)."""
-    try:
-        doc = json.loads(_kept_path(data, key).read_text(encoding="utf-8"))
-        return Freshness(bool(doc["usable"]), tuple(str(t) for t in doc["stale"]), int(doc["traces"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    """The answer an earlier process kept (here, or published to the store) for the listing ``key`` (None: none)."""
+    doc = freshkept.read(data, key)
+    if doc is None:
         return None
+    return Freshness(bool(doc["usable"]), tuple(str(t) for t in doc["stale"]), int(doc["traces"]))
 
 
 def keep_freshness(data: Path, key: tuple[str, ...], state: Freshness) -> None:
-    """Keep ``state`` as the answer for ``key``; the answers for older listings are removed (``files.keep_newest``)."""
-    doc = {"usable": state.usable, "stale": list(state.stale), "traces": state.traces}
-    keep_newest(data, _kept_path(data, key), json.dumps(doc))
+    """Keep ``state`` as the answer for ``key`` (the answers for older listings are removed), and publish it to the
+    object store ``data`` works on."""
+    freshkept.keep(data, key, {"usable": state.usable, "stale": list(state.stale), "traces": state.traces})
 
 
 def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
@@ -276,24 +290,55 @@ def fresh(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     return freshness(con, data).fresh
 
 
-def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path) -> Freshness:
+def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path, files: list[Path]) -> tuple[Freshness, bool]:
+    """``freshness`` asked of the tables; and whether the answer is that of exactly ``files`` (the listing its key
+    names: then it may be kept). An object store's views list their files when they are made, maybe before
+    ``files`` were listed: its builds are read from ``files`` here; the current rounds are those of ``files``
+    unless a round landed meanwhile."""
     import duckdb
 
     if not all(parquet_files(data, t) for t in views()):  # the store's, not the connection's views: a reader of
-        return Freshness(False)                           # one trace makes only those it reads (show.SHOWN_TABLES)
+        return Freshness(False), True                     # one trace makes only those it reads (show.SHOWN_TABLES)
     try:
-        if current_rounds.register(con, data) is None:
-            return Freshness(False)
-        traces, missing, sig, stale = con.execute(_FRESHNESS_SQL).fetchall()[0]
+        current = current_rounds.register(con, data)
+        if current is None:
+            return Freshness(False), True
+        builds, pinned = _builds_source(con, data, _of(data, files, "traces"))
+        pinned = pinned and _state_files(current.listing) == {str(f) for f in _of(data, files, STATE)}
+        traces, missing, sig, stale = con.execute(_FRESHNESS_SQL.replace("from traces_all", f"from {builds}")).fetchall()[0]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
-        return Freshness(False)
+        return Freshness(False), True
     if str(sig or "") != signature(data):
-        return Freshness(False)
+        return Freshness(False), pinned
     if not missing:
-        return Freshness(True)
+        return Freshness(True), pinned
     if 2 * len(stale) > int(traces):  # the SQL over every trace costs about as much
-        return Freshness(False)
-    return Freshness(True, tuple(str(t) for t in stale), int(traces))
+        return Freshness(False), pinned
+    return Freshness(True, tuple(str(t) for t in stale), int(traces)), pinned
+
+
+def _builds_source(con: duckdb.DuckDBPyConnection, data: Path, traces: list[Path]) -> tuple[str, bool]:
+    """What ``_FRESHNESS_SQL`` reads the builds from: ``traces_all`` on a local store (its view reads the folder as
+    it is), the files ``traces`` on an object store (a view reads the files listed when it was made); and whether
+    they are ``traces``."""
+    if remote_of(data) is None:
+        return "traces_all", True
+    if not traces:
+        return "traces_all", False
+    with native_reads(con):
+        uris = local_copies(data, source_uris(data, traces))
+    names = ", ".join("'" + u.replace("'", "''") + "'" for u in uris)
+    return f"read_parquet([{names}], union_by_name = false, hive_partitioning = false)", True
+
+
+def _of(data: Path, files: list[Path], table: str) -> list[Path]:
+    """The files of ``table`` among ``files`` (``parquet_files`` of several tables)."""
+    return [f for f in files if f.relative_to(tables_dir(data)).parts[0] == table]
+
+
+def _state_files(listing: tuple[str, ...]) -> set[str]:
+    """The paths of ``current_rounds.listing``'s stamps (a path, then its size and mtime when it is local)."""
+    return {n.split("\x1f", 1)[0] for n in listing}
 
 
 CURRENT_SQL = f"""

@@ -4,7 +4,8 @@ A process that reads a store through s3fs first imports it (aiobotocore, aiohttp
 a botocore session (service models, endpoint rules: ~0.4 s) before its first request; a ``tracedag
 query`` on a store that is cached locally spends most of its time there. These reads need three
 requests (ListObjectsV2, GetObject, HeadObject), signed with AWS Signature Version 4, so they are made
-here with the standard library, one keep-alive connection per thread. s3fs still does every write, and
+here with the standard library, one keep-alive connection per thread (and ``put``, the one small object a
+reader keeps for the others: ``freshkept``). s3fs still does every write of tables and manifests, and
 all the reads when the credentials are not plain keys in the environment (profiles, roles, SSO: botocore's
 chain resolves those) or ``TRACEDAG_S3_CLIENT=s3fs`` asks for it.
 
@@ -102,6 +103,11 @@ class S3Lite:
             headers["if-match"] = etag
         return self._request("GET", bucket, key, {}, headers).body
 
+    def put(self, path: str, body: bytes) -> None:
+        """Write ``body`` as the object ``bucket/key`` (one PUT: atomic; small objects, as ``materialized`` keeps)."""
+        bucket, _, key = path.strip("/").partition("/")
+        self._request("PUT", bucket, key, {}, body=body)
+
     def exists(self, path: str) -> bool:
         """Whether ``bucket/key`` is an object or a folder with objects under it."""
         bucket, _, key = path.strip("/").partition("/")
@@ -118,11 +124,11 @@ class S3Lite:
     # ------------------------------------------------------------ requests
 
     def _request(self, method: str, bucket: str, key: str, query: dict[str, str],
-                 headers: dict[str, str] | None = None) -> _Response:
+                 headers: dict[str, str] | None = None, body: bytes = b"") -> _Response:
         host, path = self._where(bucket, key)
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                found = self._once(method, host, path, query, dict(headers or {}))
+                found = self._once(method, host, path, query, dict(headers or {}), body)
             except (ConnectionError, http.client.HTTPException, TimeoutError) as e:
                 self._drop(host)
                 if attempt == ATTEMPTS:
@@ -144,12 +150,14 @@ class S3Lite:
             return f"https://s3.{self.region}.amazonaws.com", f"/{bucket}/{quoted}"
         return f"https://{bucket}.s3.{self.region}.amazonaws.com", f"/{quoted}"
 
-    def _once(self, method: str, base: str, path: str, query: dict[str, str], headers: dict[str, str]) -> _Response:
+    def _once(self, method: str, base: str, path: str, query: dict[str, str], headers: dict[str, str],
+              body: bytes = b"") -> _Response:
         url = urllib.parse.urlsplit(base)
         qs = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted(query.items()))
-        headers.update(sign(self.creds, self.region, method, url.netloc, path, qs, headers))
+        payload = hashlib.sha256(body).hexdigest() if body else EMPTY_SHA256
+        headers.update(sign(self.creds, self.region, method, url.netloc, path, qs, headers, payload=payload))
         con = self._connection(base)
-        con.request(method, path + (f"?{qs}" if qs else ""), headers=headers)
+        con.request(method, path + (f"?{qs}" if qs else ""), body=body or None, headers=headers)
         resp = con.getresponse()
         body = resp.read()
         return _Response(resp.status, body, resp.getheader("ETag", ""))
@@ -234,20 +242,21 @@ def _q(text: str) -> str:
 
 
 def sign(creds: Credentials, region: str, method: str, host: str, path: str, query: str,
-         headers: dict[str, str], now: dt.datetime | None = None) -> dict[str, str]:
+         headers: dict[str, str], now: dt.datetime | None = None, payload: str = EMPTY_SHA256) -> dict[str, str]:
     """The headers that sign a request with AWS Signature Version 4 for S3 (``Authorization`` and the rest).
 
-    ``path`` is already URI-encoded (S3 does not encode it twice) and ``query`` canonical (sorted, encoded).
+    ``path`` is already URI-encoded (S3 does not encode it twice) and ``query`` canonical (sorted, encoded);
+    ``payload``: the SHA-256 of the request's body (hex).
     """
     when = now or dt.datetime.now(dt.UTC)
     stamp, day = when.strftime("%Y%m%dT%H%M%SZ"), when.strftime("%Y%m%d")
     signed = {k.lower(): str(v).strip() for k, v in headers.items()}
-    signed.update({"host": host, "x-amz-date": stamp, "x-amz-content-sha256": EMPTY_SHA256})
+    signed.update({"host": host, "x-amz-date": stamp, "x-amz-content-sha256": payload})
     if creds.token:
         signed["x-amz-security-token"] = creds.token
     names = sorted(signed)
     canonical = "\n".join([method, path, query, *(f"{n}:{signed[n]}" for n in names), "",
-                           ";".join(names), EMPTY_SHA256])
+                           ";".join(names), payload])
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
     key = f"AWS4{creds.secret}".encode()
