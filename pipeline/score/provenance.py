@@ -119,17 +119,21 @@ def appears(value: str, text: str) -> bool:
 
 
 # Read from the raw views with the latest build of each trace in scope picked first (the refined
-# views pick the latest build of every trace in the store before any filter applies).
+# views pick the latest build of every trace in the store before any filter applies). ``$from_build``: no
+# trace in scope has a latest build older (build ids sort by build time), ``$received_from``: no span of
+# theirs arrived earlier; the files' row groups of older builds and arrivals are skipped on their statistics.
 _CONSUMERS_SQL = f"""
 with latest as materialized (
     select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
            arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conv,
            arg_max(start_time_unix_nano, (built_unix_nano, build_id)) as trace_start
-    from traces_all where trace_id in (select trace_id from __prov_scope) group by trace_id
+    from traces_all where trace_id in (select trace_id from __prov_scope) and build_id >= $from_build
+    group by trace_id
 ),
 failed as (
     select s.trace_id, s.span_id from step_scores_all s
     where s.trace_id in (select trace_id from latest) and s.score is not null
+      and (s.build_id >= $from_build or s.build_id is null)
       and (s.build_id is null or exists (select 1 from latest l where l.trace_id = s.trace_id and l.build_id = s.build_id))
     group by all having min(cast(s.score as double)) <= {FAIL_THRESHOLD}
 ),
@@ -137,7 +141,8 @@ tools as materialized (
     select n.trace_id, n.span_id, n.build_id, n.start_time_unix_nano from dag_nodes_all n
     semi join latest l on l.trace_id = n.trace_id and l.build_id = n.build_id
     semi join failed f on f.trace_id = n.trace_id and f.span_id = n.span_id
-    where n.trace_id in (select trace_id from failed) and cast(n.step_type as varchar) = 'tool'
+    where n.trace_id in (select trace_id from failed) and n.build_id >= $from_build
+      and cast(n.step_type as varchar) = 'tool'
 ),
 inputs as (
     select s.trace_id, s.span_id, any_value(s.input_text) as input_text from spans_all s
@@ -148,7 +153,7 @@ inputs as (
 emitters as (
     select e.trace_id, e.downstream_span_id as span_id, list(e.upstream_span_id) as emitters from dag_edges_all e
     semi join tools k on k.trace_id = e.trace_id and k.span_id = e.downstream_span_id and k.build_id = e.build_id
-    where e.trace_id in (select trace_id from tools) and e.edge_kind = 'tool_call'
+    where e.trace_id in (select trace_id from tools) and e.build_id >= $from_build and e.edge_kind = 'tool_call'
     group by all
 )
 select k.trace_id, k.span_id, k.build_id, k.start_time_unix_nano as start_ns, l.conv, l.trace_start,
@@ -202,16 +207,18 @@ class Source:
     at_ns: int
 
 
-def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0) -> pa.Table:
+def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0,
+               from_build: str = "") -> pa.Table:
     """The ``data`` edges into the failed tool steps of ``trace_ids`` (a one-column table), on ``con``'s views.
 
-    ``received_from``: no span of these traces arrived earlier (0: unknown); the failed steps' inputs are read
-    from the spans files' row groups that arrived since (the others are skipped on their statistics).
+    ``received_from``: no span of these traces arrived earlier (0: unknown); ``from_build``: none of them has a
+    build older than this one (``""``: unknown). The failed steps and their inputs are read from the files' row
+    groups of those builds and arrivals (the others are skipped on their statistics).
     """
     con.register("__prov_scope", trace_ids)
     # only a step with a value worth tracing needs its conversation's texts read
-    consumers = [c for c in arrow(con, _CONSUMERS_SQL, {"received_from": received_from}).to_pylist()
-                 if argument_values(c["input_text"])]
+    bounds = {"received_from": received_from, "from_build": from_build}
+    consumers = [c for c in arrow(con, _CONSUMERS_SQL, bounds).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
         con.register("__prov_convs", pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())}))
@@ -254,10 +261,11 @@ where e.edge_kind = 'data' and e.trace_id in (select trace_id from __prov_scope)
 """
 
 
-def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0) -> int:
+def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_from: int = 0,
+                     from_build: str = "") -> int:
     """Compute and store the data edges of ``trace_ids`` not stored yet for their build; return how many
-    (``received_from``: as ``data_edges``)."""
-    edges = data_edges(con, trace_ids, received_from)
+    (``received_from``, ``from_build``: as ``data_edges``)."""
+    edges = data_edges(con, trace_ids, received_from, from_build)
     if edges.num_rows == 0:
         return 0
     stored = {tuple(r.values()) for r in arrow(con, _STORED_SQL).to_pylist()}
@@ -298,18 +306,18 @@ def provenance_round(data: Path, scored_files: list[Path], con: duckdb.DuckDBPyC
     """Store the data edges of the traces with a failing row in ``scored_files`` (a score run's); return how many.
     ``con``: a ``views.connect`` connection to read on (its views brought to the store as it is,
     ``views.refresh_views``) instead of one of its own. ``built``: (build id, earliest arrival) of a live round's
-    build: no span of a trace it built arrived before (``LiveRound``); when it built every trace in scope, their
-    failed steps' inputs are read from the spans that arrived since."""
+    build: no span of a trace it built arrived before (``LiveRound``), and its latest build is that one or newer;
+    when it built every trace in scope, their failed steps are read from those builds and arrivals."""
     scope, in_build = _failed_traces(scored_files, built[0] if built is not None else None)
     if scope.num_rows == 0:
         return 0
-    received_from = built[1] if built is not None and in_build else 0
+    received_from, from_build = (built[1], built[0]) if built is not None and in_build else (0, "")
     if con is not None:
         refresh_views(con, data)
-        return write_data_edges(data, con, scope, received_from)
+        return write_data_edges(data, con, scope, received_from, from_build)
     con = connect(data, shared_macros=False)  # the data edges' SQL calls none of the shared macros
     try:
         con.execute("set enable_progress_bar = false")
-        return write_data_edges(data, con, scope, received_from)
+        return write_data_edges(data, con, scope, received_from, from_build)
     finally:
         con.close()

@@ -217,8 +217,9 @@ def test_stored_root_causes_equal_the_sql(store: Path) -> None:
 
 
 def test_inputs_read_from_the_earliest_arrival(store: Path) -> None:
-    """A live round's bound (no span of the scope arrived earlier) gives the same edges; one past every
-    arrival reads no failed step's input, so no edge: the bound is what the spans are read by."""
+    """A live round's bounds (no span of the scope arrived earlier, no latest build of it is older) give the same
+    edges; past every arrival or build, no failed step's input or step is read, so no edge: the bounds are what
+    the rows are read by."""
     from tracedag.pipeline.score.provenance import data_edges
     from tracedag.pipeline.store.querying import to_arrow
     from tracedag.pipeline.store.views import connect
@@ -231,6 +232,10 @@ def test_inputs_read_from_the_earliest_arrival(store: Path) -> None:
         bounded = data_edges(con, scope, first).sort_by([("trace_id", "ascending"), ("dst_span_id", "ascending")])
         assert bounded.equals(full) and full.num_rows == 4
         assert data_edges(con, scope, last + 1).num_rows == 0
+        oldest = con.execute("select min(build_id) from traces").fetchall()[0][0]
+        by_build = data_edges(con, scope, first, oldest).sort_by([("trace_id", "ascending"), ("dst_span_id", "ascending")])
+        assert by_build.equals(full)
+        assert data_edges(con, scope, 0, oldest + "~").num_rows == 0  # after every build id
     finally:
         con.close()
 
