@@ -9,6 +9,11 @@ kept in memory as their ``trace_id`` min/max and Bloom filter (``store.parquet.T
 a rewritten one has another size or time), and a read names only the files where a row group may hold the
 trace: ``read_parquet([...])`` of those, whose footers DuckDB parses, and which it prunes as before.
 
+The filters read are kept on disk too, ``state/trace_files/<table>.arrow`` (Arrow IPC: a row per row group
+with its file's path under the table, size and mtime), rewritten when a read met a file not kept there, so
+that a server just started reads that one small file instead of every footer (a store this process may not
+write to keeps nothing; an unreadable kept file is ignored).
+
 A row group with neither statistics nor a filter may hold any trace. Bloom filters are Parquet's split block
 filters (xxHash64 of the value, seed 0); one whose header is not understood may hold any trace too. An object
 store's tables are read through their views as before (``sources`` names the view).
@@ -16,6 +21,7 @@ store's tables are read through their views as before (``sources`` names the vie
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -23,11 +29,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
+from pyarrow import ipc
 
 from tracedag.pipeline.store.remote import remote_of
-from tracedag.schemas.layout import table_dir
+from tracedag.schemas.layout import state_dir, table_dir
+
+logger = logging.getLogger(__name__)
 
 CACHE_BYTES = 32 << 20
 """Budget of the kept row group filters (spans: ~5.5 KB a file of 32k rows; 31 files of 1M spans ~170 KB)."""
@@ -149,28 +159,40 @@ class _Kept:
         self.files: OrderedDict[str, tuple[int, int, tuple[Group, ...] | None, int]] = OrderedDict()
         self.lock = threading.Lock()
 
-    def groups(self, path: Path) -> tuple[Group, ...] | None:
+    def groups(self, path: Path) -> tuple[tuple[Group, ...] | None, bool]:
+        """``path``'s row group filters, and whether they were read from the file now (not kept)."""
         st = os.stat(path)  # a vanished file raises FileNotFoundError: the read is planned again
-        key = str(path)
-        with self.lock:
-            kept = self.files.get(key)
-            if kept is not None and kept[:2] == (st.st_size, st.st_mtime_ns):
-                self.files.move_to_end(key)
-                return kept[2]
+        found = self.kept(path, st.st_size, st.st_mtime_ns)
+        if found is not None:
+            return found[0], False
         groups = read_groups(path)
+        self.keep(path, st.st_size, st.st_mtime_ns, groups)
+        return groups, True
+
+    def kept(self, path: Path, size: int, mtime_ns: int) -> tuple[tuple[Group, ...] | None] | None:
+        """The filters kept for ``path`` at this size and mtime (in a 1-tuple; None: none kept)."""
+        with self.lock:
+            kept = self.files.get(str(path))
+            if kept is None or kept[:2] != (size, mtime_ns):
+                return None
+            self.files.move_to_end(str(path))
+            return (kept[2],)
+
+    def keep(self, path: Path, size: int, mtime_ns: int, groups: tuple[Group, ...] | None) -> None:
         cost = 200 + sum(100 + len(g.bits or b"") for g in groups or ())
         with self.lock:
-            old = self.files.pop(key, None)
+            old = self.files.pop(str(path), None)
             self.used += cost - (old[3] if old else 0)
-            self.files[key] = (st.st_size, st.st_mtime_ns, groups, cost)
+            self.files[str(path)] = (size, mtime_ns, groups, cost)
             while self.used > self.budget and len(self.files) > 1:
                 self.used -= self.files.popitem(last=False)[1][3]
-        return groups
 
     def clear(self) -> None:
         with self.lock:
             self.files.clear()
             self.used = 0
+        with _LOADED_LOCK:
+            _LOADED.clear()
 
 
 KEPT = _Kept(CACHE_BYTES)
@@ -179,13 +201,109 @@ KEPT = _Kept(CACHE_BYTES)
 
 def files_holding(files: Iterable[Path], trace_ids: list[str]) -> list[Path]:
     """The files of which a row group may hold one of ``trace_ids``."""
+    return _holding(files, trace_ids)[0]
+
+
+def _holding(files: Iterable[Path], trace_ids: list[str]) -> tuple[list[Path], bool]:
+    """``files_holding``, and whether a file's filters were read from it (not kept)."""
     keys = [(t, trace_key(t)) for t in trace_ids]
-    picked = []
+    picked, read = [], False
     for f in files:
-        groups = KEPT.groups(f)
+        groups, now = KEPT.groups(f)
+        read |= now
         if groups is None or any(g.may_hold(t, k) for g in groups for t, k in keys):
             picked.append(f)
-    return picked
+    return picked, read
+
+
+KEPT_DIR = "trace_files"
+_KEPT_SCHEMA = pa.schema([("file", pa.string()), ("size", pa.int64()), ("mtime_ns", pa.int64()),
+                          ("group", pa.int32()), ("low", pa.string()), ("high", pa.string()), ("bits", pa.binary())])
+"""A row per row group (``group`` -1: the file has no ``trace_id`` column)."""
+_LOADED: dict[str, tuple[int, int]] = {}
+"""The kept file of each table last loaded (path -> size, mtime): loaded again only when it changes."""
+_LOADED_LOCK = threading.Lock()
+
+
+def kept_path(data: Path, table: str) -> Path:
+    """Where the filters of ``table``'s files are kept on disk."""
+    path: Path = state_dir(data) / KEPT_DIR / f"{table}.arrow"
+    return path
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def load(data: Path, table: str) -> None:
+    """Keep in memory the filters kept on disk for ``table`` (when that file changed since it was loaded)."""
+    path = kept_path(data, table)
+    stamp = _stamp(path)
+    with _LOADED_LOCK:
+        if stamp is None or _LOADED.get(str(path)) == stamp:
+            return
+        _LOADED[str(path)] = stamp
+    try:
+        with ipc.open_file(path) as reader:
+            rows = reader.read_all()
+        if not rows.schema.equals(_KEPT_SCHEMA):
+            raise ValueError(f"columns {rows.schema.names}")
+    except (OSError, ValueError, pa.ArrowException) as e:
+        logger.info("%s: not read (%s): the footers are read instead", path, e)
+        return
+    root = table_dir(data, table)
+    for (name, size, mtime), groups in _by_file(rows).items():
+        KEPT.keep(root / name, size, mtime, groups)
+
+
+def _by_file(rows: pa.Table) -> dict[tuple[str, int, int], tuple[Group, ...] | None]:
+    out: dict[tuple[str, int, int], list[Group] | None] = {}
+    columns = [rows.column(name).to_pylist() for name in _KEPT_SCHEMA.names]
+    for name, size, mtime, group, low, high, bits in zip(*columns, strict=True):
+        key = (name, size, mtime)
+        if group < 0:
+            out[key] = None
+            continue
+        whole = bits is not None and len(bits) > 0 and len(bits) % _BLOCK == 0
+        groups = out.setdefault(key, [])
+        if groups is not None:
+            groups.append(Group(low, high, bits if whole else None))
+    return {k: None if v is None else tuple(v) for k, v in out.items()}
+
+
+def save(data: Path, table: str, files: list[Path]) -> None:
+    """Keep on disk the filters in memory of ``files`` (``table``'s listing), replacing what was kept."""
+    root = table_dir(data, table)
+    rows: dict[str, list[object]] = {name: [] for name in _KEPT_SCHEMA.names}
+    for f in files:
+        st = _stamp(f)
+        kept = None if st is None else KEPT.kept(f, *st)
+        if st is None or kept is None:
+            continue
+        for g, group in enumerate(kept[0] or (None,)):
+            values = (str(f.relative_to(root)), *st, -1 if group is None else g, group and group.low,
+                      group and group.high, group and group.bits)
+            for name, value in zip(_KEPT_SCHEMA.names, values, strict=True):
+                rows[name].append(value)
+    path = kept_path(data, table)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with ipc.new_file(tmp, _KEPT_SCHEMA) as writer:
+            writer.write_table(pa.table(rows, schema=_KEPT_SCHEMA))
+        tmp.replace(path)
+    except OSError as e:  # a store this process may not write to (a read-only mount): nothing kept
+        tmp.unlink(missing_ok=True)
+        logger.info("%s not kept on disk: %s", path, e)
+        return
+    stamp = _stamp(path)
+    with _LOADED_LOCK:
+        if stamp is not None:
+            _LOADED[str(path)] = stamp
 
 
 def read_sql(files: list[Path]) -> str:
@@ -203,6 +321,9 @@ def sources(data: Path, tables: Iterable[str], trace_ids: list[str]) -> dict[str
     for t in tables:
         root = table_dir(data, t)
         files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
-        picked = files_holding(files, trace_ids)
+        load(data, t)
+        picked, read = _holding(files, trace_ids)
+        if read and (data / "tables").is_dir():
+            save(data, t, files)
         out[t] = read_sql(picked) if picked else None
     return out

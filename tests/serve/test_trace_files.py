@@ -1,6 +1,6 @@
 """#31 a trace's reads name only the files that may hold it (``serve.tracefiles``): the row groups' trace id
-filters never miss a trace's row, a rewritten file is read again, a vanished one plans the read again, and
-a filter not understood holds every trace."""
+filters never miss a trace's row, a rewritten file is read again, a vanished one plans the read again, a
+filter not understood holds every trace, and a server just started reads the filters kept on disk."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from tracedag.pipeline.serve import tracefiles
 from tracedag.pipeline.serve.data import Store
@@ -88,3 +89,64 @@ def test_a_trace_reads_the_same_with_the_filters_kept_or_not(serve_store: Path) 
     first = {t: store.trace_json(t) for t in ids}
     again = Store(serve_store)  # a new connection, the filters kept
     assert {t: again.trace_json(t) for t in ids} == first
+
+
+def _copy(serve_store: Path, tmp_path: Path) -> Path:
+    data = tmp_path / "store"
+    shutil.copytree(serve_store, data, ignore=shutil.ignore_patterns(tracefiles.KEPT_DIR))
+    return data
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    read: list[Path] = []
+    real = tracefiles.read_groups
+
+    def counting(path: Path) -> tuple[tracefiles.Group, ...] | None:
+        read.append(path)
+        return real(path)
+    monkeypatch.setattr(tracefiles, "read_groups", counting)
+    return read
+
+
+def test_a_server_just_started_reads_the_kept_filters_not_the_footers(serve_store: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _copy(serve_store, tmp_path)
+    read = _reads(monkeypatch)
+    ids = sorted(Store(data).trace_ids())[:3]
+    tracefiles.KEPT.clear()
+    first = {t: Store(data).trace_json(t) for t in ids}
+    tables = ("spans", "dag_nodes", "dag_edges", "step_scores")
+    assert {p for p in read} == {f for t in tables for f in parquet_files(data, t)}  # each footer read once
+    assert all(tracefiles.kept_path(data, t).is_file() for t in tables)
+    read.clear()
+    tracefiles.KEPT.clear()  # a server just started
+    assert {t: Store(data).trace_json(t) for t in ids} == first
+    assert read == []
+    spans = parquet_files(data, "spans")[0]  # rewritten (same rows): its kept filters no longer count
+    write_atomic(pq.read_table(spans), spans)
+    tracefiles.KEPT.clear()
+    assert Store(data).trace_json(ids[0]) == first[ids[0]]
+    assert read == [spans]
+
+
+def test_a_kept_file_not_readable_or_not_writable_is_passed_by(serve_store: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _copy(serve_store, tmp_path)
+    ids = sorted(Store(data).trace_ids())[:2]
+    want = {t: Store(data).trace_json(t) for t in ids}
+    kept = tracefiles.kept_path(data, "spans")
+    kept.write_bytes(b"not an arrow file")
+    tracefiles.KEPT.clear()
+    read = _reads(monkeypatch)
+    assert {t: Store(data).trace_json(t) for t in ids} == want
+    assert set(parquet_files(data, "spans")) <= set(read)
+    assert kept.read_bytes() != b"not an arrow file"  # written again
+    for t in ("spans", "dag_nodes", "dag_edges", "step_scores"):
+        tracefiles.kept_path(data, t).unlink()
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied (a read-only mount)")
+    monkeypatch.setattr(tracefiles.ipc, "new_file", refused)
+    tracefiles.KEPT.clear()
+    assert {t: Store(data).trace_json(t) for t in ids} == want
+    assert not kept.exists() and not list(kept.parent.iterdir())
