@@ -16,6 +16,7 @@ import logging
 import re
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -49,20 +50,53 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     if not state.usable or not state.stale:
         return None
     one, whole = materialized.scope_flags(values)
-    if _SCOPED.get(con) != state.stale or not (one or whole):  # a time window's read calls trace_window
+    threshold = _failure_threshold(name, values)
+    held = _SCOPED.get(con)
+    if held is None or not held.serves(state.stale, threshold) or not (one or whole):  # a time window's read calls trace_window
         unrestrict(con, data)
         con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
     stored = _stored(con, data, name, values)
     if con not in _SCOPED:
-        _restrict(con, data, len(state.stale))
-        _SCOPED[con] = state.stale
+        _SCOPED[con] = _Held(state.stale, threshold, _restrict(con, data, state.stale, threshold))
     computed = arrow(con, sql, values or None)  # planned once
-    logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet",
-                name, stored.num_rows, computed.num_rows, len(state.stale))
+    logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet (%d read)",
+                name, stored.num_rows, computed.num_rows, len(state.stale), len(_SCOPED[con].traces))
     return ordered(name, stored, computed)
 
 
-_SCOPED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, tuple[str, ...]] = weakref.WeakKeyDictionary()
+FAILURE_ROWS = frozenset({"failures", "propagation", "root_causes"})
+"""The stored queries whose every row is about a failed step (``failure_steps``: a step whose score, from its
+``step_scores`` rows with a score <= ``$fail_threshold`` or from a human, is <= ``$fail_threshold``), per trace, step
+or conversation: a conversation none of whose traces has a ``step_scores`` row with a score <= ``$fail_threshold``
+(of any build) has no row. ``read`` computes them over the conversations that have one only: a live poll's
+traces not stored yet are mostly traces that passed or are not scored yet (a round between its build and its
+score), and their rows are none."""
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What ``read`` restricted a connection's refined views to: the traces not stored yet (``stale``), and
+    ``traces``, those of them the views hold: every one, or (``threshold`` not None) only the conversations
+    with a failing score row (``FAILURE_ROWS``)."""
+
+    stale: tuple[str, ...]
+    threshold: float | None
+    traces: tuple[str, ...]
+
+    def serves(self, stale: tuple[str, ...], threshold: float | None) -> bool:
+        """Whether a query over ``stale`` (``threshold``: one of ``FAILURE_ROWS``) reads these views as they are."""
+        return self.stale == stale and self.threshold in (None, threshold)
+
+
+def _failure_threshold(name: str, values: dict[str, object]) -> float | None:
+    """``$fail_threshold`` of a query of ``FAILURE_ROWS`` (None: another query, or no number)."""
+    threshold = values.get("fail_threshold")
+    if name not in FAILURE_ROWS or isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        return None
+    return float(threshold)
+
+
+_SCOPED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, _Held] = weakref.WeakKeyDictionary()
 """The traces each connection's refined views were restricted to by ``read`` (until ``unrestrict``)."""
 
 
@@ -75,7 +109,8 @@ def unrestrict(con: duckdb.DuckDBPyConnection, data: Path) -> None:
 def covers(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
     """Whether ``con``'s refined views hold ``trace_id``'s whole conversation (``read`` or ``restrict_to_conversation``
     restricted them to it): a named query narrowed to that trace gives the rows it gives over every trace."""
-    scope = _SCOPED.get(con, ())
+    held = _SCOPED.get(con)
+    scope = () if held is None else held.traces
     i = bisect.bisect_left(scope, trace_id)
     return i < len(scope) and scope[i] == trace_id
 
@@ -99,9 +134,7 @@ def restrict_to_conversation(con: duckdb.DuckDBPyConnection, data: Path, trace_i
     found = con.sql(_CONVERSATION_SQL, params={"t": trace_id}).fetchall()
     scope = tuple(str(t) for (t,) in found)
     unrestrict(con, data)
-    con.register(SCOPE, pa.table({"trace_id": pa.array(scope, pa.string())}))
-    _restrict(con, data, len(scope))
-    _SCOPED[con] = scope
+    _SCOPED[con] = _Held(scope, None, _restrict(con, data, scope, None))
 
 
 COPY_TRACES = 5_000
@@ -148,20 +181,48 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _restrict(con: duckdb.DuckDBPyConnection, data: Path, traces: int) -> None:
-    """Make ``con``'s refined views hold only the traces of ``SCOPE`` (as ``views.restrict_traces``) from the files
-    that hold them (``narrowed``), those of the tables sorted by trace id a copy of their rows when they are few
-    (``COPY_TRACES``)."""
+def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...], threshold: float | None) -> tuple[
+        str, ...]:
+    """Make ``con``'s refined views hold only the traces of ``scope`` (sorted; as ``views.restrict_traces``), or with
+    a ``threshold`` only its conversations with a failing score row (``FAILURE_ROWS``), from the files that hold
+    them (``narrowed``), those of the tables sorted by trace id a copy of their rows when they are few
+    (``COPY_TRACES``). Returns the traces held, sorted."""
     forget_views(con)  # the next refresh_views makes them all again
-    sources = narrowed(con, data, SCOPE)
+    con.register(HELD, pa.table({"trace_id": pa.array(scope, pa.string())}))
+    sources = narrowed(con, data, HELD)  # the files of ``scope``: those of any part of it too
+    if threshold is not None:
+        found = arrow(con, _FAILING_SQL.format(traces=sources["traces"], scores=sources["step_scores"]),
+                      {"threshold": threshold}).column("trace_id")
+        scope = tuple(str(t) for t in found.to_pylist())
+        con.register(HELD, pa.table({"trace_id": pa.array(scope, pa.string())}))
     for table, body in _LATEST.items():  # ``traces`` before the views that join it
         refined = re.sub(rf"\bfrom {table}_all\b", f"from {sources[table]}", body, count=1)
         assert refined != body, table
-        if table in _COPIED and traces <= COPY_TRACES:
+        if table in _COPIED and len(scope) <= COPY_TRACES:
             copy = f"{SCOPE}_{table}"
             con.execute(f"create or replace temp table {copy} as {refined}")
             refined = f"select * from {copy}"
         con.execute(f"create or replace view {table} as {refined}")
+    return scope
+
+
+HELD = f"{SCOPE}_held"
+"""The traces ``_restrict`` makes the refined views hold (``SCOPE``: those not stored yet, whose stored rows are
+left out)."""
+
+# The traces of the conversations (by each trace's latest build, as ``materialized.freshness`` groups them) with a
+# step_scores row of any build whose score is <= $threshold, from the rows of the traces ``HELD`` lists.
+_FAILING_SQL = """
+with latest as (
+    select trace_id, arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
+    from {traces} group by trace_id
+)
+select trace_id from latest
+where conversation_key in (
+    select conversation_key from latest
+    where trace_id in (select trace_id from {scores} where score is not null and score <= $threshold))
+order by trace_id
+"""
 
 
 def _stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object]) -> pa.Table:
