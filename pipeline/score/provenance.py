@@ -34,6 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,21 +217,32 @@ def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_fro
     build older than this one (``""``: unknown). The failed steps and their inputs are read from the files' row
     groups of those builds and arrivals (the others are skipped on their statistics).
     """
-    con.register("__prov_scope", trace_ids)
-    # only a step with a value worth tracing needs its conversation's texts read
-    bounds = {"received_from": received_from, "from_build": from_build}
-    consumers = [c for c in arrow(con, _CONSUMERS_SQL, bounds).to_pylist() if argument_values(c["input_text"])]
+    with _registered(con, "__prov_scope", trace_ids):
+        # only a step with a value worth tracing needs its conversation's texts read
+        bounds = {"received_from": received_from, "from_build": from_build}
+        consumers = [c for c in arrow(con, _CONSUMERS_SQL, bounds).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
-        con.register("__prov_convs", pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())}))
+        convs = pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())})
         sources: dict[str, list[Source]] = {}
-        for r in arrow(con, _SOURCES_SQL).to_pylist():
-            sources.setdefault(r["conv"], []).append(
-                Source(r["trace_id"], r["trace_start"] or 0, r["span_id"], r["data_from"], r["text"], r["at_ns"] or 0))
+        with _registered(con, "__prov_convs", convs):
+            for r in arrow(con, _SOURCES_SQL).to_pylist():
+                sources.setdefault(r["conv"], []).append(Source(r["trace_id"], r["trace_start"] or 0, r["span_id"],
+                                                                r["data_from"], r["text"], r["at_ns"] or 0))
         for c in consumers:
             rows += _edges_of(c, sorted(sources.get(c["conv"], []), key=lambda s: (s.trace_start, s.trace_id, s.at_ns,
                                                                                  s.data_from != "user", s.span_id)))
     return pa.Table.from_pylist(rows, schema=DAG_EDGES_V1)
+
+
+@contextmanager
+def _registered(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[None]:
+    """``table`` queryable as ``name`` on ``con`` meanwhile (a connection kept for the next round keeps nothing)."""
+    con.register(name, table)
+    try:
+        yield
+    finally:
+        con.unregister(name)
 
 
 def _edges_of(c: dict[str, Any], sources: list[Source]) -> list[dict[str, Any]]:
@@ -268,7 +281,8 @@ def write_data_edges(data: Path, con: duckdb.DuckDBPyConnection, trace_ids: pa.T
     edges = data_edges(con, trace_ids, received_from, from_build)
     if edges.num_rows == 0:
         return 0
-    stored = {tuple(r.values()) for r in arrow(con, _STORED_SQL).to_pylist()}
+    with _registered(con, "__prov_scope", trace_ids):
+        stored = {tuple(r.values()) for r in arrow(con, _STORED_SQL).to_pylist()}
     keep = [r for r in edges.to_pylist()
             if (r["trace_id"], r["build_id"], r["src_span_id"], r["dst_span_id"], r["data_arg"]) not in stored]
     if not keep:

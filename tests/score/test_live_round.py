@@ -63,3 +63,37 @@ def test_a_round_also_scores_the_builds_an_earlier_round_left(first_round, tmp_p
     stats = score_store(data, live=_live(third))  # the hint covers the third build only
     assert stats.builds == left.traces_built + third.traces_built
     assert q(data, "select count(*) from dag_nodes n anti join step_scores s using (trace_id, span_id)") == [(0,)]
+
+
+def test_rounds_that_store_nothing_share_one_connection(first_round, tmp_path, monkeypatch):
+    """Live rounds that leave the named queries' results to the store's thread score on one kept connection, its
+    views following the files each round wrote (same rows as a full scoring), with nothing of a round left on it;
+    a round that fails closes it, and the next connects again."""
+    from tracedag.pipeline.score import runner
+
+    live, whole = _copy(first_round, tmp_path / "live"), tmp_path / "whole"
+    _add(whole, 1)
+    kept = []
+    for seed in (2, 3):
+        built = _add(live, seed)
+        _add(whole, seed)
+        stats = score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
+        assert stats.builds == built.traces_built and stats.materialized is None
+        assert runner._kept is not None and runner._kept[1] == live
+        kept.append(runner._kept[2])
+        assert kept[-1].execute("select view_name from duckdb_views() where temporary and not internal").fetchall() == []
+    assert kept[0] is kept[1]
+    score_store(whole)
+    assert q(live, SCORES) == q(whole, SCORES)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a rule pass that fails")
+
+    built = _add(live, 4)
+    with monkeypatch.context() as m:
+        m.setattr(runner, "score_rules", fail)
+        with pytest.raises(RuntimeError):
+            score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
+    assert runner._kept is None
+    score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
+    assert runner._kept is not None and runner._kept[2] is not kept[0]
