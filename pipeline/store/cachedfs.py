@@ -3,8 +3,9 @@
 DuckDB asks a registered fsspec filesystem to ``glob`` each file of a ``read_parquet`` list, then opens it
 several times (binding, then each thread); s3fs answers each with HEAD requests and ranged GETs. Here the
 ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds; a
-connection's views list every directory of the store at once, ``list_ahead``), and its bytes from
-``tracedag.pipeline.store.objcache``: after the first read, a query sends the store listings only.
+connection's views list every directory of the store at once, ``list_ahead``, and DuckDB's opens of their files
+take the entries the views were made from, ``hold``), and its bytes from ``tracedag.pipeline.store.objcache``:
+after the first read, a query sends the store listings only.
 
 A view made inside ``cachereads.native_reads(con)`` names the complete local copy of each object that has one
 (``cachereads.local_copies``), pinned until ``con`` is gone: DuckDB reads it as a local file, without this
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,7 +25,12 @@ from fsspec import AbstractFileSystem
 from tracedag.pipeline.store.objcache import Entry, Fetch, ObjectCache, configured
 
 LISTING_TTL = 1.0
-"""Seconds a directory listing (ETags and sizes) is reused: a store wiped and written again is seen after this."""
+"""Seconds a directory listing (ETags and sizes) is reused: a store wiped and written again is seen after this by
+the views made then (a connection made before reads the versions its views listed, ``HOLD_SECONDS`` at most)."""
+
+HOLD_SECONDS = 60.0
+"""Seconds the entries a connection's views were made from answer DuckDB's opens of their files (``hold``): a
+long query's opens list nothing again; a connection that old lists the store again, as a new one does."""
 
 LIST_WAIT = 120.0
 """Seconds a lookup waits for another thread's LIST of the same folder (then it lists the folder itself)."""
@@ -52,6 +59,8 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         self.ttl = ttl
         self._listings: dict[str, tuple[float, dict[str, Entry]]] = {}
         self._busy: dict[str, threading.Event] = {}  # folders being listed now, set when done
+        self._held: dict[str, tuple[Entry, float, int]] = {}  # objects views name: (entry, when, connections)
+        self._owners: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         for name in _DELEGATED:
             setattr(self, name, _delegate(self, name))
@@ -66,10 +75,49 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         return _strip(cls.protocol, path)
 
     def entry(self, path: str) -> Entry | None:
-        """The object at ``path`` as the store lists it now (None: not an object there)."""
+        """The object at ``path`` as a live connection's views listed it within ``HOLD_SECONDS`` (``hold``), else as
+        the store lists it now (None: not an object there). DuckDB opens a view's files as a query reaches them,
+        seconds after the view was made in a long query: each would list its folder again once the listing is
+        ``ttl`` old."""
         key = self._strip_protocol(path)
-        parent = key.rpartition("/")[0]
-        return self._listing(parent).get(key)
+        held = self._held.get(key)
+        if held is not None and time.monotonic() - held[1] < HOLD_SECONDS:
+            return held[0]
+        return self.listed(key)
+
+    def listed(self, path: str) -> Entry | None:
+        """The object at ``path`` as the store lists it now (within ``ttl``), whatever views hold."""
+        key = self._strip_protocol(path)
+        return self._listing(key.rpartition("/")[0]).get(key)
+
+    def hold(self, owner: object, entries: list[Entry]) -> None:
+        """Answer ``entry`` of these objects with these entries (the versions ``owner``'s views were made from, listed
+        just now) until ``owner``, a connection, is gone, for at most ``HOLD_SECONDS``; views made later (by any
+        connection) hold the entries they listed instead."""
+        if not entries:
+            return
+        now = time.monotonic()
+        with self._lock:
+            keys = self._owners.get(owner)
+            if keys is None:
+                keys = self._owners[owner] = set()
+                weakref.finalize(owner, self._release, keys)
+            for found in entries:
+                count = self._held.get(found.path, (found, now, 0))[2]
+                if found.path not in keys:
+                    keys.add(found.path)
+                    count += 1
+                self._held[found.path] = (found, now, count)
+
+    def _release(self, keys: set[str]) -> None:
+        """``hold``'s entries of a connection that is gone: dropped when no other connection holds them."""
+        with self._lock:
+            for key in keys:
+                held = self._held.get(key)
+                if held is not None and held[2] > 1:
+                    self._held[key] = (held[0], held[1], held[2] - 1)
+                elif held is not None:
+                    del self._held[key]
 
     def _listing(self, parent: str) -> dict[str, Entry]:
         """``parent``'s objects as listed within ``ttl`` seconds, else listed now: outside the lock, so that

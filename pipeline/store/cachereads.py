@@ -4,7 +4,8 @@
 listed object that the cache holds complete by its copy's path instead of its URL (``read_parquet`` takes
 a list mixing both), and pins the copy until the connection is gone, so DuckDB reads it as a local file,
 with no Python call per read. ``pinned_copies(con)`` lists them: a locked-down connection
-(``sandbox.lock_down``) must allow exactly those files.
+(``sandbox.lock_down``) must allow exactly those files. The objects it names by URL are looked up in a listing
+made now, and DuckDB's opens of them take those entries while ``con`` lives (``CachedFileSystem.hold``).
 """
 
 from __future__ import annotations
@@ -63,13 +64,17 @@ def local_copies(data: Path, uris: list[str]) -> list[str]:
     fs.list_ahead(store_uris(remote))  # every folder at once, on the first view; fresh listings after it
     out: list[str] = []
     pinned: list[str] = []
+    held = []
     for uri in uris:
-        found = fs.entry(uri) if "://" in uri else None
+        found = fs.listed(uri) if "://" in uri else None
         path = fs.cache.pin(found) if found is not None else None
         out.append(uri if path is None else str(path))
         if path is not None:
             pinned.append(str(path))
+        elif found is not None:
+            held.append(found)
     fs.cache.pins.tie(con, pinned)
+    fs.hold(con, held)  # DuckDB's opens of these, later in a long query, take the versions listed now
     fs.fetch_ahead([u for u, o in zip(uris, out, strict=True) if u is o and "://" in u])
     if pinned:
         _PINNED.setdefault(con, []).extend(pinned)
