@@ -160,8 +160,11 @@ class S3Server:
     def filesystem(self):  # s3fs.S3FileSystem
         import s3fs
 
+        from tracedag.pipeline.store.remote import shared_tls_session  # one TLS context a process
+
+        session = shared_tls_session()
         return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True,
-                                 use_listings_cache=False)
+                                 use_listings_cache=False, config_kwargs={"http_session_cls": session} if session else {})
 
 
 def agent_runs_dump(path: Path, traces: int) -> Path:
