@@ -185,7 +185,9 @@ class Store:
         return self._on_connection(state, read)
 
     def warm(self) -> None:
-        """Compute the whole-store results the list, a trace and /metrics read (once per build state)."""
+        """Compute the whole-store results the list, a trace and /metrics read (once per build state), after the
+        row group filters of the files a trace's parts read (``tracefiles.prime``: a file's are read once)."""
+        tracefiles.prime(self.data, PART_TABLES)
         for name in ("trace_summary", "propagation", "root_causes"):
             self.named(name, {}, None)
 
@@ -269,7 +271,7 @@ class Store:
             latest = cur.sql(_LATEST_SQL, params={"t": trace_ids}).fetchall()
             values = {"t": trace_ids, "lt": [r[0] for r in latest], "lb": [r[1] for r in latest]}
             # only the files that may hold the traces (listed again when a read is planned again)
-            sources = tracefiles.sources(self.data, {table for table, _ in _TRACE_SQL.values()}, trace_ids)
+            sources = tracefiles.sources(self.data, PART_TABLES, trace_ids)
             parts = {name: _part(cur, sql, sources[table], values) for name, (table, sql) in _TRACE_SQL.items()}
             scored(parts["nodes"], parts["scores"])
             return parts
@@ -388,3 +390,5 @@ _TRACE_SQL = {
 }
 """Each part of a trace document: the table it reads and its SQL over ``{source}`` (``tracefiles.sources``: the
 files of the table that may hold the traces, or an object store's raw view)."""
+PART_TABLES = tuple(dict.fromkeys(table for table, _ in _TRACE_SQL.values()))
+"""The tables a trace's parts read."""

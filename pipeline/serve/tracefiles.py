@@ -306,6 +306,16 @@ def save(data: Path, table: str, files: list[Path]) -> None:
             _LOADED[str(path)] = stamp
 
 
+def prime(data: Path, tables: Iterable[str]) -> None:
+    """Read (and keep on disk) the filters of every file of ``tables`` not kept yet: a server's warm-up, so that
+    its first trace view does not read them. A file removed meanwhile (a compaction swap) leaves the rest to the
+    first read."""
+    try:
+        sources(data, tables, [])
+    except OSError as e:
+        logger.info("row group filters not all read ahead: %s", e)
+
+
 def read_sql(files: list[Path]) -> str:
     """``read_parquet`` of ``files`` as the tables' raw views read them (by position, no hive columns)."""
     names = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)

@@ -150,3 +150,19 @@ def test_a_kept_file_not_readable_or_not_writable_is_passed_by(serve_store: Path
     tracefiles.KEPT.clear()
     assert {t: Store(data).trace_json(t) for t in ids} == want
     assert not kept.exists() and not list(kept.parent.iterdir())
+
+
+def test_the_warm_up_reads_the_filters_before_a_trace_is_asked(serve_store: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _copy(serve_store, tmp_path)
+    tracefiles.KEPT.clear()
+    Store(data).warm()
+    assert all(tracefiles.kept_path(data, t).is_file() for t in ("spans", "dag_nodes", "dag_edges", "step_scores"))
+    read = _reads(monkeypatch)
+    store = Store(data)
+    tid = sorted(store.trace_ids())[0]
+    store.trace_json(tid)
+    assert read == []
+    tracefiles.KEPT.clear()  # restarted: the warm-up reads the kept filters, no footer
+    Store(data).warm()
+    assert read == []
