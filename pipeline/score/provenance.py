@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.score.scan import recent_spans
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect, refresh_views
@@ -124,6 +125,7 @@ def appears(value: str, text: str) -> bool:
 # views pick the latest build of every trace in the store before any filter applies). ``$from_build``: no
 # trace in scope has a latest build older (build ids sort by build time), ``$received_from``: no span of
 # theirs arrived earlier; the files' row groups of older builds and arrivals are skipped on their statistics.
+# ``__spans__``: the raw spans relation (``scan.recent_spans``: the spans files holding any from that arrival).
 _CONSUMERS_SQL = f"""
 with latest as materialized (
     select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
@@ -147,7 +149,7 @@ tools as materialized (
       and cast(n.step_type as varchar) = 'tool'
 ),
 inputs as (
-    select s.trace_id, s.span_id, any_value(s.input_text) as input_text from spans_all s
+    select s.trace_id, s.span_id, any_value(s.input_text) as input_text from __spans__ s
     semi join tools k on k.trace_id = s.trace_id and k.span_id = s.span_id
     where s.trace_id in (select trace_id from tools) and s.received_unix_nano >= $received_from
     group by all
@@ -220,7 +222,8 @@ def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_fro
     with _registered(con, "__prov_scope", trace_ids):
         # only a step with a value worth tracing needs its conversation's texts read
         bounds = {"received_from": received_from, "from_build": from_build}
-        consumers = [c for c in arrow(con, _CONSUMERS_SQL, bounds).to_pylist() if argument_values(c["input_text"])]
+        sql = _CONSUMERS_SQL.replace("__spans__", recent_spans(con, received_from))
+        consumers = [c for c in arrow(con, sql, bounds).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
         convs = pa.table({"conv": pa.array(sorted({c["conv"] for c in consumers}), pa.string())})

@@ -40,6 +40,9 @@ from tracedag.pipeline.score.inputs import (
     tool_schema,
 )
 from tracedag.pipeline.score.rules.table import RESULT_KEY_HINTS
+from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.views import data_of, read_list_sql
 
 _NO_RESULT_HINT = " and ".join(f"not contains(result_text, '{h}')" for h in RESULT_KEY_HINTS)
 
@@ -63,11 +66,12 @@ _SCAN_COLUMNS = facts_columns("cast(null as varchar)")
 # steps those that may hold the tool calls of the output (toolschema.emitted_calls).
 _CALLS = f"case when n.step_type = 'llm' then {CALL_ENTRIES_SQL} end"
 
+# ``__spans__``: the raw spans relation (``recent_spans``).
 SCAN_SQL = f"""
 with nodes as (  -- pending holds latest builds: their nodes, without the dag_nodes view's own pick
     select n.* from dag_nodes_all n semi join pending p on p.trace_id = n.trace_id and p.build_id = n.build_id
 ), traced as (  -- no rule reads conversation_id: the raw spans, from the earliest arrival that can matter
-    select s.* from spans_all s semi join pending p on p.trace_id = s.trace_id
+    select s.* from __spans__ s semi join pending p on p.trace_id = s.trace_id
     where s.received_unix_nano >= $received_from
 ), facts as (
     select {_SCAN_COLUMNS}, s.trace_id as span_trace_id, {DEFINITION_ENTRIES_SQL} as definitions, {_CALLS} as calls
@@ -101,7 +105,8 @@ def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations:
     con.register("pending", pending)
     try:
         params = {"max_iterations": max_iterations, "received_from": received_from}
-        table = con.sql(SCAN_SQL, params=params).to_arrow_table()  # a large result: fetch.arrow would copy it
+        sql = SCAN_SQL.replace("__spans__", recent_spans(con, received_from))
+        table = con.sql(sql, params=params).to_arrow_table()  # a large result: fetch.arrow would copy it
     finally:
         con.unregister("pending")
     defs = definitions_from(_entries(table, ["span_trace_id", "definitions"]))
@@ -110,6 +115,21 @@ def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations:
     if steps.column("span_id").null_count:  # spans of the traces that are not steps (yet)
         steps = steps.filter(pc.is_valid(steps.column("span_id")))
     return Scan(steps, defs, calls)
+
+
+def recent_spans(con: duckdb.DuckDBPyConnection, received_from: int) -> str:
+    """The relation a read of the spans that arrived from ``received_from`` on takes: the spans files of ``con``'s
+    store holding any (``dag.chunks.arrived_since``, per their footers, read once per file version), listed now;
+    ``spans_all`` (every file, each opened to be skipped on its statistics) without a bound, in an object store
+    (whose view keeps one row per span across writers), or when no file is left. The same rows either way."""
+    data = data_of(con) if received_from > 0 else None
+    if data is None or remote_of(data) is not None:
+        return "spans_all"
+    # here: it imports polars, which a live round has and ``tracedag score`` need not
+    from tracedag.pipeline.dag.chunks import arrived_since
+
+    files = arrived_since(parquet_files(data, "spans"), received_from)
+    return f"(select * from {read_list_sql(data, files)})" if files else "spans_all"
 
 
 def _in_traces(table: pa.Table, defs: Definitions) -> pa.Table:
@@ -131,7 +151,7 @@ def _entries(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
 
 # The input texts of some steps, by (trace_id, span_id) in ``wanted``.
 INPUT_TEXTS_SQL = """
-select s.trace_id, s.span_id, s.input_text from spans_all s
+select s.trace_id, s.span_id, s.input_text from __spans__ s
 semi join wanted w on w.trace_id = s.trace_id and w.span_id = s.span_id
 where s.received_unix_nano >= $received_from
 """
@@ -150,7 +170,8 @@ def with_input_texts(con: duckdb.DuckDBPyConnection, steps: pa.Table, defs: Defi
     keys = steps.select(["trace_id", "span_id"]).filter(pa.array(wanted))
     con.register("wanted", keys)
     try:
-        texts = {(t, s): x for t, s, x in con.execute(INPUT_TEXTS_SQL, {"received_from": received_from}).fetchall()}
+        sql = INPUT_TEXTS_SQL.replace("__spans__", recent_spans(con, received_from))
+        texts = {(t, s): x for t, s, x in con.execute(sql, {"received_from": received_from}).fetchall()}
     finally:
         con.unregister("wanted")
     pairs = zip(steps.column("trace_id").to_pylist(), steps.column("span_id").to_pylist(), wanted, strict=True)

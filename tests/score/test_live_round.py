@@ -97,3 +97,30 @@ def test_rounds_that_store_nothing_share_one_connection(first_round, tmp_path, m
     assert runner._kept is None
     score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
     assert runner._kept is not None and runner._kept[2] is not kept[0]
+
+
+def test_a_round_reads_the_spans_files_of_its_arrivals(first_round, tmp_path, monkeypatch):
+    """A live round's scan reads the spans files holding arrivals since its build's earliest (per their footers), not
+    every file, and scans the same facts as over every file."""
+    from tracedag.pipeline.score import inputs, scan
+    from tracedag.pipeline.store.files import parquet_files
+    from tracedag.pipeline.store.views import connect
+
+    data = _copy(first_round, tmp_path / "data")
+    built = _add(data, 2)
+    con = connect(data, shared_macros=False)
+    try:
+        relation = scan.recent_spans(con, built.received_from)
+        assert 0 < relation.count(".parquet'") < len(parquet_files(data, "spans"))
+        assert scan.recent_spans(con, 0) == "spans_all"
+        assert scan.recent_spans(con, 2**62) == "spans_all"  # no file left
+        pending = inputs.pending_rule_builds(con)
+        assert pending.num_rows == built.traces_built
+        narrowed = scan.read_scan(con, pending, None, built.received_from)
+        monkeypatch.setattr(scan, "recent_spans", lambda con, received_from: "spans_all")
+        every = scan.read_scan(con, pending, None, built.received_from)
+    finally:
+        con.close()
+    order = [("trace_id", "ascending"), ("span_id", "ascending")]
+    assert narrowed.facts.sort_by(order).equals(every.facts.sort_by(order)) and narrowed.facts.num_rows > 500
+    assert narrowed.defs == every.defs and narrowed.calls == every.calls
