@@ -192,12 +192,13 @@ def files_as_written_now(src: Path, dst: Path) -> Path:
 
 READS = {"show first view": "show", "serve first view (/view, warm)": "view",
          "serve /api/traces/{id}, cold": "cold", "/api/traces/{id}, server just started": "fresh",
+         "/api/traces/{id}, first start": "first",
          "unknown id": "unknown", "/metrics cold": "metrics",
          "/metrics, server restarted": "metrics_kept", "live poll (root_causes)": "poll",
          "live poll, first after a round": "poll_first"}
 
 
-OTHER_TRACE = {"cold": 1, "fresh": 2}
+OTHER_TRACE = {"cold": 1, "fresh": 2, "first": 3}
 """The reads of a trace not read before in the run (each: another of the run's traces): the others read one."""
 
 
@@ -213,7 +214,7 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None,
     ids = [str(r[0]) for r in con.execute("select trace_id from traces order by trace_id").fetchall()]
     spans = con.execute("select count(*) from spans").fetchall()[0][0]
     con.close()
-    picked = random.Random(31).sample(ids, runs * 3)
+    picked = random.Random(31).sample(ids, runs * 4)
     with tempfile.TemporaryDirectory(prefix="bench-byid-") as tmp:
         shims = {k: None if c is None else _shim(c, Path(tmp) / k) for k, c in (("before", before), ("after", after))}
         children = {k: _Child(stores[k], shim) for k, shim in shims.items()}
@@ -223,7 +224,7 @@ def before_after(data: Path, before: Path, runs: int, after: Path | None = None,
                 order = list(children) if run % 2 == 0 else list(reversed(children))
                 for label in order:
                     for read, command in reads.items():
-                        tid = picked[3 * run + OTHER_TRACE.get(command, 0)]
+                        tid = picked[4 * run + OTHER_TRACE.get(command, 0)]
                         times[label][read].append(children[label].ask(f"{command} {tid}"))
         finally:
             for c in children.values():
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", type=Path, default=None, help="with --before: the checkout to time (default: this one)")
     ap.add_argument("--runs", type=int, default=5, help="runs of each read (--before)")
     ap.add_argument("--reads", default="", help="--before: only these child commands, comma-separated (show,view,"
-                    "cold,fresh,unknown,metrics,metrics_kept,poll,poll_first; default: all)")
+                    "cold,fresh,first,unknown,metrics,metrics_kept,poll,poll_first; default: all)")
     ap.add_argument("--same-store", action="store_true", help="--before: the code of now reads --data too (not a "
                     "copy with its files as written now): the ratios are the code's alone")
     args = ap.parse_args(argv)

@@ -13,7 +13,9 @@ seconds of its process (every DuckDB thread: on a loaded machine the wall time i
   freshness not remembered), in this process, which read other traces before: what it keeps across Stores
   (``serve.tracefiles``' row group filters of the files it read, since #31) is kept, as by a server whose
   build state changed (a new connection);
-- ``fresh ID``: the same in a server just started: those filters forgotten too;
+- ``fresh ID``: the same in a server just started: those filters forgotten too (read from the store's
+  ``state/trace_files``, which an earlier server or this one's warm-up kept);
+- ``first ID``: the same with none kept on disk either (the first start on a store, before its warm-up read them);
 - ``unknown``: an unknown id on the warm Store (404);
 - ``metrics``: ``/metrics`` on a Store just opened (nothing cached; ``materialized``'s per-process
   freshness answers forgotten too; the text a previous server kept on disk removed: a new build state);
@@ -57,13 +59,16 @@ def _forget_freshness() -> None:
     current_rounds._LAST.clear()
 
 
-def _forget_files() -> None:
-    """Forget the row group filters this process read (``serve.tracefiles``; a tracedag before it has none)."""
+def _forget_files(data: Path, on_disk: bool = False) -> None:
+    """Forget the row group filters this process read (``serve.tracefiles``; a tracedag before it has none), and
+    with ``on_disk`` those kept in the store."""
     try:
         from tracedag.pipeline.serve import tracefiles
     except ImportError:
         return
     tracefiles.KEPT.clear()
+    if on_disk:
+        shutil.rmtree(data / "state" / tracefiles.KEPT_DIR, ignore_errors=True)
 
 
 def main() -> int:
@@ -92,10 +97,10 @@ def main() -> int:
         _forget_freshness()  # as a `tracedag show` process: the freshness check is paid (the metrics reads
         return _seconds(lambda: load_shown(data, tid))  # before it left it remembered or not)
 
-    def cold(tid: str, fresh: bool = False) -> Timed:
+    def cold(tid: str, fresh: bool = False, first: bool = False) -> Timed:
         _forget_freshness()  # a server just started
-        if fresh:
-            _forget_files()
+        if fresh or first:
+            _forget_files(data, on_disk=first)
         store = Store(data)
         store.trace_ids()
         return _seconds(lambda: store.trace_json(tid))
@@ -123,6 +128,7 @@ def main() -> int:
         "view": lambda tid: _seconds(lambda: traces_api.trace_view(warm, tid)),
         "cold": cold,
         "fresh": lambda tid: cold(tid, fresh=True),
+        "first": lambda tid: cold(tid, first=True),
         "unknown": lambda _: _seconds(unknown),
         "metrics": lambda _: metrics(False),
         "metrics_kept": lambda _: metrics(True),
