@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.collector import faults
+from tracedag.pipeline.dag.kept import drop, plan_connection
 from tracedag.pipeline.dag.siblings import DEFAULT_TOLERANCE_NS, arrow
 from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.dag.window import (
@@ -48,7 +49,7 @@ from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
-from tracedag.pipeline.store.views import connect, read_list_sql
+from tracedag.pipeline.store.views import read_list_sql
 from tracedag.schemas.fsio import file_lock
 from tracedag.schemas.layout import BUILD_LOCK, build_state_file, build_tmp_dir, state_file, table_dir
 
@@ -326,16 +327,15 @@ def build_store(
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
         window = None if full else load_window(data)
         clear_window(data)  # until this build is done: a crash in it makes the next plan a full one
-        with closing(connect(data, tables=["traces"])) as con:  # the plan reads traces_all only: no other view
-            con.execute("set enable_progress_bar = false")
+        with plan_connection(data) as con:  # the plan reads traces_all only: no other view (``dag.kept``)
             with stage("plan"):
                 grace = None if grace_seconds is None else int(grace_seconds * 1e9)
                 plan = plan_build(con, data, listing, window, now, int(idle_seconds * 1e9), full, chunk_spans, grace)
             # a full plan read every spans file, and DuckDB keeps its buffers while open: closed before the build;
-            # an incremental one read the new files only: kept for the collection (a new database is ~25 ms CPU)
+            # an incremental one read the new files only: kept for the collection and the next round's plan
             kept = con if plan.full_reason is None else None
             if kept is None:
-                con.close()
+                drop(con)
                 logger.info("full build plan: %s", plan.full_reason)
             _build(data, plan, stats, workflow, tolerance_ns, progress, engine)
             if (stats.traces_built and (gc is None or gc.enabled)) or compact:
