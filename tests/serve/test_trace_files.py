@@ -166,3 +166,9 @@ def test_the_warm_up_reads_the_filters_before_a_trace_is_asked(serve_store: Path
     tracefiles.KEPT.clear()  # restarted: the warm-up reads the kept filters, no footer
     Store(data).warm()
     assert read == []
+
+
+def test_many_traces_read_the_views(serve_store: Path) -> None:
+    ids = [f"{i:032x}" for i in range(tracefiles.MAX_PICKED + 1)]
+    assert tracefiles.sources(serve_store, ["spans"], ids) == {"spans": "spans_all"}
+    assert tracefiles.sources(serve_store, ["spans"], ids[:1])["spans"] != "spans_all"
