@@ -61,8 +61,8 @@ class Source:
         return flt
 
 
-_LAST_ARRIVAL: dict[tuple[str, int, int], int | None] = {}
-"""(path, size, mtime) -> the latest ``received_unix_nano`` of a spans file per its statistics (None: unknown)."""
+_MAXIMA: dict[tuple[str, int, int, str], int | str | None] = {}
+"""(path, size, mtime, column) -> the greatest value of the column in a file per its statistics (None: unknown)."""
 
 
 def arrived_since(files: list[Path], received_from: int | None) -> list[Path]:
@@ -70,46 +70,52 @@ def arrived_since(files: list[Path], received_from: int | None) -> list[Path]:
     per file version: spans files never change in place). The scan would skip them on the same statistics, but
     only after opening each: a live round then opened every spans file of the store. A file that is not here
     (in an object store) or whose statistics do not tell is kept."""
-    if received_from is None:
-        return files
+    return files if received_from is None else reaching(files, "received_unix_nano", received_from)
+
+
+def reaching(files: list[Path], column: str, bound: int | str) -> list[Path]:
+    """``files`` without those whose every value of the top-level ``column`` (an int or string column) is below
+    ``bound``, per their footers (read once per file version; a published file never changes under its name). A
+    file that is not here or whose statistics do not tell is kept."""
     kept = []
     for f in files:
-        last = _last_arrival(f)
-        if last is None or last >= received_from:
+        top = _greatest(f, column)
+        if top is None or top >= bound:  # type: ignore[operator]  # an int column's bound is an int, a string's a str
             kept.append(f)
     return kept
 
 
-def _last_arrival(path: Path) -> int | None:
+def _greatest(path: Path, column: str) -> int | str | None:
     try:
         st = path.stat()
     except OSError:
         return None
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    if key not in _LAST_ARRIVAL:
-        if len(_LAST_ARRIVAL) > 10_000:
-            _LAST_ARRIVAL.clear()
+    key = (str(path), st.st_size, st.st_mtime_ns, column)
+    if key not in _MAXIMA:
+        if len(_MAXIMA) > 10_000:
+            _MAXIMA.clear()
         try:
             meta = pq.ParquetFile(path).metadata
         except (OSError, pa.ArrowInvalid):
             return None  # the scan reports it
-        _LAST_ARRIVAL[key] = _max_statistic(meta, "received_unix_nano")
-    return _LAST_ARRIVAL[key]
+        _MAXIMA[key] = _max_statistic(meta, column)
+    return _MAXIMA[key]
 
 
-def _max_statistic(meta: pq.FileMetaData, column: str) -> int | None:
-    """The greatest value of the top-level int ``column`` over the row groups of ``meta`` (None: not known)."""
+def _max_statistic(meta: pq.FileMetaData, column: str) -> int | str | None:
+    """The greatest value of the top-level int or string ``column`` over the row groups of ``meta`` (None: not
+    known)."""
     col = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == column), -1)
     if col < 0:
         return None
-    best: int | None = None
+    best: int | str | None = None
     for g in range(meta.num_row_groups):
         if meta.row_group(g).num_rows == 0:
             continue
         st = meta.row_group(g).column(col).statistics
-        if st is None or not st.has_min_max:
+        if st is None or not st.has_min_max or not isinstance(st.max, int | str):
             return None
-        best = int(st.max) if best is None else max(best, int(st.max))
+        best = st.max if best is None else max(best, st.max)  # type: ignore[type-var]
     return best
 
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.score.scan import recent_spans
+from tracedag.pipeline.score.scan import recent_files, recent_spans
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect, refresh_views
@@ -125,13 +125,14 @@ def appears(value: str, text: str) -> bool:
 # views pick the latest build of every trace in the store before any filter applies). ``$from_build``: no
 # trace in scope has a latest build older (build ids sort by build time), ``$received_from``: no span of
 # theirs arrived earlier; the files' row groups of older builds and arrivals are skipped on their statistics.
-# ``__spans__``: the raw spans relation (``scan.recent_spans``: the spans files holding any from that arrival).
+# ``__spans__``, ``__traces__``, ``__nodes__``, ``__edges__``: the raw relations of spans, traces, dag_nodes and
+# dag_edges (``scan.recent_files``: the files holding any row from that arrival, of those builds).
 _CONSUMERS_SQL = f"""
 with latest as materialized (
     select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
            arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conv,
            arg_max(start_time_unix_nano, (built_unix_nano, build_id)) as trace_start
-    from traces_all where trace_id in (select trace_id from __prov_scope) and build_id >= $from_build
+    from __traces__ where trace_id in (select trace_id from __prov_scope) and build_id >= $from_build
     group by trace_id
 ),
 failed as (
@@ -142,7 +143,7 @@ failed as (
     group by all having min(cast(s.score as double)) <= {FAIL_THRESHOLD}
 ),
 tools as materialized (
-    select n.trace_id, n.span_id, n.build_id, n.start_time_unix_nano from dag_nodes_all n
+    select n.trace_id, n.span_id, n.build_id, n.start_time_unix_nano from __nodes__ n
     semi join latest l on l.trace_id = n.trace_id and l.build_id = n.build_id
     semi join failed f on f.trace_id = n.trace_id and f.span_id = n.span_id
     where n.trace_id in (select trace_id from failed) and n.build_id >= $from_build
@@ -155,7 +156,7 @@ inputs as (
     group by all
 ),
 emitters as (
-    select e.trace_id, e.downstream_span_id as span_id, list(e.upstream_span_id) as emitters from dag_edges_all e
+    select e.trace_id, e.downstream_span_id as span_id, list(e.upstream_span_id) as emitters from __edges__ e
     semi join tools k on k.trace_id = e.trace_id and k.span_id = e.downstream_span_id and k.build_id = e.build_id
     where e.trace_id in (select trace_id from tools) and e.build_id >= $from_build and e.edge_kind = 'tool_call'
     group by all
@@ -222,7 +223,7 @@ def data_edges(con: duckdb.DuckDBPyConnection, trace_ids: pa.Table, received_fro
     with _registered(con, "__prov_scope", trace_ids):
         # only a step with a value worth tracing needs its conversation's texts read
         bounds = {"received_from": received_from, "from_build": from_build}
-        sql = _CONSUMERS_SQL.replace("__spans__", recent_spans(con, received_from))
+        sql = _consumers_sql(con, received_from, from_build)
         consumers = [c for c in arrow(con, sql, bounds).to_pylist() if argument_values(c["input_text"])]
     rows: list[dict[str, Any]] = []
     if consumers:
@@ -246,6 +247,14 @@ def _registered(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> I
         yield
     finally:
         con.unregister(name)
+
+
+def _consumers_sql(con: duckdb.DuckDBPyConnection, received_from: int, from_build: str) -> str:
+    """``_CONSUMERS_SQL`` over the files holding rows since ``received_from`` and ``from_build`` (``data_edges``)."""
+    sql = _CONSUMERS_SQL.replace("__spans__", recent_spans(con, received_from))
+    for name, table in (("__traces__", "traces"), ("__nodes__", "dag_nodes"), ("__edges__", "dag_edges")):
+        sql = sql.replace(name, recent_files(con, table, "build_id", from_build) if from_build else f"{table}_all")
+    return sql
 
 
 def _edges_of(c: dict[str, Any], sources: list[Source]) -> list[dict[str, Any]]:

@@ -118,18 +118,25 @@ def read_scan(con: duckdb.DuckDBPyConnection, pending: pa.Table, max_iterations:
 
 
 def recent_spans(con: duckdb.DuckDBPyConnection, received_from: int) -> str:
-    """The relation a read of the spans that arrived from ``received_from`` on takes: the spans files of ``con``'s
-    store holding any (``dag.chunks.arrived_since``, per their footers, read once per file version), listed now;
-    ``spans_all`` (every file, each opened to be skipped on its statistics) without a bound, in an object store
-    (whose view keeps one row per span across writers), or when no file is left. The same rows either way."""
-    data = data_of(con) if received_from > 0 else None
-    if data is None or remote_of(data) is not None:
-        return "spans_all"
-    # here: it imports polars, which a live round has and ``tracedag score`` need not
-    from tracedag.pipeline.dag.chunks import arrived_since
+    """The relation a read of the spans that arrived from ``received_from`` on takes (``recent_files``; 0: every
+    spans file, ``spans_all``)."""
+    return recent_files(con, "spans", "received_unix_nano", received_from) if received_from > 0 else "spans_all"
 
-    files = arrived_since(parquet_files(data, "spans"), received_from)
-    return f"(select * from {read_list_sql(data, files)})" if files else "spans_all"
+
+def recent_files(con: duckdb.DuckDBPyConnection, table: str, column: str, bound: int | str) -> str:
+    """The relation a read of the rows of the core table ``table`` whose ``column`` is at least ``bound`` takes:
+    the table's files of ``con``'s store that hold any (``dag.chunks.reaching``, per their footers, read once per
+    file version), listed now, as ``read_parquet([...])``; ``<table>_all`` (every file, each opened to be skipped
+    on its statistics) in an object store (whose views keep one row per span across writers), or when no file is
+    left. The same rows as ``<table>_all`` once the query filters on the bound."""
+    data = data_of(con)
+    if data is None or remote_of(data) is not None:
+        return f"{table}_all"
+    # here: it imports polars, which a live round has and ``tracedag score`` need not
+    from tracedag.pipeline.dag.chunks import reaching
+
+    files = reaching(parquet_files(data, table), column, bound)
+    return f"(select * from {read_list_sql(data, files)})" if files else f"{table}_all"
 
 
 def _in_traces(table: pa.Table, defs: Definitions) -> pa.Table:

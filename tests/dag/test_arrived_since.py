@@ -44,3 +44,22 @@ def test_a_late_span_rebuilds_its_trace_whole_when_earlier_files_are_left_out(tm
     assert build_store(data, idle_seconds=0).traces_built == 1
     assert q(data, "select span_count from traces where trace_id = 't1'") == [(3,)]
     assert q(data, "select count(*) from dag_edges where trace_id = 't1' and edge_kind = 'parent'") == [(2,)]
+
+
+def test_files_of_builds_before_a_bound_are_left_out(tmp_path):
+    """``chunks.reaching`` on a string column: a build's derived files by their greatest build id (ids sort by build
+    time), as a live round's data edges read them."""
+    from tracedag.pipeline.dag.chunks import reaching
+
+    data = tmp_path / "d"
+    write_parquet_atomic(table([span("r", None, 0, 9, trace_id="t1", received=1)]), table_dir(data, "spans"))
+    first = build_store(data, idle_seconds=0)
+    write_parquet_atomic(table([span("r", None, 0, 9, trace_id="t2", received=2)]), table_dir(data, "spans"))
+    second = build_store(data, idle_seconds=0, gc=None)
+    files = sorted(table_dir(data, "dag_nodes").glob("*.parquet"))
+    assert len(files) == 2 and first.build_id < second.build_id
+    assert reaching(files, "build_id", "") == files
+    assert reaching(files, "build_id", first.build_id) == files
+    assert [f.name.startswith(second.build_id) for f in reaching(files, "build_id", second.build_id)] == [True]
+    assert reaching(files, "build_id", second.build_id + "~") == []
+    assert reaching(files, "no_such_column", "x") == files  # statistics that do not tell: kept
