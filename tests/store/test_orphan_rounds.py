@@ -2,7 +2,9 @@
 collection (``tracedag build --compact``, a collector's collection: ``swap.collect``) drops them, and only them.
 
 The rounds are killed for real: a ``tracedag score`` process whose ``_write_state`` exits at once
-(``os._exit(9)``, no cleanup, like SIGKILL) through a ``sitecustomize`` on its PYTHONPATH.
+(``os._exit(9)``, no cleanup, like SIGKILL) through a ``sitecustomize`` on its PYTHONPATH. The commands after a
+kill (the next round, the compacting build) run in this process (click's runner): the store, not a process, is
+what they have to find as the killed round left it; the scorers racing the collections stay processes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from pathlib import Path
 
 from tests.queries.test_materialized import CASES, _exact, assert_materialized_equal, materialized_answers
+from tests.replay.replay_support import in_process
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
@@ -57,6 +60,11 @@ def _tracedag(data: Path, tmp: Path, command: str, *args: str, kill_at: int | No
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _here(data: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``tracedag COMMAND --data DATA ARGS`` in this process (a process of its own costs ~0.6 s of imports)."""
+    return in_process(*command.split(), "--data", str(data), *args)
+
+
 def _one(data: Path, sql: str) -> tuple:
     con = connect(data)
     try:
@@ -94,10 +102,10 @@ def _answers(data: Path) -> list[list[dict[str, object]]]:
     return [_exact(run_named(data, name, given).to_pylist()) for name, given in CASES]
 
 
-def _compact_and_check(data: Path, tmp: Path, orphaned: int) -> str:
+def _compact_and_check(data: Path, orphaned: int) -> str:
     """``tracedag build --compact``: the orphaned rows go, what readers take stays, the answers equal the SQL's."""
     kept, answers = _newest_rows(data), _answers(data)  # the orphaned rows are there, and no reader takes them
-    out = _tracedag(data, tmp, "build", "--idle", "0", "--compact")
+    out = _here(data, "build", "--idle", "0", "--compact")
     assert out.returncode == 0, out.stderr
     printed = [int(line.split("orphaned rounds: ")[1].split()[0]) for line in out.stdout.splitlines()
                if "orphaned rounds: " in line]
@@ -123,11 +131,11 @@ def test_a_round_killed_before_its_state_rows_leaves_rows_the_collection_drops(t
     assert orphans["materialized_failures"] == (2, 1)  # both turns' failing tools, one round
     assert orphans["materialized_trace_summary"] == (2, 1)
 
-    done = _tracedag(data, tmp_path, "score", "--no-progress")  # the next round stores the turns left pending
+    done = _here(data, "score", "--no-progress")  # the next round stores the turns left pending
     assert done.returncode == 0, done.stderr
     assert _orphans(data) == orphans  # a later round does not take them either
 
-    stdout = _compact_and_check(data, tmp_path, sum(n for n, _ in orphans.values()))
+    stdout = _compact_and_check(data, sum(n for n, _ in orphans.values()))
     assert "gc materialized_failures:" in stdout
 
 
@@ -139,17 +147,17 @@ def test_a_round_in_parts_killed_before_its_one_state_file_leaves_every_part_orp
     score_store(data)
     labels = tmp_path / "labels.csv"  # new human labels: the next round stores every trace again, part by part
     labels.write_text("trace_id,span_id,metric,score,annotator\nt0,t0-t,quality,1,ann\n", encoding="utf-8")
-    assert _tracedag(data, tmp_path, "labels import", str(labels)).returncode == 0
+    assert _here(data, "labels import", str(labels)).returncode == 0
 
     killed = _tracedag(data, tmp_path, "score", "--no-progress", "--materialize-part", "1", kill_at=1)
     assert killed.returncode == 9, killed.stderr
     assert _orphans(data)["materialized_failures"] == (4, 4)  # one part a conversation, each its own round
 
-    done = _tracedag(data, tmp_path, "score", "--no-progress", "--materialize-part", "1")
+    done = _here(data, "score", "--no-progress", "--materialize-part", "1")
     assert done.returncode == 0, done.stderr
     orphans = _orphans(data)
     assert orphans["materialized_failures"] == (4, 4)
-    _compact_and_check(data, tmp_path, sum(n for n, _ in orphans.values()))
+    _compact_and_check(data, sum(n for n, _ in orphans.values()))
 
 
 def test_the_store_first_round_in_parts_killed_midway_keeps_the_parts_it_stored(tmp_path):
@@ -160,9 +168,9 @@ def test_the_store_first_round_in_parts_killed_midway_keeps_the_parts_it_stored(
     assert killed.returncode == 9, killed.stderr
     assert _one(data, f"select count(*) from {materialized.STATE}") == (1,)  # the first part's state landed
     assert _orphans(data)["materialized_failures"] == (1, 1)  # the second part's rows have none
-    done = _tracedag(data, tmp_path, "score", "--no-progress", "--materialize-part", "1")
+    done = _here(data, "score", "--no-progress", "--materialize-part", "1")
     assert done.returncode == 0, done.stderr
-    _compact_and_check(data, tmp_path, sum(n for n, _ in _orphans(data).values()))
+    _compact_and_check(data, sum(n for n, _ in _orphans(data).values()))
 
 
 def test_a_round_completing_after_the_liveness_is_read_keeps_its_rows(tmp_path):
