@@ -115,7 +115,7 @@ def _max_statistic(meta: pq.FileMetaData, column: str) -> int | str | None:
         st = meta.row_group(g).column(col).statistics
         if st is None or not st.has_min_max or not isinstance(st.max, int | str):
             return None
-        best = st.max if best is None else max(best, st.max)  # type: ignore[type-var]
+        best = st.max if best is None else max(best, st.max)
     return best
 
 
