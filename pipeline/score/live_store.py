@@ -44,8 +44,8 @@ from tracedag.pipeline.score import materialize as m
 from tracedag.pipeline.score import sharedgraph
 from tracedag.pipeline.score.memory import memory_limit
 from tracedag.pipeline.store import materialized as mat
+from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
-from tracedag.pipeline.store.querying import to_arrow
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, SCHEMAS, _derived_tables, connect, create_views
 
@@ -126,11 +126,11 @@ class LiveStore:
         first = not mat.has_state_view(con)  # nothing stored yet: every trace waits, stored a part at a time
         if not first and m._signature_changed(con, signature):
             return Copied(full=True)
-        scope = m._every_trace(con) if first else to_arrow(con.sql(m._PENDING_SQL))
+        scope = m._every_trace(con) if first else arrow(con, m._PENDING_SQL)  # planned once
         if scope.num_rows == 0:
             return Copied()
         con.register(m.SCOPE, scope)
-        parts = m._chunks(to_arrow(con.sql(m._TRACES_SQL, params=[0, signature])), self.part)
+        parts = m._chunks(arrow(con, m._TRACES_SQL, [0, signature]), self.part)
         part = parts[0].set_column(parts[0].schema.get_field_index("mat_round"), "mat_round",
                                    pa.array([time.time_ns()] * parts[0].num_rows, pa.int64()))
         con.register(m.SCOPE + "_all", part.select(["trace_id"]))

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score import materialize as m
+from tracedag.pipeline.score.live_store import LiveStore
 from tracedag.pipeline.score.materialize import materialize
 from tracedag.pipeline.score.runner import LiveRound, score_store
 from tracedag.pipeline.store.fetch import arrow
@@ -82,3 +86,30 @@ def test_a_live_stores_first_round_is_cut_into_parts_too(tmp_path: Path) -> None
     _answers_equal_the_sql(data)
     assert materialize(data, [], limit=2).traces == 0  # nothing left
     assert materialize(data, []).traces == 0  # tracedag score: nothing to do either
+
+
+def test_a_parts_spans_copy_leaves_out_the_columns_no_stored_query_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``materialize.UNREAD``: the live store's copy of a part's spans has no ``attributes`` (no stored query or
+    shared macro names it) and the stored answers are the SQL's; a column a stored query names is copied."""
+    data = tmp_path / "data"
+    b = StoreBuilder(data)
+    b.spans(agent_turn("a1", "conv-a", 1_000_000, "search"))
+    build_store(data, idle_seconds=0)
+    score_store(data)
+    b.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup") + agent_turn("b1", "conv-b", 3_100_000, "plan"))
+    build_store(data, idle_seconds=0)
+    score_store(data, live=LiveRound(materialize=False))
+    store = LiveStore(data, 100)
+    try:
+        copied = store.copy()
+        assert copied.traces == 3  # conv-a whole, conv-b
+        store.copy_spans(copied)
+        con = store._connection()
+        columns = {r[0] for r in con.execute(f"describe {m.SNAPSHOT}spans").fetchall()}
+        assert "attributes" not in columns and {"output_text", "input_text", "status_message"} <= columns
+        store.write(copied, store.compute(copied))
+    finally:
+        store.close()
+    _answers_equal_the_sql(data)
+    monkeypatch.setitem(m.UNREAD, "spans", ("attributes", "output_text"))  # root_causes reads output_text
+    assert m._unread("spans") == ("attributes",)
