@@ -38,6 +38,16 @@ def serve_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_store(tmp_path_factory.mktemp("serve") / "store")
 
 
+@pytest.fixture(scope="session")
+def plain_server(serve_store: Path) -> Iterator[Server]:
+    """``tracedag serve --data serve_store`` with the default options, started once per worker for the modules
+    that only read through it (GET pages and APIs, statements the guard refuses): a server start costs ~4 s of
+    CPU (its imports, the warm pass, two spare SQL workers), and five modules each started their own. A module
+    that changes a server (its options, its limits, its processes) or measures one starts its own."""
+    with running_server(serve_store) as s:
+        yield s
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,14 +3,13 @@ what stays allowed (every named query, the store's macros and analysis views), a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.serve.serve_support import Server, running_server
+from tests.serve.serve_support import Server
 from tracedag import queries
 from tracedag.pipeline.serve.sqlguard import DENIED_FUNCTIONS, catalog, default_catalog, refuse
 from tracedag.pipeline.store.views import connect
@@ -18,9 +17,9 @@ from tracedag.schemas.layout import table_dir
 
 
 @pytest.fixture(scope="module")
-def server(serve_store: Path) -> Iterator[Server]:
-    with running_server(serve_store) as s:
-        yield s
+def server(plain_server: Server) -> Server:
+    """The worker's plain server of ``serve_store`` (tests/serve/serve_support.py): this module only reads."""
+    return plain_server
 
 
 def _bypasses(store: Path) -> list[tuple[str, str]]:

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,9 +23,9 @@ _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf
 
 
 @pytest.fixture(scope="module")
-def server(serve_store: Path) -> Iterator[Server]:
-    with running_server(serve_store) as s:
-        yield s
+def server(plain_server: Server) -> Server:
+    """The worker's plain server of ``serve_store`` (tests/serve/serve_support.py): this module only reads."""
+    return plain_server
 
 
 def _agent_names(data: Path) -> dict[str, str]:

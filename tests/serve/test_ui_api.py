@@ -3,21 +3,20 @@ propagation path, a conversation; and the propagation path on hand-made failure 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.serve.serve_support import Server, running_server
+from tests.serve.serve_support import Server
 from tracedag.pipeline.serve.paths import propagation_path
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 
 
 @pytest.fixture(scope="module")
-def server(serve_store: Path) -> Iterator[Server]:
-    with running_server(serve_store) as s:
-        yield s
+def server(plain_server: Server) -> Server:
+    """The worker's plain server of ``serve_store`` (tests/serve/serve_support.py): this module only reads."""
+    return plain_server
 
 
 def _agents(data: Path) -> dict[str, str]:

@@ -40,9 +40,9 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def server(serve_store: Path) -> Iterator[Server]:
-    with running_server(serve_store) as s:
-        yield s
+def server(plain_server: Server) -> Server:
+    """The worker's plain server of ``serve_store`` (tests/serve/serve_support.py): this module only reads."""
+    return plain_server
 
 
 @pytest.fixture(scope="module")
