@@ -1,8 +1,8 @@
 """``tracedag simulate`` against an agent behind a URL (its nodes read back from the store by trace id),
 ``--parallel`` and the exit code, in real processes: a ``tracedag collect`` process, an
 OpenAI-compatible agent server with its own OpenTelemetry SDK (tests/replay/remote_agent.py), and the
-``tracedag`` command (``--parallel`` against one at a time, whose process shows nothing more, runs in this process
-through click's runner)."""
+``tracedag`` command (``--parallel`` against one at a time, and the in-process agent the URL agent is compared
+with, whose processes show nothing more, run in this process through click's runner)."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_agent_behind_a_url_gets_the_in_process_ccr_and_pcr_from_its_own_spans(f
     assert HAND_WORKED in remote.stdout
     # 9 turns: i01 2, i02 3 tries x 2, i03 1; every one found in the store
     assert "9 traces waited for, 0 not complete" in remote.stdout
-    local = _tracedag("simulate", "--agent", IN_PROCESS, *common, "--data", tmp_path / "local")
+    local = in_process("simulate", "--agent", IN_PROCESS, *common, "--data", tmp_path / "local")  # the reference
     assert local.returncode == 0, local.stdout + local.stderr
     assert _summary(remote.stdout) == _summary(local.stdout)
 
