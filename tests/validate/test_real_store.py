@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
+from tests.analysis.analysis_support import Store
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
@@ -31,14 +34,25 @@ def _runs(store, scenario, paths, agent="agentA", prefix=None):
         store.run(f"{prefix or scenario}-{i}", scenario, [steps], replay=i, agent=agent)
 
 
-@pytest.fixture
-def built(store):
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six runs (four of scenario book, one of them failed; two of info), built and scored once per module: only
+    ever copied."""
+    store = Store(tmp_path_factory.mktemp("built") / "data")
     _runs(store, "book", [BOOK, BOOK, BOOK, FAIL])
     _runs(store, "info", [[("router", []), ("club_info", [("club_info", None)]), ("finalize", [])]] * 2)
     data = store.write()
     build_store(data, idle_seconds=0)
     score_store(data)
     return data
+
+
+@pytest.fixture
+def built(built_once: Path, store: Store) -> Path:
+    """A copy of ``built_once`` in the test's ``store`` directory: the runs a test adds (``store.write()``, its rows
+    start empty) and what the commands write land in its own store."""
+    shutil.copytree(built_once, store.data)
+    return store.data
 
 
 def _cli(*args):
