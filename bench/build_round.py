@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--baseline-tree", action="append", default=[], metavar="[LABEL=]DIR")
     ap.add_argument("--store", type=Path, default=None, help="reuse (copy) this store instead of making one")
+    ap.add_argument("--no-this-tree", action="store_true", help="run the baseline trees only")
     args = ap.parse_args(argv)
-    trees = [_tree(t) for t in args.baseline_tree] + [("this tree", "")]
+    trees = [_tree(t) for t in args.baseline_tree] + ([] if args.no_this_tree else [("this tree", "")])
     root = Path(tempfile.mkdtemp(prefix="tracedag-build-round-"))
     try:
         base = args.store or root / "base"
