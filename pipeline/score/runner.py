@@ -45,7 +45,7 @@ from tracedag.pipeline.score.provenance import provenance_round
 from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.scan import Scan, read_scan, with_input_texts
 from tracedag.pipeline.score.writes import Writes, background_writes, score_lock
-from tracedag.pipeline.store.files import new_file_name, rerun_if_vanished
+from tracedag.pipeline.store.files import new_file_name, parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.layout import state_file, table_dir
@@ -236,9 +236,15 @@ def map_store_evaluations(con: duckdb.DuckDBPyConnection, stats: MapStats) -> li
     return map_evaluations(rows, builds, stats, inputs.evaluation_ranges(con))
 
 
-def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: MapStats) -> Future[list[ScoreRow]]:
+def _beside(con: duckdb.DuckDBPyConnection, pool: ThreadPoolExecutor, stats: MapStats,
+            data: Path) -> Future[list[ScoreRow]]:
     """``map_store_evaluations`` on a cursor of its own in ``pool``, beside the rule pass: the
-    rule pass leaves a core idle while it runs Python, the evaluations one while DuckDB reads."""
+    rule pass leaves a core idle while it runs Python, the evaluations one while DuckDB reads.
+    A store without an evaluations file has none to map: no query (it would read every latest build's steps)."""
+    if not parquet_files(data, "evaluations"):
+        done: Future[list[ScoreRow]] = Future()
+        done.set_result([])
+        return done
     cursor = con.cursor()
     cursor.execute("set enable_progress_bar = false")
 
@@ -396,7 +402,7 @@ def _score_locked(con: duckdb.DuckDBPyConnection, data: Path, judge: JudgeConfig
     with _progress(progress) as advance:
         with (background_writes(table_dir(data, "step_scores"), stats.files) as writes,
               ThreadPoolExecutor(1, thread_name_prefix="score-evals") as pool):
-            evaluations = _beside(con, pool, stats.evaluations)
+            evaluations = _beside(con, pool, stats.evaluations, data)
             newest = score_rules(writes, con, stats, max_iterations, advance, live, _scored_through(data, live),
                                  engine, data)
             _write_rows(writes, evaluations.result(), stats)

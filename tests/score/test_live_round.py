@@ -124,3 +124,20 @@ def test_a_round_reads_the_spans_files_of_its_arrivals(first_round, tmp_path, mo
     order = [("trace_id", "ascending"), ("span_id", "ascending")]
     assert narrowed.facts.sort_by(order).equals(every.facts.sort_by(order)) and narrowed.facts.num_rows > 500
     assert narrowed.defs == every.defs and narrowed.calls == every.calls
+
+
+def test_a_store_without_evaluations_asks_no_evaluation_query(first_round, tmp_path, monkeypatch):
+    """No evaluations file: nothing to map, and the query (which reads every latest build's steps) is not run."""
+    from tracedag.pipeline.score import inputs
+    from tracedag.pipeline.store.files import parquet_files
+
+    data = _copy(first_round, tmp_path / "data")
+    assert parquet_files(data, "evaluations") == []
+    built = _add(data, 2)
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the evaluations were queried")
+
+    monkeypatch.setattr(inputs, "evaluation_rows", asked)
+    stats = score_store(data, live=LiveRound(built.build_id, built.received_from, materialize=False))
+    assert stats.builds == built.traces_built and stats.evaluations.unmatched_step == 0
