@@ -40,7 +40,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tracedag import queries
-from tracedag.pipeline.regress import saved
 from tracedag.pipeline.serve import encode, traces_api
 from tracedag.pipeline.serve.answer import TooLarge
 from tracedag.pipeline.serve.assets import vendor_script
@@ -48,8 +47,15 @@ from tracedag.pipeline.serve.data import NotFound, Store
 from tracedag.pipeline.serve.hostcheck import HostCheck, HostPolicy
 from tracedag.pipeline.serve.metrics import Metrics
 from tracedag.pipeline.serve.openapi import openapi
-from tracedag.pipeline.serve.sqlguard import SqlTooLarge
-from tracedag.pipeline.serve.sqlproc import Busy, SqlCrashed, SqlLimits, SqlResources, SqlRunner, SqlTimeout
+from tracedag.pipeline.serve.sqlproc import (
+    Busy,
+    SqlCrashed,
+    SqlLimits,
+    SqlResources,
+    SqlRunner,
+    SqlTimeout,
+    TextTooLarge,
+)
 from tracedag.schemas.errors import QueryFailed, TracedagError
 
 logger = logging.getLogger(__name__)
@@ -59,12 +65,12 @@ WARM_INTERVAL = 5.0
 _RESERVED = {"format", "since"}
 MAX_BODY_BYTES = 4 << 20
 _STATUS: list[tuple[type[BaseException], int]] = [
-    (NotFound, 404), (saved.NoSuchReport, 404), (SqlTooLarge, 413), (TooLarge, 413), (SqlTimeout, 408),
+    (NotFound, 404), (TextTooLarge, 413), (TooLarge, 413), (SqlTimeout, 408),
     (SqlResources, 422), (Busy, 503), (SqlCrashed, 500), (TracedagError, 400),
 ]
 
 
-class BodyTooLarge(SqlTooLarge):  # type: ignore[misc,unused-ignore]
+class BodyTooLarge(TextTooLarge):  # type: ignore[misc,unused-ignore]
     """The request body is larger than ``MAX_BODY_BYTES`` (the connection is closed after the answer)."""
 
 
@@ -133,11 +139,11 @@ class Api:
         return Response(body, media_type="application/json")
 
     async def regressions(self, request: Request) -> Response:
-        rows = await run_in_threadpool(saved.list_reports, self.store.data)
+        rows = await run_in_threadpool(_list_reports, self.store.data)
         return JSONResponse(rows)
 
     async def regression(self, request: Request) -> Response:
-        doc = await run_in_threadpool(saved.read_report, self.store.data, request.path_params["name"])
+        doc = await run_in_threadpool(_read_report, self.store.data, request.path_params["name"])
         return Response(encode.dumps(doc), media_type="application/json")
 
     async def run_sql(self, request: Request) -> Response:
@@ -161,6 +167,26 @@ class Api:
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
+
+
+def _list_reports(data: Path) -> list[dict[str, Any]]:
+    """The saved regression reports (``regress.saved``, imported here: the regress package imports the gate and
+    polars, ~0.2 s CPU a server paid at each start though only the Regressions tab asks for reports)."""
+    from tracedag.pipeline.regress import saved
+
+    rows: list[dict[str, Any]] = saved.list_reports(data)
+    return rows
+
+
+def _read_report(data: Path, name: str) -> dict[str, Any]:
+    """One saved regression report; an unknown name is ``NotFound`` (404)."""
+    from tracedag.pipeline.regress import saved
+
+    try:
+        doc: dict[str, Any] = saved.read_report(data, name)
+    except saved.NoSuchReport as e:
+        raise NotFound(str(e)) from e
+    return doc
 
 
 async def _read_body(request: Request) -> bytes:

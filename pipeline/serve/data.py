@@ -1,6 +1,6 @@
 """What the server reads from a store: named queries, the trace list, one trace in full.
 
-Results are cached per *build state*: ``state_key(data)`` is the list of Parquet files under
+Results are cached per *build state*: ``state_key(data)`` (``statekey``) is the list of Parquet files under
 ``tables/`` with their sizes and modification times (one directory walk, no Parquet read). A
 build, a scoring round, a conversion or a compaction changes it; until then a repeated request is
 answered from memory. SQL is built only with bound parameters.
@@ -8,14 +8,12 @@ answered from memory. SQL is built only with bound parameters.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -23,16 +21,16 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.serve import encode, tracefiles
 from tracedag.pipeline.serve.cache import ResultCache
-from tracedag.pipeline.serve.sqlguard import Catalog, catalog
+from tracedag.pipeline.serve.statekey import state_key
 from tracedag.pipeline.store import files, materialized, sqlfiles
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
-from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.querying import bind_params, run_named, run_named_together
-from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed, TracedagError
-from tracedag.schemas.layout import tables_dir
+
+if TYPE_CHECKING:  # the guard imports sqlglot (~0.1 s CPU): only POST /api/sql's worker parses SQL
+    from tracedag.pipeline.serve.sqlguard import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +43,6 @@ _T = TypeVar("_T")
 
 class NotFound(TracedagError):  # type: ignore[misc,unused-ignore]
     """No built trace has this id."""
-
-
-def state_key(data: Path) -> str:
-    """A digest of the store's Parquet files (path, size, mtime): changes with every write."""
-    h = hashlib.blake2b(digest_size=12)
-    root = tables_dir(data)
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name.endswith(".parquet"):
-                try:
-                    st = os.stat(os.path.join(dirpath, name))
-                except FileNotFoundError:  # removed by a GC or compaction swap since the listing
-                    continue
-                h.update(f"{dirpath}/{name}:{st.st_size}:{st.st_mtime_ns};".encode())
-    remote = remote_of(data)
-    if remote is not None:  # an object store: what every writer's newest manifest lists
-        h.update(json.dumps(cached_listing(remote, fresh=True), sort_keys=True).encode())
-    return h.hexdigest()
 
 
 class Store:
@@ -292,6 +271,8 @@ def _ids(cur: duckdb.DuckDBPyConnection) -> frozenset[str]:
 
 
 def _catalog_of(cur: duckdb.DuckDBPyConnection) -> Catalog:
+    from tracedag.pipeline.serve.sqlguard import catalog
+
     try:
         return catalog(cur)
     finally:

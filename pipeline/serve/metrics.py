@@ -1,6 +1,6 @@
 """``GET /metrics``: analysis aggregates in the Prometheus text format (version 0.0.4).
 
-The figures are computed once per build state (``data.state_key``: a build, a scoring round or a
+The figures are computed once per build state (``statekey.state_key``: a build, a scoring round or a
 compaction changes it) and the text is kept; a scrape between two builds costs one directory
 walk. Every family has one sample per label set. ``agent`` is always the agent name (the one
 ``run_steps`` uses: the earliest ``agent_name`` of a trace's spans, else its service name) and
@@ -32,7 +32,8 @@ from typing import Any
 import duckdb
 
 from tracedag import queries
-from tracedag.pipeline.serve.data import Store, rerun_if_vanished, state_key
+from tracedag.pipeline.serve.data import Store, rerun_if_vanished
+from tracedag.pipeline.serve.statekey import state_key
 from tracedag.pipeline.serve.tracelist import SPAN_AGENTS_SQL
 from tracedag.pipeline.store import current_rounds, materialized
 from tracedag.pipeline.store.files import keep_newest

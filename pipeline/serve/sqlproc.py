@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracedag.pipeline.serve.answer import TooLarge
-from tracedag.pipeline.serve.sqlguard import SqlTooLarge
-from tracedag.pipeline.serve.sqlworker import CHECKED, CHECKING, READY
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
@@ -83,8 +81,24 @@ class SqlCrashed(QueryFailed):  # type: ignore[misc,unused-ignore]
     """The worker died of something other than memory (a signal, an uncaught error)."""
 
 
+class TextTooLarge(QueryFailed):  # type: ignore[misc,unused-ignore]
+    """The SQL text is longer than the guard takes (the worker's ``sqlguard.SqlTooLarge``; the server does not
+    import the guard, whose sqlglot cost each start ~0.1 s CPU: only the worker parses SQL)."""
+
+
 class CheckTimeout(QueryFailed):  # type: ignore[misc,unused-ignore]
     """Checking the SQL took longer than ``check_timeout`` (the worker was killed)."""
+
+
+# The worker's lines on stderr (``sqlworker``), here so the server need not import the worker (its guard
+# imports sqlglot).
+READY = b"tracedag-sql: ready\n"
+"""Written to stderr once the imports and views are done, before the request is read."""
+CHECKING = b"tracedag-sql: checking\n"
+"""Written to stderr when the guard starts on the SQL (the connection made again if the store changed,
+its catalogue read): the parent's check deadline starts here."""
+CHECKED = b"tracedag-sql: checked\n"
+"""Written to stderr once the SQL passed the guard: the parent's check deadline ends here."""
 
 
 SPILL_PREFIX = "tracedag-sql-"
@@ -196,7 +210,7 @@ class SqlRunner:
 
     def run(self, sql: str, fmt: str = "json", truncate: bool = False) -> Answer:
         """Run ``sql`` in a worker, its answer encoded as ``fmt``; raise ``SqlTimeout``, ``CheckTimeout``,
-        ``TooLarge``, ``SqlResources``, ``SqlCrashed``, ``Busy`` or ``QueryFailed`` (``SqlTooLarge``...).
+        ``TooLarge``, ``SqlResources``, ``SqlCrashed``, ``Busy`` or ``QueryFailed`` (``TextTooLarge``...).
 
         ``truncate``: past ``max_bytes``, answer the rows that fit (marked truncated) instead of ``TooLarge``.
         """
@@ -237,7 +251,7 @@ class SqlRunner:
 
     def _failure(self, code: int, status: dict[str, object], err: bytes) -> Answer:
         reason = str(status.get("error", ""))
-        kind = {"SqlTooLarge": SqlTooLarge, "TooLarge": TooLarge}.get(str(status.get("kind")), QueryFailed)
+        kind = {"SqlTooLarge": TextTooLarge, "TooLarge": TooLarge}.get(str(status.get("kind")), QueryFailed)
         if "error" in status and not status.get("memory") and kind is not QueryFailed:
             raise kind("sql", reason)
         text = err.decode(errors="replace").lower()

@@ -24,8 +24,9 @@ import duckdb
 import pyarrow as pa
 
 from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
-from tracedag.pipeline.serve.data import state_key
 from tracedag.pipeline.serve.sqlguard import catalog, check
+from tracedag.pipeline.serve.sqlproc import CHECKED, CHECKING, READY
+from tracedag.pipeline.serve.statekey import state_key
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect, create_query_macros
@@ -40,15 +41,6 @@ def _limits(con: duckdb.DuckDBPyConnection, request: dict[str, Any], temp: str) 
     con.execute(f"set temp_directory = '{temp}'")
     con.execute(f"set max_temp_directory_size = '{int(request.get('temp_mb', 256))}MB'")
     con.execute("set enable_progress_bar = false")
-
-
-READY = b"tracedag-sql: ready\n"
-"""Written to stderr once the imports and views are done, before the request is read."""
-CHECKING = b"tracedag-sql: checking\n"
-"""Written to stderr when the guard starts on the SQL (the connection made again if the store changed,
-its catalogue read): the parent's check deadline starts here."""
-CHECKED = b"tracedag-sql: checked\n"
-"""Written to stderr once the SQL passed the guard: the parent's check deadline ends here."""
 
 
 def _say(line: bytes) -> None:
