@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.collector import faults
-from tracedag.pipeline.dag.kept import drop, plan_connection
+from tracedag.pipeline.dag.kept import PLAN
 from tracedag.pipeline.dag.siblings import DEFAULT_TOLERANCE_NS, arrow
 from tracedag.pipeline.dag.timing import stage
 from tracedag.pipeline.dag.window import (
@@ -327,7 +327,7 @@ def build_store(
         full = full or state.get("settings", marks["settings"]) != marks["settings"]
         window = None if full else load_window(data)
         clear_window(data)  # until this build is done: a crash in it makes the next plan a full one
-        with plan_connection(data) as con:  # the plan reads traces_all only: no other view (``dag.kept``)
+        with PLAN.use(data) as con:  # the plan reads traces_all only: no other view (``dag.kept``)
             with stage("plan"):
                 grace = None if grace_seconds is None else int(grace_seconds * 1e9)
                 plan = plan_build(con, data, listing, window, now, int(idle_seconds * 1e9), full, chunk_spans, grace)
@@ -335,7 +335,7 @@ def build_store(
             # an incremental one read the new files only: kept for the collection and the next round's plan
             kept = con if plan.full_reason is None else None
             if kept is None:
-                drop(con)
+                PLAN.drop(con)
                 logger.info("full build plan: %s", plan.full_reason)
             _build(data, plan, stats, workflow, tolerance_ns, progress, engine)
             if (stats.traces_built and (gc is None or gc.enabled)) or compact:

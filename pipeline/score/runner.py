@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +45,7 @@ from tracedag.pipeline.score.rows import FAILED_AT, ScoreRow, to_table
 from tracedag.pipeline.score.scan import Scan, read_scan, with_input_texts
 from tracedag.pipeline.score.writes import Writes, background_writes, score_lock
 from tracedag.pipeline.store.files import new_file_name, parquet_files, rerun_if_vanished
+from tracedag.pipeline.store.kept import Kept
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect, refresh_views
 from tracedag.schemas.layout import state_file, table_dir
@@ -454,58 +454,18 @@ def materialize_later(data: Path, scored_files: list[Path], limit: int | None = 
     return stats.materialized
 
 
-_KEPT_LOCK = threading.Lock()
-_kept: tuple[int, Path, duckdb.DuckDBPyConnection] | None = None
-"""The connection live rounds score on (process id, store, connection), while ``_KEPT_LOCK`` is held."""
-
-
 @contextmanager
 def _round_connection(data: Path, spill: Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
     """A score round's connection. A round that stores nothing (``spill`` None: a live round) takes the one kept
-    for the last such round on ``data`` when no other round has it, its views brought to the store as it is
-    (``views.refresh_views``: ~3 ms CPU against ~60 ms for a new connection with its views); any other round, or
-    one while it is taken, a new one, closed after. A round that fails closes the kept one (the next makes a new
-    one). One connection is kept per process, for the store of the latest round."""
-    if spill is not None or not _KEPT_LOCK.acquire(blocking=False):
+    for the last such round on ``data`` (``ROUND_CONNECTION``, ``store.kept``), its views brought to the store as
+    it is (``views.refresh_views``: ~3 ms CPU against ~60 ms for a new connection with its views); any other
+    round a new one, closed after."""
+    if spill is not None:
         with closing(_connect(data, spill)) as con:
             yield con
         return
-    try:
-        con = _kept_connection(data)
-        try:
-            yield con
-        except BaseException:
-            _drop_kept()
-            raise
-    finally:
-        _KEPT_LOCK.release()
-
-
-def _kept_connection(data: Path) -> duckdb.DuckDBPyConnection:
-    """The kept connection on ``data`` (``_KEPT_LOCK`` held), made when there is none for it in this process."""
-    global _kept
-    if _kept is not None and _kept[:2] == (os.getpid(), data):
-        con = _kept[2]
-        try:
-            refresh_views(con, data)
-            return con
-        except (duckdb.Error, OSError):
-            logger.warning("the kept score connection failed; connecting again", exc_info=True)
-    _drop_kept()
-    con = _connect(data)
-    _kept = (os.getpid(), data, con)
-    return con
-
-
-def _drop_kept() -> None:
-    """Close the kept connection (``_KEPT_LOCK`` held); a parent's, inherited through a fork, is only forgotten."""
-    global _kept
-    if _kept is not None and _kept[0] == os.getpid():
-        try:
-            _kept[2].close()
-        except duckdb.Error:
-            logger.debug("closing the kept score connection failed", exc_info=True)
-    _kept = None
+    with ROUND_CONNECTION.use(data) as con:
+        yield con
 
 
 def _connect(data: Path, spill: Path | None = None) -> duckdb.DuckDBPyConnection:
@@ -515,6 +475,10 @@ def _connect(data: Path, spill: Path | None = None) -> duckdb.DuckDBPyConnection
     if spill is not None:
         spill_to(con, spill)
     return con
+
+
+ROUND_CONNECTION = Kept("score round", _connect, refresh_views)
+"""The connection live rounds score on, kept from one round to the next (one per process, for one store)."""
 
 
 @contextmanager

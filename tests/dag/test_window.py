@@ -165,13 +165,13 @@ def test_incremental_plans_share_one_connection_a_full_one_closes_it(tmp_path):
     now = time.time_ns()
     write_spans(tmp_path, [span("r", None, 0, 10, received=now - 5)])
     assert build_store(tmp_path, idle_seconds=0).plan == "full"
-    assert kept._kept is None
+    assert kept.PLAN.current is None
     seen = []
     for i in range(3):
         write_spans(tmp_path, [span("x", None, 0, 10, trace_id=f"n{i}", received=now - 4 + i)])
         assert build_store(tmp_path, idle_seconds=0).plan == "incremental"
-        assert kept._kept is not None and kept._kept[1] == tmp_path
-        seen.append(kept._kept[2])
+        assert kept.PLAN.current is not None and kept.PLAN.current[1] == tmp_path
+        seen.append(kept.PLAN.current[2])
     assert seen[0] is seen[1] is seen[2]
     # a span late to a trace built by the round before: the kept view sees that build, so the trace is rebuilt
     write_spans(tmp_path, [span("y", "x", 1, 2, trace_id="n2", received=now)])
@@ -179,7 +179,7 @@ def test_incremental_plans_share_one_connection_a_full_one_closes_it(tmp_path):
     assert q(tmp_path, "select trace_id, span_count from traces order by 1") == [
         ("n0", 1), ("n1", 1), ("n2", 2), ("t1", 1)]
     assert build_store(tmp_path, idle_seconds=0, full=True).plan == "full"
-    assert kept._kept is None
+    assert kept.PLAN.current is None
     write_spans(tmp_path, [span("z", None, 0, 10, trace_id="n3", received=now)])
     assert build_store(tmp_path, idle_seconds=0).plan == "incremental"
-    assert kept._kept is not None and kept._kept[2] is not seen[0]
+    assert kept.PLAN.current is not None and kept.PLAN.current[2] is not seen[0]

@@ -79,8 +79,8 @@ def test_rounds_that_store_nothing_share_one_connection(first_round, tmp_path, m
         _add(whole, seed)
         stats = score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
         assert stats.builds == built.traces_built and stats.materialized is None
-        assert runner._kept is not None and runner._kept[1] == live
-        kept.append(runner._kept[2])
+        assert runner.ROUND_CONNECTION.current is not None and runner.ROUND_CONNECTION.current[1] == live
+        kept.append(runner.ROUND_CONNECTION.current[2])
         assert kept[-1].execute("select view_name from duckdb_views() where temporary and not internal").fetchall() == []
     assert kept[0] is kept[1]
     score_store(whole)
@@ -94,9 +94,9 @@ def test_rounds_that_store_nothing_share_one_connection(first_round, tmp_path, m
         m.setattr(runner, "score_rules", fail)
         with pytest.raises(RuntimeError):
             score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
-    assert runner._kept is None
+    assert runner.ROUND_CONNECTION.current is None
     score_store(live, live=LiveRound(built.build_id, built.received_from, materialize=False))
-    assert runner._kept is not None and runner._kept[2] is not kept[0]
+    assert runner.ROUND_CONNECTION.current is not None and runner.ROUND_CONNECTION.current[2] is not kept[0]
 
 
 def test_a_round_reads_the_spans_files_of_its_arrivals(first_round, tmp_path, monkeypatch):
