@@ -8,6 +8,7 @@ answered from memory. SQL is built only with bound parameters.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -116,7 +117,7 @@ class Store:
 
     def named(self, name: str, params: Mapping[str, str], since: str | None) -> pa.Table:
         """A named query's result (cached per build state; a relative ``since`` is not cached)."""
-        key = repr((name, sorted(params.items()), since))
+        key = _whole_key(name, params, since)
         if since is not None:
             return run_named(self.data, name, params, since)
         result: pa.Table = self.cache.get(self.state(), key, lambda: run_named(self.data, name, params, None))
@@ -140,7 +141,7 @@ class Store:
     def _whole(self, name: str, params: Mapping[str, str], state: str) -> pa.Table | None:
         """The query over every trace when it is cached for this build state (filtered to ``params``' trace); None:
         not cached (or ``params`` other than a trace)."""
-        whole = self.cache.peek(state, repr((name, [], None)))
+        whole = self.cache.peek(state, _whole_key(name))
         if whole is not None and "trace_id" in params:
             table: pa.Table = whole.filter(pc.equal(whole["trace_id"], params["trace_id"]))
             return table
@@ -165,10 +166,27 @@ class Store:
 
     def warm(self) -> None:
         """Compute the whole-store results the list, a trace and /metrics read (once per build state), after the
-        row group filters of the files a trace's parts read (``tracefiles.prime``: a file's are read once)."""
+        row group filters of the files a trace's parts read (``tracefiles.prime``: a file's are read once).
+
+        The queries not cached yet run on one connection (``run_named_together``: a connection each cost ~25 ms
+        CPU of a server's start on a small store), under the trace list's cache entry, so a first /api/traces
+        meanwhile waits for it instead of computing it again."""
         tracefiles.prime(self.data, PART_TABLES)
-        for name in ("trace_summary", "propagation", "root_causes"):
-            self.named(name, {}, None)
+        state = self.state()
+        first, *rest = _WARMED
+        others: dict[str, pa.Table] = {}
+
+        def together() -> pa.Table:
+            names = [first, *(name for name in rest if self.cache.peek(state, _whole_key(name)) is None)]
+            tables = run_named_together(self.data, [(name, {}) for name in names])
+            others.update(zip(names[1:], tables[1:], strict=True))
+            return tables[0]
+        self.cache.get(state, _whole_key(first), together)
+        for name in rest:
+            if name in others:
+                self.cache.get(state, _whole_key(name), functools.partial(others.pop, name))
+            else:
+                self.named(name, {}, None)
 
     def traces(self, since: str | None = None, status: str | None = None, agent: str | None = None,
                conversation: str | None = None, limit: int = 200, offset: int = 0) -> tuple[int, pa.Table]:
@@ -255,6 +273,15 @@ class Store:
             scored(parts["nodes"], parts["scores"])
             return parts
         return self.on_state(state, read)
+
+
+_WARMED = ("trace_summary", "propagation", "root_causes")
+"""The whole-store results ``Store.warm`` computes (the trace list first: its request waits for it)."""
+
+
+def _whole_key(name: str, params: Mapping[str, str] | None = None, since: str | None = None) -> str:
+    """The cache key of a named query's result (``Store.named``)."""
+    return repr((name, sorted((params or {}).items()), since))
 
 
 def _part(cur: duckdb.DuckDBPyConnection, sql: str, source: str | None, values: dict[str, list[str]]) -> list[dict[str, Any]]:
