@@ -56,7 +56,9 @@ from tracedag.pipeline.serve.sqlproc import (
     SqlTimeout,
     TextTooLarge,
 )
+from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed, TracedagError
+from tracedag.schemas.layout import reports_dir
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +173,10 @@ class Api:
 
 def _list_reports(data: Path) -> list[dict[str, Any]]:
     """The saved regression reports (``regress.saved``, imported here: the regress package imports the gate and
-    polars, ~0.2 s CPU a server paid at each start though only the Regressions tab asks for reports)."""
+    polars, ~0.2 s CPU a server paid at each start though only the Regressions tab asks for reports; the warm-up
+    imports it once the store has reports, ``_load_reports_reader``)."""
+    if not _has_reports(data):  # what list_reports answers then, without the import
+        return []
     from tracedag.pipeline.regress import saved
 
     rows: list[dict[str, Any]] = saved.list_reports(data)
@@ -276,6 +281,7 @@ class Warmer:
 
     def _run(self) -> None:
         last = None
+        reports = False
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
@@ -284,6 +290,7 @@ class Warmer:
                     self.api.store.warm()
                     self.api.metrics.text()
                     last = state
+                reports = reports or _load_reports_reader(self.api.store.data)
             except Exception:  # a store mid-compaction or not built yet: the next pass tries again
                 logger.info("warm-up pass failed", exc_info=True)
             self._stop.wait(max(WARM_INTERVAL, 2 * (time.monotonic() - t0)))
@@ -291,6 +298,23 @@ class Warmer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def _has_reports(data: Path) -> bool:
+    """Whether the store may hold saved regression reports: a ``reports/regress-*.json`` file, or an object store
+    (whose reports come from the writers)."""
+    folder = reports_dir(data)
+    return remote_of(data) is not None or (folder.is_dir() and any(folder.glob("regress-*.json")))
+
+
+def _load_reports_reader(data: Path) -> bool:
+    """Import the saved reports' reader (``regress.saved``, ~0.2 s CPU) once the store has saved reports, so the
+    first /api/regressions does not pay it; a store without reports never does. True once imported."""
+    if not _has_reports(data):
+        return False
+    from tracedag.pipeline.regress import saved  # noqa: F401
+
+    return True
 
 
 def create_app(data: Path, token: str | None = None, limits: SqlLimits | None = None,

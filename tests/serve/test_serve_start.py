@@ -48,3 +48,21 @@ def test_a_warm_up_after_a_request_keeps_the_cached_list(serve_store: Path) -> N
     store.warm()
     assert store.named("trace_summary", {}, None) is listed
     assert store.cache.peek(store.state(), repr(("root_causes", [], None))) is not None
+
+
+def test_the_reports_reader_is_loaded_ahead_only_for_a_store_with_reports(tmp_path: Path) -> None:
+    from tracedag.pipeline.serve.app import _load_reports_reader
+
+    assert not _load_reports_reader(tmp_path)
+    (tmp_path / "reports").mkdir()
+    assert not _load_reports_reader(tmp_path)
+    (tmp_path / "reports" / "regress-20260101T000000Z-a.json").write_text("{}")
+    assert _load_reports_reader(tmp_path)
+
+
+def test_a_store_without_reports_lists_none(tmp_path: Path, serve_store: Path) -> None:
+    from tracedag.pipeline.regress import saved
+    from tracedag.pipeline.serve.app import _list_reports
+
+    assert _list_reports(tmp_path) == [] == saved.list_reports(tmp_path)
+    assert _list_reports(serve_store) == saved.list_reports(serve_store)
