@@ -52,7 +52,7 @@ def test_shown_tables_answer_the_stored_rows_freshness(scored: Path) -> None:
     try:
         assert "materialized_failures" not in _views(con) and "materialized_propagation" in _views(con)
         # the store's stored rows are current whichever views a connection has (the answer is kept per store)
-        assert materialized._freshness_now(con, scored).fresh
+        assert materialized._freshness_now(con, scored, materialized._listed(scored))[0].fresh
         assert con.sql("select count(*) from spans_all").fetchall() == [(6,)]
     finally:
         con.close()
