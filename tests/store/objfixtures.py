@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.store.s3_server import KEY, SECRET, S3Server, server_binary, started
+from tests.store.s3_server import KEY, SECRET, S3Server, agent_runs_dump, server_binary, started
 
 _SESSION: list[Any] = []
 
@@ -95,3 +95,24 @@ def sorted_rows(data: Path, sql: str) -> list[tuple]:
         return sorted(con.execute(sql).fetchall(), key=repr)
     finally:
         con.close()
+
+
+def tracedag_ok(*args: str) -> None:
+    """Run a ``tracedag`` command in this process (click's runner); it must succeed."""
+    from click.testing import CliRunner
+
+    from tracedag.pipeline.cli import cli
+
+    done = CliRunner().invoke(cli, list(args))
+    assert done.exit_code == 0, done.output
+
+
+def remote_store(url: str, tmp: Path, traces: int, writer: str, score: bool = False) -> None:
+    """``traces`` agent runs ingested and built (and scored with ``score``) into the object store ``url`` from the
+    work directory ``tmp/writer``."""
+    dump = agent_runs_dump(tmp / f"spans-{writer}-{traces}.json", traces)
+    work = str(tmp / writer)
+    tracedag_ok("ingest", str(dump), "--data", url, "--work-dir", work, "--writer-id", writer)
+    tracedag_ok("build", "--idle", "0", "--data", url, "--work-dir", work)
+    if score:
+        tracedag_ok("score", "--no-judge", "--data", url, "--work-dir", work)

@@ -11,28 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from click.testing import CliRunner
-
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
+from tests.store.objfixtures import remote_store, tracedag_ok
 from tests.store.s3_server import agent_runs_dump
-from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store import freshkept, materialized
 from tracedag.pipeline.store.remote import bind_store, open_remote
 from tracedag.pipeline.store.views import connect
-
-
-def _tracedag(*args: str) -> None:
-    done = CliRunner().invoke(cli, list(args))
-    assert done.exit_code == 0, done.output
-
-
-def _scored_store(url: str, tmp: Path, traces: int, writer: str) -> None:
-    """``traces`` agent runs ingested, built and scored into ``url`` from the work directory ``tmp/writer``."""
-    dump = agent_runs_dump(tmp / f"spans-{writer}-{traces}.json", traces)
-    work = str(tmp / writer)
-    _tracedag("ingest", str(dump), "--data", url, "--work-dir", work, "--writer-id", writer)
-    for step in (["build", "--idle", "0"], ["score", "--no-judge"]):
-        _tracedag(*step, "--data", url, "--work-dir", work)
 
 
 class _Asked:
@@ -66,7 +50,7 @@ def _published(url: str) -> dict:
 
 def test_a_fresh_work_directory_takes_the_published_answer_and_a_new_listing_asks_again(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
-    _scored_store(url, tmp_path, 6, "w")
+    remote_store(url, tmp_path, 6, "w", score=True)
     asked = _Asked(monkeypatch)
     first = _read(url, tmp_path / "r1")
     assert first.fresh and asked.count == 1  # computed, and published for the others
@@ -84,24 +68,24 @@ def test_a_fresh_work_directory_takes_the_published_answer_and_a_new_listing_ask
     monkeypatch.setattr(materialized, "definitions_hash", today)
     # a new build of more traces, not scored yet: a new listing, asked again; the old answer is not taken
     dump = agent_runs_dump(tmp_path / "more.json", 9)
-    _tracedag("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w"))
-    _tracedag("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "w"))
+    tracedag_ok("ingest", str(dump), "--data", url, "--work-dir", str(tmp_path / "w"))
+    tracedag_ok("build", "--idle", "0", "--data", url, "--work-dir", str(tmp_path / "w"))
     after_build = _read(url, tmp_path / "r6")
     assert asked.count == 3 and not after_build.fresh
     assert _published(url)["digest"] != doc["digest"]
-    _tracedag("score", "--no-judge", "--data", url, "--work-dir", str(tmp_path / "w"))
+    tracedag_ok("score", "--no-judge", "--data", url, "--work-dir", str(tmp_path / "w"))
     assert _read(url, tmp_path / "r7").fresh and asked.count == 4
 
 
 def test_a_store_wiped_and_written_again_never_gets_the_old_answer(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
-    _scored_store(url, tmp_path, 6, "w")
+    remote_store(url, tmp_path, 6, "w", score=True)
     asked = _Asked(monkeypatch)
     assert _read(url, tmp_path / "r1").fresh and asked.count == 1
     remote = open_remote(url)
     old = remote.lite.cat_file(remote.key(freshkept.PUBLISHED))
     s3.filesystem().rm(remote.root, recursive=True)  # wiped
-    _scored_store(url, tmp_path, 4, "w2")  # and written again by another writer, with fewer traces
+    remote_store(url, tmp_path, 4, "w2", score=True)  # and written again by another writer, with fewer traces
     # the old answer left behind (a wipe that missed it) is another listing's: not taken
     remote.lite.put(remote.key(freshkept.PUBLISHED), old)
     again = _read(url, tmp_path / "r2")

@@ -11,36 +11,20 @@ from __future__ import annotations
 
 import gc
 import time
-from pathlib import Path
-
-from click.testing import CliRunner
 
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
-from tests.store.s3_server import agent_runs_dump
-from tracedag.pipeline.cli import cli
+from tests.store.objfixtures import remote_store
 from tracedag.pipeline.store import cachedfs
 from tracedag.pipeline.store.cachedfs import LISTING_TTL
 from tracedag.pipeline.store.remote import bind_store, remote_of
 from tracedag.pipeline.store.views import connect
 
 
-def _tracedag(*args: str) -> None:
-    done = CliRunner().invoke(cli, list(args))
-    assert done.exit_code == 0, done.output
-
-
-def _built(url: str, tmp: Path, traces: int, writer: str) -> None:
-    dump = agent_runs_dump(tmp / f"spans-{writer}.json", traces)
-    work = str(tmp / writer)
-    _tracedag("ingest", str(dump), "--data", url, "--work-dir", work, "--writer-id", writer)
-    _tracedag("build", "--idle", "0", "--data", url, "--work-dir", work)
-
-
 def test_duckdb_s_opens_take_the_views_entries_and_a_rewritten_store_is_seen_by_the_next_connection(
         s3, tmp_path, monkeypatch):
     monkeypatch.setenv("TRACEDAG_CACHE_WHOLE", "0")  # block copies only: the views name URLs, DuckDB opens them
     url = f"s3://{s3.bucket}/store"
-    _built(url, tmp_path, 6, "w")
+    remote_store(url, tmp_path, 6, "w")
     work = bind_store(url, tmp_path / "r", None, False)
     remote = remote_of(work)
     assert remote is not None and remote.lite is not None
@@ -67,7 +51,7 @@ def test_duckdb_s_opens_take_the_views_entries_and_a_rewritten_store_is_seen_by_
     gc.collect()
     assert not fs._held  # released with the connection
     s3.filesystem().rm(remote.root, recursive=True)  # wiped
-    _built(url, tmp_path, 4, "w2")  # and written again by another writer
+    remote_store(url, tmp_path, 4, "w2")  # and written again by another writer
     time.sleep(LISTING_TTL + 0.3)
     con = connect(bind_store(url, tmp_path / "r2", None, False))
     assert con.execute("select count(*) from traces").fetchall() == [(4,)]
