@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.store.files import parquet_files
@@ -120,6 +119,8 @@ def lookup(data: Path, trace_id: str) -> int | None:
         if found is None:
             return None
         table = found
+    import pyarrow.compute as pc  # here: the SQL workers and servers that import this module seldom need it (~40 ms)
+
     i = pc.index(table.column("trace_id"), trace_id).as_py()
     return None if i < 0 else int(table.column("mat_round")[i].as_py())
 
@@ -195,6 +196,8 @@ def advance(data: Path, before: tuple[str, ...], state: pa.Table) -> bool:
     old = _read(_path(data, before)) if before else _SCHEMA.empty_table()
     if old is None:
         return False
+    import pyarrow.compute as pc
+
     rows = state.select(list(COLUMNS)).cast(_SCHEMA)
     kept = old.cast(_SCHEMA).filter(pc.invert(pc.is_in(old.column("trace_id"), value_set=rows.column("trace_id"))))
     both = pa.concat_tables([kept, rows])
