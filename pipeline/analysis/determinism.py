@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
 import duckdb
 import pyarrow as pa
@@ -34,6 +35,7 @@ from tracedag.pipeline.analysis.response import (
     variant_consistency,
 )
 from tracedag.pipeline.analysis.trajectories import Run, load_runs, runs_table, visits_table
+from tracedag.pipeline.progress import Advance, no_progress
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.agent_graph import AgentGraph, graph_for
@@ -46,13 +48,7 @@ logger = logging.getLogger(__name__)
 QUERIES = ("determinism", "determinism_agent", "node_utility", "edge_utility", "agent_utility")
 """The named queries run over the relations ``run_paths`` and ``node_visits``, in this order."""
 GroupKey = tuple[str, str | None, str]
-Progress = Callable[[str, int, int | None], None]
-"""``progress(phase, done, total)``: ``done`` more units of ``phase`` finished; ``total`` is the
-phase's size, ``None`` while it is unknown."""
-
-
-def no_progress(phase: str, done: int, total: int | None) -> None:
-    """The default ``Progress``: report nothing."""
+Progress: TypeAlias = Advance
 
 
 @dataclass

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from tracedag.pipeline.commands._options import data_option
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import TaskID
-
-    from tracedag.pipeline.analysis.determinism import Progress as Advance
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -53,35 +46,19 @@ def determinism_command(
     from tracedag.pipeline.analysis.report import group_by_hint, print_report
     from tracedag.pipeline.analysis.response import make_scorer
     from tracedag.pipeline.commands._table import whole_console
+    from tracedag.pipeline.progress import bars
     from tracedag.schemas.agent_graph import load_graph
 
     graphs = [load_graph(f) for f in graph_files]
     scorer = make_scorer(judge_model, judge_base_url)
     err = Console(stderr=True)
-    with _progress(err) as progress:
+    with bars(console=err) as progress:
         result = analyze(data, group_by=group_by, graphs=graphs, scorer=scorer, progress=progress)
         written = write_outputs(result, data, output, progress)
     print_report(whole_console(), result, written)
     hint = group_by_hint(result, group_by)
     if hint:
         err.print(hint, style="yellow", highlight=False, markup=False, soft_wrap=True)
-
-
-@contextmanager
-def _progress(console: Console) -> Iterator[Advance]:
-    """Rich bars on ``console`` (stderr), one per phase of the analysis; gone when it ends."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bars:
-        tasks: dict[str, TaskID] = {}
-
-        def advance(phase: str, done: int, total: int | None) -> None:
-            if phase not in tasks:
-                tasks[phase] = bars.add_task(phase, total=total)
-            bars.update(tasks[phase], advance=done, total=total)
-
-        yield advance
 
 
 @click.command("paths")

@@ -151,18 +151,20 @@ def _sink(data: Path, endpoint: str | None) -> Iterator[str]:
 
 
 @contextmanager
-def _progress() -> Iterator[Any]:
+def _progress() -> Iterator[Callable[[int, int], None]]:
+    """``advance(done, total)`` on one ``replay`` bar on stderr, gone when the replay ends."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("replay", total=None)
+    from tracedag.pipeline.progress import bars
 
-        def advance(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+    with bars(console=Console(stderr=True)) as advance:
+        shown = [0]
 
-        yield advance
+        def step(done: int, total: int) -> None:
+            advance("replay", done - shown[0], total)
+            shown[0] = done
+
+        yield step
 
 
 def _report(result: ReplayResult, where: str, tools: str = "live") -> None:

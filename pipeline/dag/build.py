@@ -46,6 +46,7 @@ from tracedag.pipeline.dag.window import (
     spans_listing,
 )
 from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
+from tracedag.pipeline.progress import bars
 from tracedag.pipeline.store.gc import GcSettings, GcStats, mark_inflight, remove_crashed_build
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.swap import collect
@@ -117,6 +118,7 @@ order by trace_id
 """
 
 Callback = Callable[[int], None]
+_BAR = "building DAGs (spans)"
 
 
 @dataclass
@@ -382,7 +384,7 @@ def _run(
     tmp = build_tmp_dir(data, stats.build_id)
     mark_inflight(data, stats.build_id)
     source = Source(data, plan.files, plan.received_from)
-    with _progress(progress, plan.spans) as advance, closing(chunk_tables(source, plan.chunks, tmp)) as tables:
+    with _spans_bar(progress, plan.spans) as advance, closing(chunk_tables(source, plan.chunks, tmp)) as tables:
         for i in range(len(plan.chunks)):
             # no local name for the input: reconstruct frees it as soon as it has prepared its own copy
             traces, nodes, edges = reconstruct(_timed_next(tables), stats.build_id, stats.built_unix_nano,
@@ -409,7 +411,7 @@ def _run_engine(data: Path, plan: Plan, stats: BuildStats, spec: WorkflowSpec | 
     mark_inflight(data, stats.build_id)
     source = Source(data, plan.files, plan.received_from)
     before = engine.tasks
-    with _progress(progress, plan.spans) as advance:
+    with _spans_bar(progress, plan.spans) as advance:
         for k, (traces, nodes, edges) in engine.map_buckets(build_bucket, buckets, source, stats.build_id,
                                                             stats.built_unix_nano, tolerance_ns, spec):
             _write(data, stats, k, traces, nodes, edges, label=buckets[k].name)
@@ -467,15 +469,9 @@ def _total(col: pa.ChunkedArray) -> int:
 
 
 @contextmanager
-def _progress(show: bool, total: int) -> Iterator[Callback]:
-    if not show:
-        yield lambda n: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("building DAGs"), BarColumn(), MofNCompleteColumn(), TextColumn("spans"), TimeElapsedColumn()
-    ) as bar:
-        task = bar.add_task("build", total=total)
-        yield lambda n: bar.advance(task, n)
+def _spans_bar(show: bool, total: int) -> Iterator[Callback]:
+    """``advance(spans)`` on one bar of ``total`` spans that stays when the build ends."""
+    with bars(show, transient=False) as advance:
+        advance(_BAR, 0, total)
+        yield lambda n: advance(_BAR, n, None)
 

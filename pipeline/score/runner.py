@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.engine import Bucket, Engine, bucket_target, plan_buckets
+from tracedag.pipeline.progress import bars
 from tracedag.pipeline.score import columnar, inputs, paramgen
 from tracedag.pipeline.score.evaluations import MapStats, map_evaluations
 from tracedag.pipeline.score.judge.cache import JudgeCache
@@ -483,20 +484,6 @@ ROUND_CONNECTION = Kept("score round", _connect, refresh_views)
 
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Advance]:
-    if not enabled:
-        yield lambda phase, n, total: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=False) as bar:
-        ids: dict[str, object] = {}
-
-        def advance(phase: str, n: int, total: int) -> None:
-            if phase not in ids:
-                ids[phase] = bar.add_task(f"score: {phase}", total=None if total < 0 else total)
-            if total >= 0:
-                bar.update(ids[phase], total=total)  # type: ignore[arg-type]
-            bar.update(ids[phase], advance=n)  # type: ignore[arg-type]
-
-        yield advance
+    """One bar per phase (``score: rules``, ``score: judge``), kept when the run ends."""
+    with bars(enabled, transient=False) as advance:
+        yield lambda phase, n, total: advance(f"score: {phase}", n, None if total < 0 else total)
