@@ -186,19 +186,19 @@ def _named(data: Path, label: str) -> Callable[[], int]:
 def _stored(data: Path, label: str) -> Callable[[], int]:
     """Read ``label``'s materialized rows as ``tracedag query`` does in a process of its own: ``run_named``
     (its connection, the freshness check not remembered from an earlier run, the stored rows)."""
-    from tracedag.pipeline.store import materialized
+    from tracedag.pipeline.store import freshness
     from tracedag.pipeline.store.querying import run_named
 
     name = label.split()[0]
     con = connect(data)
     try:
-        if materialized.named_statement(con, data, name, bind_params(query_doc(name), VARIANTS.get(label, {}))) is None:
+        if freshness.named_statement(con, data, name, bind_params(query_doc(name), VARIANTS.get(label, {}))) is None:
             raise SystemExit(f"{label}: the store has no current materialized rows")
     finally:
         con.close()
 
     def run() -> int:
-        materialized._FRESH.clear()
+        freshness._FRESH.clear()
         return int(run_named(data, name, VARIANTS.get(label, {}), threads=2).num_rows)
 
     return run
@@ -215,7 +215,7 @@ def ensure_materialized(data: Path) -> None:
     """Materialize a store whose rows are not current (scored before issue 31, or by other SQL): one
     round (full when the SQL or the labels changed), and say what it cost."""
     from tracedag.pipeline.score.materialize import materialize
-    from tracedag.pipeline.store.materialized import fresh
+    from tracedag.pipeline.store.freshness import fresh
 
     con = connect(data)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 
 from tracedag import queries
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.querying import bind_params
 from tracedag.pipeline.store.views import data_of
@@ -34,7 +34,7 @@ order by node
 def answers(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``cause_rows`` answers on ``con``'s store (its stored rows are current)."""
     data = data_of(con)
-    return data is not None and materialized.fresh(con, data)
+    return data is not None and freshness.fresh(con, data)
 
 
 def cause_rows(con: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, Any]] | None:
@@ -42,7 +42,7 @@ def cause_rows(con: duckdb.DuckDBPyConnection, trace_id: str) -> list[dict[str, 
     final, longest_chain``) from the stored ``propagation`` rows; None when they are not current."""
     data = data_of(con)
     values = bind_params(queries.describe("propagation"), {"trace_id": trace_id})
-    stored = None if data is None else materialized.named_statement(con, data, "propagation", values)
+    stored = None if data is None else freshness.named_statement(con, data, "propagation", values)
     if stored is None:
         return None
     sql, params = stored
@@ -62,7 +62,7 @@ def silent_statement(con: duckdb.DuckDBPyConnection, trace_id: str) -> tuple[str
     data = data_of(con)
     values = bind_params(queries.describe("root_causes"), {"trace_id": trace_id, "per": "trace",
                                                              "strategy": "greedy"})
-    stored = None if data is None else materialized.named_statement(con, data, "root_causes", values)
+    stored = None if data is None else freshness.named_statement(con, data, "root_causes", values)
     return None if stored is None else (SILENT_SQL.format(stored=stored[0]), stored[1])
 
 

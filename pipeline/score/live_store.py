@@ -43,6 +43,7 @@ import pyarrow as pa
 from tracedag.pipeline.score import materialize as m
 from tracedag.pipeline.score import sharedgraph
 from tracedag.pipeline.score.memory import memory_limit
+from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
@@ -123,7 +124,7 @@ class LiveStore:
         con = self._connection()
         self._fresh_views(con)
         signature = mat.signature(self.data)
-        first = not mat.has_state_view(con)  # nothing stored yet: every trace waits, stored a part at a time
+        first = not freshness.has_state_view(con)  # nothing stored yet: every trace waits, stored a part at a time
         if not first and m._signature_changed(con, signature):
             return Copied(full=True)
         scope = m._every_trace(con) if first else arrow(con, m._PENDING_SQL)  # planned once

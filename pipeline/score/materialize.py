@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from tracedag import queries
 from tracedag.pipeline.score.memory import bound, bounded_connection, memory_limit
 from tracedag.pipeline.score.sharedgraph import across_turns, shared_failure_graph
-from tracedag.pipeline.store import current_rounds
+from tracedag.pipeline.store import current_rounds, freshness
 from tracedag.pipeline.store import materialized as mat
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.mixed import narrowed
@@ -101,7 +101,7 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     stats = MaterializeStats()
     with _connection(data, memory_limit() if memory is None else memory, con) as con:
         signature = mat.signature(data)
-        first = not mat.has_state_view(con)  # nothing stored yet: every trace pending
+        first = not freshness.has_state_view(con)  # nothing stored yet: every trace pending
         stats.full = not (first and limit is not None) and _signature_changed(con, signature)
         if stats.full:
             stats.traces = _whole(con, data, signature, stats, part, first)
@@ -149,7 +149,7 @@ def _whole(con: duckdb.DuckDBPyConnection, data: Path, signature: str, stats: Ma
 
 def _signature_changed(con: duckdb.DuckDBPyConnection, signature: str) -> bool:
     """Whether no round is stored yet or the newest one saw other SQL or human labels (then: every trace)."""
-    if not mat.has_state_view(con):
+    if not freshness.has_state_view(con):
         return True
     try:
         row = con.execute(f"select arg_max(signature, mat_round) from {mat.STATE}").fetchall()[0]

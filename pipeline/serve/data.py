@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from tracedag.pipeline.serve import encode, tracefiles
 from tracedag.pipeline.serve.cache import ResultCache
 from tracedag.pipeline.serve.statekey import state_key
-from tracedag.pipeline.store import files, materialized, sqlfiles
+from tracedag.pipeline.store import files, freshness, materialized, sqlfiles
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS
 from tracedag.pipeline.store.querying import bind_params, run_named, run_named_together
@@ -72,7 +72,7 @@ class Store:
     def _connected(self, state: str) -> tuple[duckdb.DuckDBPyConnection, bool]:
         """``_cursor(state)`` and whether its connection has the view of the stored rows' state for sure: a round's
         state files were listed before it connected (``connect`` makes a view of every table with files; asking
-        the connection's catalog, ``materialized.has_state_view``, cost ~7 ms CPU on each new connection)."""
+        the connection's catalog, ``freshness.has_state_view``, cost ~7 ms CPU on each new connection)."""
         with self._con_lock:
             if self._con is None or self._con[0] != state:
                 rounds = materialized.has_rounds(self.data)
@@ -159,7 +159,7 @@ class Store:
         wanted = [(name, bind_params(sqlfiles.described(name), params)) for name in names]
 
         def read(cur: duckdb.DuckDBPyConnection, rounds: bool) -> dict[str, pa.Table | None]:
-            stored = materialized.named_statements(cur, self.data, wanted, has_view=rounds or None)
+            stored = freshness.named_statements(cur, self.data, wanted, has_view=rounds or None)
             return {name: None if s is None else arrow(cur, s[0], s[1])
                     for name, s in zip(names, stored, strict=True)}
         return self._on_connection(state, read)

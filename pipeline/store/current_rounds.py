@@ -7,7 +7,7 @@ of each trace (its build, round and the signature that round saw) depends on the
 a published file never changes (a round or a collection writes new names): so it is computed once per
 listing of those files (names, sizes, modification times), by the first reader that needs it or by the round that wrote the listing
 (``advance``), and kept as ``<data>/state/materialized/current-<digest of the listing>.parquet`` (the
-tables of older listings are removed). ``materialized.freshness`` counts a trace whose latest build is not
+tables of older listings are removed). ``freshness.freshness`` counts a trace whose latest build is not
 its newest stored row's build as not answered, so the rows a reader takes through it are those of the
 newest round of each answered trace's latest build.
 """
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE = "materialized_traces"  # materialized.STATE (that module imports this one)
-KEPT = "materialized"  # materialized.KEPT: <data>/state/materialized/
+KEPT = "materialized"  # freshness.KEPT: <data>/state/materialized/
 RELATION = "__tracedag_current"
 """The name a reader registers the kept table under on its connection (``materialized.reader_sql``'s ``current``)."""
 COLUMNS = ("trace_id", "build_id", "mat_round", "signature")

@@ -1,4 +1,4 @@
-"""``materialized.freshness``'s answers kept for later processes: in the work directory, and on an object store
+"""``freshness.freshness``'s answers kept for later processes: in the work directory, and on an object store
 published beside its tables, for every reader's work directory.
 
 An answer depends on the files of ``traces`` and ``materialized_traces`` and on the signature (the SQL
@@ -31,7 +31,7 @@ from tracedag.schemas.layout import tables_dir
 logger = logging.getLogger(__name__)
 
 KEPT = "materialized"
-"""``<data>/state/materialized/``: the kept answers (``materialized.KEPT``)."""
+"""``<data>/state/materialized/``: the kept answers (``freshness.KEPT``)."""
 PUBLISHED = "state/materialized-fresh.json"
 """The object under an object store's root holding the newest answer and its digest."""
 

@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
 
@@ -229,7 +229,7 @@ def _replaced(con: duckdb.DuckDBPyConnection) -> tuple[pa.Array | None, frozense
     the conversation, new SQL or labels), whose rows are dead, and those rounds. Only what the state rows say
     now: a round stored after this (a scorer may run before the collection takes its lock) is not in it, so its
     rows and those it replaces stay until the next collection. (None, empty) when nothing is stored."""
-    if not materialized.has_state_view(con):
+    if not freshness.has_state_view(con):
         return None, frozenset()
     old = con.sql(_REPLACED_SQL).to_arrow_table()
     text = pc.cast(old.column("mat_round"), pa.string())

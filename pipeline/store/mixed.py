@@ -1,7 +1,7 @@
 """Named queries on a store whose newest builds are not all materialized yet: stored rows, and SQL for the rest.
 
 A live round of ``tracedag collect --build`` may leave the materialization of its traces to a later
-round. Until then ``materialized.freshness`` names the traces the stored rows do not answer: every
+round. Until then ``freshness.freshness`` names the traces the stored rows do not answer: every
 trace of a conversation one of whose traces has a latest build without stored rows (a later turn
 changes the earlier turns' rows). ``read`` answers a materialized named query with the stored rows of
 every other trace and the query's SQL over views whose ``traces`` hold only those traces (the scope a
@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.store import current_rounds, materialized
+from tracedag.pipeline.store import current_rounds, freshness, materialized
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
@@ -46,7 +46,7 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     or of every trace are read from the raw and stored tables alone, never from the refined views."""
     if not materialized.matches(name, values):
         return None
-    state = materialized.freshness(con, data)
+    state = freshness.freshness(con, data)
     if not state.usable or not state.stale:
         return None
     one, whole = materialized.scope_flags(values)
@@ -116,7 +116,7 @@ def covers(con: duckdb.DuckDBPyConnection, trace_id: str) -> bool:
 
 
 # The traces of one trace's conversation (the trace alone without one), by the latest build of each, as
-# ``materialized.freshness`` groups them: the scope a materialize round computes the trace's rows in.
+# ``freshness.freshness`` groups them: the scope a materialize round computes the trace's rows in.
 _CONVERSATION_SQL = """
 with latest as (
     select trace_id, arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
@@ -210,7 +210,7 @@ HELD = f"{SCOPE}_held"
 """The traces ``_restrict`` makes the refined views hold (``SCOPE``: those not stored yet, whose stored rows are
 left out)."""
 
-# The traces of the conversations (by each trace's latest build, as ``materialized.freshness`` groups them) with a
+# The traces of the conversations (by each trace's latest build, as ``freshness.freshness`` groups them) with a
 # step_scores row of any build whose score is <= $threshold, from the rows of the traces ``HELD`` lists.
 _FAILING_SQL = """
 with latest as (

@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tracedag import queries
-from tracedag.pipeline.store import current_rounds, materialized, mixed
+from tracedag.pipeline.store import current_rounds, freshness, materialized, mixed
 from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
@@ -205,7 +205,7 @@ def _named_on(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dic
     if not (one or whole):  # a time window's stored read calls trace_window over the refined views
         mixed.unrestrict(con, data)
     sql = queries.load(name)
-    stored = materialized.named_statement(con, data, name, values)
+    stored = freshness.named_statement(con, data, name, values)
     if stored is not None:
         sql, values = stored
     create_shared_macros(con, sql)  # those it calls, not made for a query before
@@ -242,7 +242,7 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
         return stored
     try:
         con = _with_views(con, data, limits.threads)
-        stored = materialized.named_statement(con, data, limits.named, values) if limits.named else None
+        stored = freshness.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
         create_shared_macros(con, _with_named_queries(sql) if limits.macros else sql)  # those it calls, if any
@@ -297,8 +297,8 @@ def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> _An
         return None, None  # a time window: its stored read calls a shared macro over the refined views
     if not materialized.has_rounds(data):
         return None, None  # nothing stored yet: no connection of its own (~0.1 s CPU of a poll)
-    known = materialized.known_freshness(data)
-    if known is not None and not known.fresh and not (one and materialized.answered(known, str(values["trace_id"]))):
+    known = freshness.known_freshness(data)
+    if known is not None and not known.fresh and not (one and freshness.answered(known, str(values["trace_id"]))):
         return None, None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
     for _ in range(STORED_ATTEMPTS):
         con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name))
@@ -318,8 +318,8 @@ def _read_stored(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: 
     """``name``'s stored rows read on ``con`` and (``whole``: ``values`` pick every trace) the current rounds read
     through (None: they do not answer it). ``con`` is closed when this raises."""
     try:
-        current = current_rounds.register(con, data) if whole and materialized.fresh(con, data) else None
-        stored = materialized.named_statement(con, data, name, values,
+        current = current_rounds.register(con, data) if whole and freshness.fresh(con, data) else None
+        stored = freshness.named_statement(con, data, name, values,
                                               current=current_rounds.RELATION if current else "")
         if stored is None:
             return None

@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import (
     VANISHED_ATTEMPTS,
@@ -387,7 +387,7 @@ def _read_materialized(con: duckdb.DuckDBPyConnection, made: list[str]) -> list[
     """Switch the macros just made of materialized queries to their stored rows when the store is fresh."""
     todo = [n for n in made if n in materialized.SPECS]
     data = data_of(con) if todo else None
-    if data is None or not materialized.fresh(con, data):
+    if data is None or not freshness.fresh(con, data):
         return []
     done = [sql for n in todo for sql in materialized.switch_statements(n)]
     for sql in done:

@@ -25,7 +25,7 @@ from tests.store.test_gc import N_TRACES, SPANS_PER_TRACE, churn, resend, seed
 from tracedag.pipeline.dag import build as dag_build
 from tracedag.pipeline.dag import build_store, show, show_stored
 from tracedag.pipeline.score.materialize import materialize
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store.gc import GcSettings
 from tracedag.pipeline.store.views import LATEST_BY_ID_SQL, connect, latest_by_id, restrict_to_trace
 
@@ -53,7 +53,7 @@ def materialized_copy(src: Path, dst: Path) -> Path:
     materialize(dst, [])
     con = connect(dst)
     try:
-        assert materialized.fresh(con, dst)
+        assert freshness.fresh(con, dst)
     finally:
         con.close()
     return dst

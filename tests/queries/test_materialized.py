@@ -24,7 +24,7 @@ from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.materialize import MaterializeStats, materialize
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import materialized, mixed
+from tracedag.pipeline.store import freshness, materialized, mixed
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.querying import bind_params, run_named, run_sql
 from tracedag.pipeline.store.views import connect, create_query_macros
@@ -58,7 +58,7 @@ def _reads_stored(data: Path, name: str, given: dict[str, str]) -> bool:
     con = connect(data, shared_macros=False)  # named_statement calls no shared query macro
     try:
         values = bind_params(queries.describe(name), given)
-        return materialized.named_statement(con, data, name, values) is not None
+        return freshness.named_statement(con, data, name, values) is not None
     finally:
         con.close()
 
@@ -72,7 +72,7 @@ def check_cases(data: Path, cases: list[tuple[str, dict[str, str]]], stored: boo
     try:
         for (name, given), want in zip(cases, wants, strict=True):
             values = bind_params(queries.describe(name), given)
-            reads = materialized.named_statement(asked, data, name, values) is not None
+            reads = freshness.named_statement(asked, data, name, values) is not None
             assert reads == stored, f"{name} {given} reads its materialized rows: {reads}"
             assert _exact(run_named(data, name, given).to_pylist()) == want, f"{name} {given}"
             args = ", ".join(f"{k} := '{v}'" for k, v in given.items())
@@ -147,7 +147,7 @@ def stored(query_store: Path, rca_store: Path, tmp_path_factory: pytest.TempPath
             data = _copy(sources[fixture], root)
             before = _reads_stored(data, "failures", {})
             stats = materialize(data, []) if part is None else materialize(data, [], part=part)
-            kept = [pq.read_table(f) for f in sorted((data / "state" / materialized.KEPT).glob("current-*.parquet"))]
+            kept = [pq.read_table(f) for f in sorted((data / "state" / freshness.KEPT).glob("current-*.parquet"))]
             pristine = Path(shutil.copytree(data, root / "pristine"))
             made[fixture, part] = Stored(data, pristine, stats, before, kept)
         return made[fixture, part]
@@ -236,7 +236,7 @@ def _assert_mixed_equal(data: Path, stale: set[str]) -> None:
     wants = references(data, cases)
     con = connect(data)
     try:
-        state = materialized.freshness(con, data)
+        state = freshness.freshness(con, data)
         assert state.usable and set(state.stale) == stale
         for (name, given), want in zip(CASES, wants[:len(CASES)], strict=True):
             values = bind_params(queries.describe(name), given)
@@ -244,7 +244,7 @@ def _assert_mixed_equal(data: Path, stale: set[str]) -> None:
             assert got is not None and _exact(got.to_pylist()) == want, f"{name} {given}"
             con.close()
             con = connect(data)  # mixed.read restricts its connection's views
-        one = {t: materialized.named_statement(con, data, "trace_summary", bind_params(
+        one = {t: freshness.named_statement(con, data, "trace_summary", bind_params(
             queries.describe("trace_summary"), {"trace_id": t})) is not None for t in ("x1", "a1")}
         assert one == {"x1": True, "a1": False}
     finally:
@@ -266,7 +266,7 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
     build_store(data, idle_seconds=0, full=True)
     con = connect(data, shared_macros=False)
     try:
-        assert not materialized.freshness(con, data).usable
+        assert not freshness.freshness(con, data).usable
     finally:
         con.close()
     assert _exact(run_named(data, "root_causes", {}).to_pylist()) == _reference(data, "root_causes", {})
@@ -274,11 +274,11 @@ def test_a_store_whose_newest_builds_are_not_materialized_reads_stored_rows_and_
     assert_materialized_equal(data)
 
 
-def _freshness(data: Path) -> materialized.Freshness:
-    materialized._FRESH.clear()  # as a new process: only what is kept on disk is remembered
+def _freshness(data: Path) -> freshness.Freshness:
+    freshness._FRESH.clear()  # as a new process: only what is kept on disk is remembered
     con = connect(data, shared_macros=False)
     try:
-        return materialized.freshness(con, data)
+        return freshness.freshness(con, data)
     finally:
         con.close()
 
@@ -293,7 +293,7 @@ def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a
     build_store(data, idle_seconds=0)
     score_store(data)
     assert _freshness(data).fresh
-    kept = list((data / "state" / materialized.KEPT).glob("fresh-*.json"))
+    kept = list((data / "state" / freshness.KEPT).glob("fresh-*.json"))
     assert len(kept) == 1
     # the next process reads the kept answer instead of the tables: an answer written there is the one given
     kept[0].write_text(json.dumps({"usable": False, "stale": [], "traces": 3}))
@@ -301,7 +301,7 @@ def test_a_freshness_answer_is_kept_for_the_next_process_and_asked_again_after_a
     b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # a new build: a new listing, asked again
     assert set(_freshness(data).stale) == {"a1", "a2"}
-    assert len(list((data / "state" / materialized.KEPT).glob("fresh-*.json"))) == 1
+    assert len(list((data / "state" / freshness.KEPT).glob("fresh-*.json"))) == 1
     build_store(data, idle_seconds=0, full=True)  # every trace rebuilt, the earlier builds collected
     assert not _freshness(data).usable
     score_store(data)
@@ -373,9 +373,9 @@ def test_a_poll_of_a_store_with_traces_waiting_makes_no_connection_for_the_store
     b = four_stored_conversations(tmp_path_factory, data)
     b.spans(agent_turn("a2", "conv-a1", 9_000_000, "lookup"))
     build_store(data, idle_seconds=0)  # built, not stored: conv-a1 is computed
-    assert materialized.known_freshness(data) is None or not materialized.known_freshness(data).fresh
+    assert freshness.known_freshness(data) is None or not freshness.known_freshness(data).fresh
     run_named(data, "root_causes")  # the freshness answer is now kept
-    known = materialized.known_freshness(data)
+    known = freshness.known_freshness(data)
     assert known is not None and set(known.stale) == {"a1", "a2"}
     calls: list[object] = []
     real = querying.connect

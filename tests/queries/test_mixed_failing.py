@@ -17,7 +17,7 @@ from tests.score.score_support import agent_turn
 from tracedag import queries
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import LiveRound, score_store
-from tracedag.pipeline.store import materialized, mixed
+from tracedag.pipeline.store import freshness, mixed
 from tracedag.pipeline.store.querying import bind_params, run_named
 from tracedag.pipeline.store.views import connect
 
@@ -43,7 +43,7 @@ def _assert_mixed_equal(data: Path, stale: tuple[str, ...]) -> None:
     for (name, given), want in zip(cases, references(data, cases), strict=True):
         con = connect(data)  # mixed.read restricts its connection's views
         try:
-            assert materialized.freshness(con, data).stale == stale
+            assert freshness.freshness(con, data).stale == stale
             got = mixed.read(con, data, name, queries.load(name), bind_params(queries.describe(name), given))
             assert got is not None and _exact(got.to_pylist()) == want, f"{name} {given}"
         finally:
@@ -65,7 +65,7 @@ def test_conversations_without_a_failing_score_are_left_out_of_the_failure_queri
     _assert_mixed_equal(data, stale)  # every stored query, whole store and windowed: the SQL's rows
     con = connect(data)
     try:
-        assert materialized.freshness(con, data).stale == stale
+        assert freshness.freshness(con, data).stale == stale
         assert _held(con, data, "root_causes", {}) == ()  # p1 passed, u1 is not scored: no view holds a trace
         assert not mixed.covers(con, "u1")
         assert _held(con, data, "failures", {}) == ()  # the same threshold: the views kept

@@ -17,7 +17,7 @@ from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.serve.data import Store
 from tracedag.pipeline.serve.metrics import DISK, Metrics, compute
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import state_dir, tables_dir
@@ -51,7 +51,7 @@ def test_build_lag_counts_every_trace_with_a_received_time(serve_store: Path) ->
 def test_stored_rows_and_sql_give_the_same_text(serve_store: Path, tmp_path: Path) -> None:
     con = connect(serve_store)
     try:
-        assert materialized.fresh(con, serve_store)  # the scorer stored the named queries' rows
+        assert freshness.fresh(con, serve_store)  # the scorer stored the named queries' rows
     finally:
         con.close()
     computed = tmp_path / "sql"

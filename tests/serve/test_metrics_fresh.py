@@ -16,7 +16,7 @@ from tests.score.score_support import StoreBuilder, agent_turn, span
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.serve import metrics
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import tables_dir
 
@@ -71,7 +71,7 @@ def test_a_trace_built_twice_reads_its_latest_build_from_the_current_rounds(tmp_
     con = connect(data)
     try:
         assert con.execute("select count(*), count(distinct trace_id) from traces_all").fetchall() == [(3, 2)]
-        assert materialized.fresh(con, data)
+        assert freshness.fresh(con, data)
     finally:
         con.close()
     with caplog.at_level(logging.INFO, logger=metrics.__name__):

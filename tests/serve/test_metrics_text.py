@@ -20,7 +20,7 @@ from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.serve.metrics import LAG_BUCKETS, SCORE_BUCKETS, compute
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.layout import tables_dir
@@ -136,7 +136,7 @@ def test_the_text_is_the_named_queries_figures_from_stored_rows_and_from_sql(
     data: Path = request.getfixturevalue(name)
     con = connect(data)
     try:
-        assert materialized.fresh(con, data)  # the stored rows answer: the first text reads them
+        assert freshness.fresh(con, data)  # the stored rows answer: the first text reads them
     finally:
         con.close()
     want = reference(data)

@@ -13,7 +13,7 @@ import pytest
 from tests.serve.serve_support import Server, running_server
 from tracedag.pipeline.serve import metrics
 from tracedag.pipeline.serve.sqlguard import refuse
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness
 
 TIMEOUT = 2.0
 
@@ -37,7 +37,7 @@ def server(serve_store: Path, outside: Path) -> Iterator[Server]:
 
 # What the server itself keeps under the store's state/ while it runs (its warm-up and /metrics thread may write
 # them at any moment): the build state's /metrics text and which traces the stored query rows answer.
-SERVER_CACHES = (metrics.DISK, materialized.KEPT)
+SERVER_CACHES = (metrics.DISK, freshness.KEPT)
 
 
 def _snapshot(*dirs: Path) -> set[tuple[str, int]]:

@@ -11,7 +11,7 @@ import pytest
 
 from tracedag import queries
 from tracedag.pipeline.serve.data import Store
-from tracedag.pipeline.store import current_rounds, materialized, sqlfiles
+from tracedag.pipeline.store import current_rounds, freshness, materialized, sqlfiles
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect
 
@@ -40,11 +40,11 @@ def _counted(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[in
 def test_a_cold_first_view_asks_freshness_and_the_newest_round_once(serve_store: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     want = {tid: Store(serve_store).trace(tid) for tid in _trace_ids(serve_store)}
-    catalog = _counted(monkeypatch, materialized, "has_state_view")
-    fresh = _counted(monkeypatch, materialized, "freshness")
+    catalog = _counted(monkeypatch, freshness, "has_state_view")
+    fresh = _counted(monkeypatch, freshness, "freshness")
     newest = _counted(monkeypatch, current_rounds, "lookup")
     for tid, doc in want.items():
-        materialized._FRESH.clear()  # a server just started: only what is kept on disk is known
+        freshness._FRESH.clear()  # a server just started: only what is kept on disk is known
         assert Store(serve_store).trace(tid) == doc
     assert (fresh[0], newest[0]) == (len(want), len(want))
     assert catalog[0] == 0  # the connection was made after a round's state files were listed: it has the view
@@ -55,8 +55,8 @@ def test_named_statements_are_each_named_statement(serve_store: Path) -> None:
     try:
         for tid in _trace_ids(serve_store):
             wanted = [(name, bind_params(query_doc(name), {"trace_id": tid})) for name in NAMES]
-            together = materialized.named_statements(con, serve_store, wanted)
-            assert together == [materialized.named_statement(con, serve_store, n, v) for n, v in wanted]
+            together = freshness.named_statements(con, serve_store, wanted)
+            assert together == [freshness.named_statement(con, serve_store, n, v) for n, v in wanted]
             assert all(s is not None for s in together)
     finally:
         con.close()

@@ -15,7 +15,7 @@ from tests.queries.test_materialized import _exact, _reference, assert_materiali
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import current_rounds, materialized
+from tracedag.pipeline.store import current_rounds, freshness, materialized
 from tracedag.pipeline.store.gc import GcSettings
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.views import connect
@@ -38,7 +38,7 @@ def _from_the_state(data) -> list[dict]:
 
 def _poll(data) -> list[dict]:
     """A poll as a new process makes it (nothing remembered in this one)."""
-    materialized._FRESH.clear()
+    freshness._FRESH.clear()
     current_rounds._LAST.clear()
     return run_named(data, "root_causes").to_pylist()
 

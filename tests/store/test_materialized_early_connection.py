@@ -9,7 +9,7 @@ import shutil
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.views import connect, create_query_macros
 
 ROOT_CAUSES = "select * from root_causes() order by all"
@@ -32,14 +32,14 @@ def test_a_connection_made_before_the_first_round_reads_the_sql(tmp_path):
     early = connect(data)  # its views: no stored rows yet
     score_store(data)  # the first round is stored meanwhile (nothing to score: it stores them all)
     assert (data / "tables" / materialized.STATE).is_dir()
-    assert materialized.freshness(early, data) == materialized.Freshness(False)  # before: CatalogException
+    assert freshness.freshness(early, data) == freshness.Freshness(False)  # before: CatalogException
     later = connect(data)
-    assert materialized.fresh(later, data)  # what a new connection finds, and keeps for the next reader
+    assert freshness.fresh(later, data)  # what a new connection finds, and keeps for the next reader
     create_query_macros(early, ROOT_CAUSES)
     create_query_macros(later, ROOT_CAUSES)
     rows = later.sql(ROOT_CAUSES).fetchall()
     assert rows and early.sql(ROOT_CAUSES).fetchall() == rows  # the stored rows and the SQL agree
-    assert materialized.fresh(connect(data), data)  # the early connection's answer was not kept for others
+    assert freshness.fresh(connect(data), data)  # the early connection's answer was not kept for others
 
 
 def test_an_answer_kept_by_another_reader_does_not_send_an_early_connection_to_the_stored_rows(tmp_path):
@@ -47,7 +47,7 @@ def test_an_answer_kept_by_another_reader_does_not_send_an_early_connection_to_t
     early = connect(data)
     score_store(data)
     assert (data / "tables" / materialized.STATE).is_dir()
-    assert materialized.fresh(connect(data), data)  # another reader found the store fresh and kept it
-    assert materialized.named_statement(early, data, "root_causes", {}) is None  # before: the stored rows' SQL
+    assert freshness.fresh(connect(data), data)  # another reader found the store fresh and kept it
+    assert freshness.named_statement(early, data, "root_causes", {}) is None  # before: the stored rows' SQL
     create_query_macros(early, ROOT_CAUSES)
     assert early.sql(ROOT_CAUSES).fetchall()  # before: Catalog Error, materialized_traces does not exist

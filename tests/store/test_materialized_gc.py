@@ -6,7 +6,7 @@ from tests.queries.test_materialized import assert_materialized_equal
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness, materialized
 from tracedag.pipeline.store.views import connect
 
 
@@ -27,7 +27,7 @@ def test_a_full_rebuild_and_score_leave_only_the_new_builds_materialized_rows(tm
     second = build_store(data, idle_seconds=0, full=True)  # collects what the first build's traces left
     con = connect(data, shared_macros=False)  # no shared query macro called
     try:
-        assert not materialized.fresh(con, data)  # rebuilt, not scored yet: the SQL answers
+        assert not freshness.fresh(con, data)  # rebuilt, not scored yet: the SQL answers
     finally:
         con.close()
     score_store(data)

@@ -14,31 +14,31 @@ from pathlib import Path
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
 from tests.store.objfixtures import remote_store, tracedag_ok
 from tests.store.s3_server import agent_runs_dump
-from tracedag.pipeline.store import freshkept, materialized
+from tracedag.pipeline.store import freshkept, freshness, materialized
 from tracedag.pipeline.store.remote import bind_store, open_remote
 from tracedag.pipeline.store.views import connect
 
 
 class _Asked:
-    """Counts the answers computed from the tables (``materialized._freshness_now``)."""
+    """Counts the answers computed from the tables (``freshness._freshness_now``)."""
 
     def __init__(self, monkeypatch) -> None:
         self.count = 0
-        original = materialized._freshness_now
+        original = freshness._freshness_now
 
         def counted(*args, **kwargs):
             self.count += 1
             return original(*args, **kwargs)
-        monkeypatch.setattr(materialized, "_freshness_now", counted)
+        monkeypatch.setattr(freshness, "_freshness_now", counted)
 
 
-def _read(url: str, work: Path) -> materialized.Freshness:
+def _read(url: str, work: Path) -> freshness.Freshness:
     """The freshness a new reader process with the fresh work directory ``work`` finds."""
-    materialized._FRESH.clear()
+    freshness._FRESH.clear()
     data = bind_store(url, work, None, False)
     con = connect(data, shared_macros=False)
     try:
-        return materialized.freshness(con, data)
+        return freshness.freshness(con, data)
     finally:
         con.close()
 
@@ -55,7 +55,7 @@ def test_a_fresh_work_directory_takes_the_published_answer_and_a_new_listing_ask
     first = _read(url, tmp_path / "r1")
     assert first.fresh and asked.count == 1  # computed, and published for the others
     assert _read(url, tmp_path / "r2") == first and asked.count == 1  # a new work directory: one GET
-    assert materialized.known_freshness(bind_store(url, tmp_path / "r3", None, False)) == first
+    assert freshness.known_freshness(bind_store(url, tmp_path / "r3", None, False)) == first
     # an answer published under this listing's digest is the one taken (no scan of the tables)
     doc = _published(url)
     remote = open_remote(url)

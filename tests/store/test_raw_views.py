@@ -12,7 +12,7 @@ from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.dag.show import SHOWN_TABLES, load_shown
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store.views import connect, data_of
 
 
@@ -52,7 +52,7 @@ def test_shown_tables_answer_the_stored_rows_freshness(scored: Path) -> None:
     try:
         assert "materialized_failures" not in _views(con) and "materialized_propagation" in _views(con)
         # the store's stored rows are current whichever views a connection has (the answer is kept per store)
-        assert materialized._freshness_now(con, scored, materialized._listed(scored))[0].fresh
+        assert freshness._freshness_now(con, scored, freshness._listed(scored))[0].fresh
         assert con.sql("select count(*) from spans_all").fetchall() == [(6,)]
     finally:
         con.close()
