@@ -329,7 +329,7 @@ class RunningCollector:
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval
         while not self._stop.wait(wait):
-            again, wait = wait == 0.0, self.config.build_interval
+            again, started = wait == 0.0, time.monotonic()
             try:
                 self.analyze_once()
             except Exception as exc:
@@ -338,6 +338,9 @@ class RunningCollector:
                     wait = 0.0  # once: the next failure waits the interval
                     continue
                 logger.exception("live analysis round (build, score) failed; retrying")
+                wait = self.config.build_interval
+                continue
+            wait = next_round_wait(self.config.build_interval, time.monotonic() - started)
 
     def judge_once(self) -> int:
         """One bounded judge round over the scored steps not graded yet; return the rows written."""
@@ -421,6 +424,18 @@ class RunningCollector:
                 logger.exception("final publish failed; the files stay in the work directory for the next start")
         self.receivers.release()
         logger.info("collector stopped")
+
+
+ROUND_GAP_SECONDS = 0.1
+"""The least pause between two live rounds: the store's pass takes the round lock in it (it copies between rounds)."""
+
+
+def next_round_wait(interval: float, took: float) -> float:
+    """Seconds to wait after a live round that took ``took`` seconds: rounds start ``interval`` seconds apart, and a
+    round longer than that is followed after ``ROUND_GAP_SECONDS`` only. The traces that became complete meanwhile
+    wait for the next round to start: at 10k spans/s a round takes ~1-2.5 s, and a second more between two rounds
+    made the rounds larger and the wait longer (issue #31)."""
+    return max(interval - took, min(ROUND_GAP_SECONDS, interval))
 
 
 def _file_went_away(exc: BaseException) -> bool:

@@ -1,0 +1,67 @@
+"""Issue #31: the live rounds' cadence. Rounds start ``build_interval`` seconds apart; a round longer than that is
+followed after a short gap (``ROUND_GAP_SECONDS``), not after another interval, so the traces that became complete
+during a long round wait less for theirs. Real collectors on loopback, real builds and scores; the only change to
+the code under test is a wrapper that makes each round last a chosen time before it runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.collector.collector_support import wait_until
+from tests.collector.test_live_analysis import _agent_trace, _root_causes
+from tracedag.pipeline import service
+from tracedag.pipeline.service import ROUND_GAP_SECONDS, CollectorConfig, next_round_wait, start_collector
+
+
+def test_the_wait_after_a_round_counts_from_its_start():
+    assert next_round_wait(1.0, 0.25) == 0.75
+    assert next_round_wait(1.0, 0.0) == 1.0
+    assert next_round_wait(1.0, 1.0) == ROUND_GAP_SECONDS  # a long round: only the gap
+    assert next_round_wait(1.0, 7.5) == ROUND_GAP_SECONDS
+    assert next_round_wait(0.05, 0.01) == 0.05  # an interval below the gap: the interval after each round, as before
+    assert next_round_wait(0.05, 1.0) == 0.05
+    assert next_round_wait(0.0, 1.0) == 0.0
+
+
+def _starts_of_rounds_lasting(tmp_path, monkeypatch, interval: float, lasting: float, rounds: int) -> list[float]:
+    """Start a collector whose every round first sleeps ``lasting`` seconds; return the first ``rounds`` starts."""
+    starts: list[float] = []
+    enough = threading.Event()
+    real = service.RunningCollector.analyze_once
+
+    def slow(self):
+        starts.append(time.monotonic())
+        if len(starts) >= rounds:
+            enough.set()
+        time.sleep(lasting)
+        return real(self)
+
+    monkeypatch.setattr(service.RunningCollector, "analyze_once", slow)
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
+                                        build_interval=interval, build_grace_seconds=0.3, build_idle_seconds=120))
+    try:
+        trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
+        assert enough.wait(120), "the rounds never came"
+        wait_until(lambda: trace in _root_causes(c.data), 90, "no root cause while the collector runs")
+    finally:
+        c.stop(2)
+    return starts[:rounds]
+
+
+def test_a_round_longer_than_the_interval_is_followed_at_once(tmp_path, monkeypatch):
+    """Rounds of ~1.2 s with a 1 s interval: the next starts after the gap, where it started a second later before."""
+    starts = _starts_of_rounds_lasting(tmp_path, monkeypatch, 1.0, 1.2, 4)
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # each gap is the round (>= 1.2 s) and the 0.1 s gap; before, 1.2 s + the interval (>= 2.2 s)
+    assert all(gap >= 1.2 for gap in gaps), gaps
+    assert min(gaps) < 2.0, gaps
+
+
+def test_short_rounds_start_no_more_often_than_the_interval(tmp_path, monkeypatch):
+    """Rounds of ~0.3 s with a 1 s interval: they still start a second apart (their fixed cost is paid no more
+    often), where a round's length was added to the second before."""
+    starts = _starts_of_rounds_lasting(tmp_path, monkeypatch, 1.0, 0.3, 4)
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert all(gap >= 0.99 for gap in gaps), gaps
+    assert min(gaps) < 1.25, gaps
