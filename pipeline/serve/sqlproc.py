@@ -10,6 +10,10 @@ it as it goes; it is read here in chunks and never past ``limits.max_bytes`` (``
 worker spills into its own directory, ``tracedag-sql-<server pid>-*`` in the temporary directory,
 removed when the worker ends however it ends, and at start for servers no longer running. A
 worker that dies never takes the server with it.
+
+Workers are forked by a fork-server (``forked``, ``forkserver``) that made their imports once (~0.5 s CPU a worker saved);
+while it is not ready (still importing, or gone and being restarted) a worker starts as a new interpreter
+(``python -m tracedag.pipeline.serve.sqlworker``), with the same limits, environment and protocol.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Protocol
 
 from tracedag.pipeline.serve.answer import TooLarge
+from tracedag.pipeline.serve.forked import ENV, Forked, ForkFailed, ForkServer
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
 
@@ -135,18 +141,38 @@ def _cap(megabytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+class Proc(Protocol):
+    """A worker process: ``subprocess.Popen`` (a new interpreter) or ``forked.Forked``."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
 class SqlRunner:
     """Spare-worker pool for the SQL endpoint of one store."""
 
-    def __init__(self, data: Path, limits: SqlLimits | None = None) -> None:
+    def __init__(self, data: Path, limits: SqlLimits | None = None, fork: bool = True) -> None:
+        """``fork``: fork the workers from a fork-server; False: each is a new interpreter."""
         self.data = Path(data).resolve()
         self.limits = limits or SqlLimits()
         self._slots = threading.BoundedSemaphore(self.limits.concurrent)
         self._lock = threading.Lock()
         self._spares: list[_Worker] = []
+        self._fork = fork
+        self._forks: ForkServer | None = None
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        cap = self.limits.memory_mb + AS_HEADROOM_MB
+    def _env(self) -> dict[str, str]:
         # the worker gets no secrets, but an object store's credentials when it reads one (user SQL still
         # reaches the store's views only: file and URL functions are refused before it runs)
         hidden = ("TRACEDAG_TOKEN",) if remote_of(self.data) is not None else ("AWS_", "TRACEDAG_TOKEN")
@@ -154,11 +180,48 @@ class SqlRunner:
         # glibc reserves 64 MB of address space per thread's malloc arena: with DuckDB's and Arrow's threads
         # a waiting worker held 1.5 GB of its RLIMIT_AS and a 30 MB batch failed to allocate (0.6 GB with 2)
         env.setdefault("MALLOC_ARENA_MAX", "2")
-        return subprocess.Popen(
+        for name, value in ENV.items():  # no thread before the fork-server forks (forked.ENV)
+            env.setdefault(name, value)
+        return env
+
+    def _start(self) -> Proc:
+        """A new worker (called with ``_lock`` held): forked when the fork-server is ready, else a new interpreter."""
+        cap = self.limits.memory_mb + AS_HEADROOM_MB
+        forked = self._forked(cap << 20)
+        if forked is not None:
+            return forked
+        spawned: subprocess.Popen[bytes] = subprocess.Popen(
             [sys.executable, "-m", "tracedag.pipeline.serve.sqlworker", str(self.data)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=lambda: _cap(cap), env=env, cwd=str(self.data),
+            preexec_fn=lambda: _cap(cap), env=self._env(), cwd=str(self.data),
         )
+        return spawned
+
+    def _forked(self, cap_bytes: int) -> Forked | None:
+        """A worker from the fork-server, or None when it is not ready. One that fails to fork is closed and a new
+        one started (ready for a later worker; this one is a new interpreter)."""
+        server = self._fork_server()
+        if server is None or not server.ready():
+            return None
+        try:
+            return server.fork(cap_bytes, self.data)
+        except ForkFailed as e:
+            logger.warning("the SQL fork-server failed (%s): starting it again", e)
+            server.close(grace=0.0)
+            self._forks = None
+            self._fork_server()
+            return None
+
+    def _fork_server(self) -> ForkServer | None:
+        """The fork-server, started if there is none; None if forking is off, or one never got ready (it said why
+        on stderr: then every worker is a new interpreter)."""
+        if self._forks is not None and self._forks.state == "refused":
+            logger.warning("the SQL fork-server did not start: each SQL worker starts a new interpreter")
+            self._forks.close()
+            self._forks, self._fork = None, False
+        if self._fork and self._forks is None:
+            self._forks = ForkServer(self._env(), self.data)
+        return self._forks
 
     def _take(self) -> _Worker:
         """A ready spare, else the oldest, else a new worker."""
@@ -195,6 +258,10 @@ class SqlRunner:
         queries skip the interpreter start; remove the spill directories dead servers left behind."""
         for path in sweep_spill_dirs():
             logger.warning("removed the spill directory %s of a server no longer running", path)
+        with self._lock:
+            server = self._fork_server()
+        if server is not None:  # its imports are the spares' (a new interpreter each if it never gets ready)
+            server.ready(READY_WAIT)
         self._fill()
         with self._lock:
             spares = list(self._spares)
@@ -205,8 +272,11 @@ class SqlRunner:
     def close(self) -> None:
         with self._lock:
             spares, self._spares = self._spares, []
+            server, self._forks, self._fork = self._forks, None, False
         for worker in spares:
             _reap(worker.proc, kill=True)
+        if server is not None:
+            server.close()
 
     def run(self, sql: str, fmt: str = "json", truncate: bool = False) -> Answer:
         """Run ``sql`` in a worker, its answer encoded as ``fmt``; raise ``SqlTimeout``, ``CheckTimeout``,
@@ -247,7 +317,7 @@ class SqlRunner:
         self._fill()
         if "rows" in status:
             return Answer(bytes(out), bool(status.get("truncated")))
-        return self._failure(worker.proc.returncode, status, err)
+        return self._failure(worker.proc.wait(), status, err)
 
     def _failure(self, code: int, status: dict[str, object], err: bytes) -> Answer:
         reason = str(status.get("error", ""))
@@ -266,7 +336,7 @@ class SqlRunner:
 
 @dataclass
 class _Worker:
-    proc: subprocess.Popen[bytes]
+    proc: Proc
     ready: bool = False  # its READY line was read: it waits for a request with imports and views done
 
     def wait_ready(self, seconds: float) -> None:
@@ -283,7 +353,7 @@ class _Worker:
                     return
 
 
-def _send(proc: subprocess.Popen[bytes], request: bytes) -> None:
+def _send(proc: Proc, request: bytes) -> None:
     assert proc.stdin is not None
     try:
         proc.stdin.write(request)
@@ -292,7 +362,7 @@ def _send(proc: subprocess.Popen[bytes], request: bytes) -> None:
         pass
 
 
-def _reap(proc: subprocess.Popen[bytes], kill: bool = False, grace: float = 0.0) -> None:
+def _reap(proc: Proc, kill: bool = False, grace: float = 0.0) -> None:
     """Wait for ``proc`` (``grace`` seconds, then it is killed; ``kill``: at once) and close its pipes."""
     if not kill and grace:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 
 import duckdb
 import pyarrow as pa
+import sqlglot
 
 from tracedag.pipeline.serve.answer import BATCH_ROWS, Bounds, Written, write_answer
 from tracedag.pipeline.serve.sqlguard import Catalog, catalog, check
@@ -167,6 +168,12 @@ def _answer(spare: _Spare, request: dict[str, Any]) -> tuple[int, dict[str, Any]
     except MemoryError:
         return FAILED, {"error": "out of memory", "kind": "QueryFailed", "memory": True}
     return 0, {"rows": written.rows, "truncated": written.truncated}
+
+
+def preload() -> None:
+    """Load what the first parse loads (the DuckDB dialect's tokenizer and parser) without a connection: the
+    fork-server (``forkserver``) does it once for all its workers."""
+    sqlglot.parse_one("select 1 as n from t where n > 0", read="duckdb")
 
 
 def main(argv: list[str]) -> int:

@@ -33,6 +33,18 @@ def children(pid: int) -> set[int]:
     return out
 
 
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid``: its children, theirs, and so on (a forked SQL worker is the child of its minder,
+    the fork-server's child)."""
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        new = children(todo.pop()) - out
+        out |= new
+        todo.extend(new)
+    return out
+
+
 def cpu_ticks(pid: int) -> int:
     """User plus system CPU time of ``pid`` in clock ticks (0 once it is gone)."""
     try:
@@ -42,18 +54,20 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def busiest_child(pid: int, among: set[int], seconds: float = 1.0) -> int:
-    """The child of ``pid`` in ``among`` that used the most CPU over ``seconds``."""
-    before = {c: cpu_ticks(c) for c in children(pid) & among}
+def busiest_child(pid: int, among: set[int], seconds: float = 1.0,
+                  kin: Callable[[int], set[int]] = children) -> int:
+    """The child of ``pid`` (``kin``: or another of its relatives) in ``among`` that used the most CPU over ``seconds``."""
+    before = {c: cpu_ticks(c) for c in kin(pid) & among}
     time.sleep(seconds)
     return max(before, key=lambda c: cpu_ticks(c) - before[c])
 
 
-def idle_children(pid: int, timeout: float = 60) -> set[int]:
-    """The children of ``pid`` once none of them used CPU for half a second (spares done starting)."""
+def idle_children(pid: int, timeout: float = 60, kin: Callable[[int], set[int]] = children) -> set[int]:
+    """The children of ``pid`` (``kin``: or other relatives) once none of them used CPU for half a second (spares
+    done starting)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        before = {c: cpu_ticks(c) for c in children(pid)}
+        before = {c: cpu_ticks(c) for c in kin(pid)}
         time.sleep(0.5)
         if before and all(cpu_ticks(c) == ticks for c, ticks in before.items()):
             return set(before)

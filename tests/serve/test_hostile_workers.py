@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.hostile_support import busiest_child, idle_children
+from tests.serve.hostile_support import busiest_child, descendants, idle_children
 from tests.serve.serve_support import Server, running_server
 
 TIMEOUT = 8.0  # long enough for DuckDB to spill on a loaded machine
@@ -65,13 +65,14 @@ def test_the_spill_directory_of_a_worker_killed_at_its_timeout_is_removed(server
 def test_a_crashed_worker_is_reported_as_a_crash_not_as_memory(server: Server) -> None:
     c = server.client(timeout=60)
     c.post("/api/sql", json={"sql": "select 1"})
-    spares = idle_children(server.proc.pid)  # ready and waiting: one takes the query, new ones start after it
+    # ready and waiting: one takes the query, new ones start after it (forked workers are the server's grandchildren)
+    spares = idle_children(server.proc.pid, kin=descendants)
     result: dict[str, httpx.Response] = {}
     asking = threading.Thread(target=lambda: result.update(r=c.post(
         "/api/sql", json={"sql": "select count(*) from range(1000000000) a, range(1000) b"})))
     asking.start()
     time.sleep(1)
-    os.kill(busiest_child(server.proc.pid, spares), signal.SIGSEGV)  # the worker running the query
+    os.kill(busiest_child(server.proc.pid, spares, kin=descendants), signal.SIGSEGV)  # the worker running the query
     asking.join(30)
     r = result["r"]
     assert r.status_code == 500, r.text
