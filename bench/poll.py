@@ -14,7 +14,9 @@ stored (``LiveRound(materialize=False)``, as the live rounds leave them to the s
 Each tree runs in child processes of its own (``PYTHONPATH``: the tree whose tracedag is imported; the trees
 alternate run by run). A poll's figure is its CPU (``getrusage``, every DuckDB thread), the median over the polls
 after each process's first (that one pays the imports and the process's first connection), with the hash of its
-rows: the trees must give the same answer. ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
+rows: the trees must give the same answer. A process's later polls of the same files read the rows its first
+computed (``store.mixedkept``: polls between two live rounds); ``--unkept`` forgets them before each poll (a poll
+after a new round, which computes them again; which traces each file holds stays known). ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
 compute, write: the CPU of each) over a fresh hard-linked copy of each store, one pass each.
 """
 
@@ -40,12 +42,18 @@ _POLL_CHILD = r'''
 import hashlib, json, resource, sys, time
 from pathlib import Path
 from tracedag.pipeline.store.querying import run_named
-data, n = Path(sys.argv[1]), int(sys.argv[2])
+data, n, unkept = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+try:
+    from tracedag.pipeline.store import mixedkept
+except ImportError:  # a tree from before it
+    mixedkept = None
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 out = []
 for _ in range(n):
+    if unkept and mixedkept is not None:
+        mixedkept.forget(files=False)  # a poll after a new round: the rows computed again, the files' ids known
     c, w = cpu(), time.perf_counter()
     t = run_named(data, "root_causes")
     c, w = cpu() - c, time.perf_counter() - w
@@ -122,12 +130,12 @@ def _child(tree: str, code: str, *args: str) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def polls(stores: list[Path], trees: list[str], runs: int, n: int) -> None:
+def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: bool = False) -> None:
     for data in stores:
         got: dict[str, list[list[object]]] = {t: [] for t in trees}
         for run in range(runs):
             for tree in trees if run % 2 == 0 else trees[::-1]:
-                answer = _child(tree, _POLL_CHILD, str(data), str(n))
+                answer = _child(tree, _POLL_CHILD, str(data), str(n), "1" if unkept else "0")
                 assert isinstance(answer, dict) and str(Path(str(answer["file"])).resolve()).startswith(str(Path(tree).resolve())), answer
                 got[tree].append(answer["polls"])
         first = None
@@ -174,6 +182,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="child processes per tree and store")
     ap.add_argument("--polls", type=int, default=4, help="polls per child process (the first is not counted)")
     ap.add_argument("--store-pass", action="store_true", help="time one LiveStore pass instead of polls")
+    ap.add_argument("--unkept", action="store_true",
+                    help="forget the rows computed by each poll before the next (store.mixedkept): a poll after a new round")
     args = ap.parse_args()
     if args.make:
         make(args.make, args.base, [int(n) for n in args.unstored.split(",")], args.unscored)
@@ -183,7 +193,7 @@ def main() -> None:
     if args.store_pass:
         store_passes(stores, trees, args.runs)
     else:
-        polls(stores, trees, args.runs, args.polls)
+        polls(stores, trees, args.runs, args.polls, args.unkept)
 
 
 if __name__ == "__main__":

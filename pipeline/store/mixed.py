@@ -6,7 +6,9 @@ trace of a conversation one of whose traces has a latest build without stored ro
 changes the earlier turns' rows). ``read`` answers a materialized named query with the stored rows of
 every other trace and the query's SQL over views whose ``traces`` hold only those traces (the scope a
 materialize round computes them in, so they are the rows it would store), in the query's order. The
-SQL stays the reference: tests/queries/test_materialized.py checks that both give the same rows.
+SQL stays the reference: tests/queries/test_materialized.py checks that both give the same rows. The rows computed
+are kept under what they depend on (``mixedkept``): a later ``run_named`` of the same files (a live poll between two
+rounds) reads them with the stored rows (``read_kept``) instead of computing them again.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag.pipeline.store import current_rounds, freshness, materialized
+from tracedag.pipeline.store import current_rounds, freshness, materialized, mixedkept
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
-from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
+from tracedag.pipeline.store.views import _LATEST, connect, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -51,17 +53,48 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
         return None
     one, whole = materialized.scope_flags(values)
     threshold = _failure_threshold(name, values)
+    found = mixedkept.sources(data, name, values, state.stale, threshold)
+    files = None if found is None else found.files
     held = _SCOPED.get(con)
-    if held is None or not held.serves(state.stale, threshold) or not (one or whole):  # a time window's read calls trace_window
+    if held is None or not held.serves(state.stale, threshold, files) or not (one or whole):  # a time window's read calls trace_window
         unrestrict(con, data)
-        con.register(SCOPE, pa.table({"trace_id": pa.array(state.stale, pa.string())}))
+    con.register(SCOPE, _ids(state.stale))
     stored = _stored(con, data, name, values)
     if con not in _SCOPED:
-        _SCOPED[con] = _Held(state.stale, threshold, _restrict(con, data, state.stale, threshold))
+        _SCOPED[con] = _Held(state.stale, threshold, _restrict(con, data, state.stale, threshold, files), files)
     computed = arrow(con, sql, values or None)  # planned once
+    mixedkept.keep(found, computed)
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet (%d read)",
                 name, stored.num_rows, computed.num_rows, len(state.stale), len(_SCOPED[con].traces))
     return ordered(name, stored, computed)
+
+
+def read_kept(data: Path, name: str, values: dict[str, object], threads: int | None = None) -> pa.Table | None:
+    """``read``'s answer when the rows of the traces not stored yet were computed for the same files before
+    (``mixedkept``), read with only the stored rows' views (a poll between two live rounds: no refined view, no
+    shared macro, no SQL); None: ``read`` (or the SQL) answers, on a connection with every view."""
+    one, whole = materialized.scope_flags(values)
+    if not materialized.matches(name, values) or not (one or whole):  # a time window's read calls trace_window
+        return None
+    state = freshness.known_freshness(data)
+    if state is None or not state.usable or not state.stale:
+        return None
+    computed = mixedkept.kept(mixedkept.sources(data, name, values, state.stale, _failure_threshold(name, values)))
+    if computed is None:
+        return None
+    con = connect(data, threads=threads, tables=materialized.reader_tables(name))
+    try:
+        con.register(SCOPE, _ids(state.stale))
+        stored = _stored(con, data, name, values)
+    finally:
+        con.close()
+    logger.info("query %s: %d stored rows, %d computed before for the %d traces not materialized yet",
+                name, stored.num_rows, computed.num_rows, len(state.stale))
+    return ordered(name, stored, computed)
+
+
+def _ids(traces: tuple[str, ...]) -> pa.Table:
+    return pa.table({"trace_id": pa.array(traces, pa.string())})
 
 
 FAILURE_ROWS = frozenset({"failures", "propagation", "root_causes"})
@@ -82,10 +115,12 @@ class _Held:
     stale: tuple[str, ...]
     threshold: float | None
     traces: tuple[str, ...]
+    files: dict[str, tuple[str, ...]] | None = None
 
-    def serves(self, stale: tuple[str, ...], threshold: float | None) -> bool:
-        """Whether a query over ``stale`` (``threshold``: one of ``FAILURE_ROWS``) reads these views as they are."""
-        return self.stale == stale and self.threshold in (None, threshold)
+    def serves(self, stale: tuple[str, ...], threshold: float | None, files: dict[str, tuple[str, ...]] | None) -> bool:
+        """Whether a query over ``stale`` (``threshold``: one of ``FAILURE_ROWS``) whose traces are in ``files``
+        (``mixedkept.Sources.files``: the rows it computes are kept under them) reads these views as they are."""
+        return self.stale == stale and self.threshold in (None, threshold) and self.files == files
 
 
 def _failure_threshold(name: str, values: dict[str, object]) -> float | None:
@@ -148,7 +183,7 @@ _COPIED = ("traces", "dag_nodes", "dag_edges", "step_scores")
 
 
 def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str,
-             tables: Iterable[str] = tuple(_LATEST)) -> dict[str, str]:
+             tables: Iterable[str] = tuple(_LATEST), files: dict[str, tuple[str, ...]] | None = None) -> dict[str, str]:
     """For each of ``tables`` (raw tables the refined views read, ``views._LATEST``: ``spans``, ``traces``, ...), SQL
     of its rows of the traces whose ids ``relation`` lists, reading only the files that hold one of them.
 
@@ -156,10 +191,13 @@ def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str,
     column of every file (a scan drops rows only after decoding them), whatever the traces asked: a live round's
     10k spans copied out of 240k took ~0.9 s CPU, ~0.25 s from the four files that held them. A trace's rows of
     every build are in the files found, so the refined views give it the rows they give it over the whole store.
-    An object store's tables (files listed, fetched through the cache) are filtered in place."""
+    An object store's tables (files listed, fetched through the cache) are filtered in place. ``files``: each
+    table's files known to hold every one of those traces (``mixedkept.Sources.files``), read instead of found."""
     ids = f"(select trace_id from {relation})"
     if remote_of(data) is not None:
         return {t: f"(select * from {t}_all where trace_id in {ids})" for t in tables}
+    if files is not None:
+        return {t: _files_read(t, files[t], ids) for t in tables}
     return {t: _files_holding(con, data, t, ids) for t in tables}
 
 
@@ -170,10 +208,15 @@ def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: 
     pattern = _quoted(str(table_dir(data, table) / "**" / "*.parquet"))
     found = con.execute(f"select distinct filename from read_parquet({pattern}, filename = true, "
                         f"union_by_name = false, hive_partitioning = false) where trace_id in {ids}").fetchall()
-    if not found:
+    return _files_read(table, [str(f) for (f,) in found], ids)
+
+
+def _files_read(table: str, files: Iterable[str], ids: str) -> str:
+    """SQL of ``table``'s rows of the traces ``ids`` in ``files`` (none: no rows)."""
+    names = ", ".join(_quoted(f) for f in sorted(files))
+    if not names:
         return f"(select * from {table}_all where false)"
-    files = ", ".join(_quoted(str(f)) for (f,) in sorted(found))
-    return (f"(select * from read_parquet([{files}], union_by_name = false, hive_partitioning = false) "
+    return (f"(select * from read_parquet([{names}], union_by_name = false, hive_partitioning = false) "
             f"where trace_id in {ids})")
 
 
@@ -181,15 +224,15 @@ def _quoted(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...], threshold: float | None) -> tuple[
-        str, ...]:
+def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...], threshold: float | None,
+              files: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
     """Make ``con``'s refined views hold only the traces of ``scope`` (sorted; as ``views.restrict_traces``), or with
     a ``threshold`` only its conversations with a failing score row (``FAILURE_ROWS``), from the files that hold
     them (``narrowed``), those of the tables sorted by trace id a copy of their rows when they are few
-    (``COPY_TRACES``). Returns the traces held, sorted."""
+    (``COPY_TRACES``); ``files`` as ``narrowed``'s. Returns the traces held, sorted."""
     forget_views(con)  # the next refresh_views makes them all again
     con.register(HELD, pa.table({"trace_id": pa.array(scope, pa.string())}))
-    sources = narrowed(con, data, HELD)  # the files of ``scope``: those of any part of it too
+    sources = narrowed(con, data, HELD, files=files)  # the files of ``scope``: those of any part of it too
     if threshold is not None:
         found = arrow(con, _FAILING_SQL.format(traces=sources["traces"], scores=sources["step_scores"]),
                       {"threshold": threshold}).column("trace_id")

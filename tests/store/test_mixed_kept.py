@@ -1,0 +1,99 @@
+"""Issue 31: a poll while traces wait to be stored reads the rows ``store.mixed`` computed for them before when
+they come from the same files (``store.mixedkept``), and computes them again when any of those files changed: a
+new round, a late span of a waiting trace, a file of another table. Every answer is the SQL's over every trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.queries.test_materialized import CASES, _exact, four_stored_conversations, references
+from tests.score.score_support import agent_turn
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.score.runner import LiveRound, score_store
+from tracedag.pipeline.store import mixed, mixedkept
+from tracedag.pipeline.store.querying import run_named, run_named_together
+
+
+@pytest.fixture(autouse=True)
+def _forgotten() -> Iterator[None]:
+    mixedkept.forget()
+    yield
+    mixedkept.forget()
+
+
+class Computed:
+    """Counts the times ``store.mixed`` restricted views to compute rows (``mixed._restrict``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.times = 0
+        restrict = mixed._restrict
+
+        def counted(*args: Any, **kwargs: Any) -> tuple[str, ...]:
+            self.times += 1
+            return restrict(*args, **kwargs)
+        monkeypatch.setattr(mixed, "_restrict", counted)
+
+
+def _round(data: Path, spans: list[dict[str, Any]], b: Any) -> None:
+    """A live round: ``spans`` built and scored, not stored."""
+    b.spans(spans)
+    built = build_store(data, idle_seconds=0)
+    score_store(data, live=LiveRound(built.build_id, built.received_from, materialize=False))
+
+
+def _answers(data: Path) -> list[list[dict[str, object]]]:
+    return [_exact(run_named(data, name, given).to_pylist()) for name, given in CASES]
+
+
+def test_a_poll_of_the_same_files_reads_the_rows_computed_before(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    b = four_stored_conversations(tmp_path_factory, data)
+    _round(data, agent_turn("u1", "conv-u1", 9_800_000, "plan"), b)
+    computed = Computed(monkeypatch)
+    want = references(data, CASES)
+    assert _answers(data) == want
+    first = computed.times
+    assert first >= len(CASES) - 1  # each case computed once (per=conversation reads the same rows: not kept)
+    assert _answers(data) == want and computed.times == first  # the same files: nothing computed again
+    together = run_named_together(data, [(name, given) for name, given in CASES])  # computes them (its views)
+    assert [_exact(t.to_pylist()) for t in together] == want and computed.times > first
+    first = computed.times
+    assert _answers(data) == want and computed.times == first
+
+    # spans of a trace not built yet: no file holding a waiting trace changed, the rows are kept
+    b.spans(agent_turn("n1", "conv-n1", 9_900_000, "plan"))
+    assert _answers(data) == references(data, CASES) and computed.times == first
+
+
+def test_a_new_round_a_late_span_or_another_table_s_file_computes_them_again(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    b = four_stored_conversations(tmp_path_factory, data)
+    _round(data, agent_turn("u1", "conv-u1", 9_800_000, "plan"), b)
+    computed = Computed(monkeypatch)
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 1
+
+    # a new round: another conversation waits, with a root cause of its own
+    _round(data, agent_turn("v1", "conv-v1", 9_900_000, "fetch"), b)
+    got = _exact(run_named(data, "root_causes").to_pylist())
+    assert got == references(data, [("root_causes", {})])[0] and computed.times == 2
+    assert {r["trace_id"] for r in got} >= {"u1", "v1"}
+
+    # a late span of a waiting trace (not built again yet): a file holding it is new
+    late = agent_turn("v1", "conv-v1", 9_900_500, "fetch")[2] | {"span_id": "v1-late"}
+    b.spans([late])
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 3
+
+    # a file of another table (an evaluation) changes the key too
+    b.evaluations([{"trace_id": "a1", "name": "helpfulness", "score_value": 4.0}])
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 4
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 4
