@@ -36,7 +36,10 @@ def serve() -> None:
 
     sqlworker.preload()
     _LIBC.append(ctypes.CDLL(None))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C ends the server, whose socket's end then ends this
+    # Ctrl-C or a SIGTERM to the process group ends the server, whose socket's end then ends this: the minders (which
+    # inherit this) stay to reap their workers, whose CPU time so reaches the server's (the workers get the default)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, _reap_minders)
     sock = socket.socket(fileno=0)
     threads = len(os.listdir("/proc/self/task"))
@@ -119,7 +122,8 @@ def _work(request: dict[str, Any], fds: list[int], minder: int) -> None:
             os.dup2(fd, target)
         close_all(fds)
         _die_with(minder)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new interpreter has them
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_AS, (int(request["cap"]), int(request["cap"])))
         code = _run_worker(str(request["data"]))
     finally:
