@@ -65,3 +65,47 @@ def test_short_rounds_start_no_more_often_than_the_interval(tmp_path, monkeypatc
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert all(gap >= 0.99 for gap in gaps), gaps
     assert min(gaps) < 1.25, gaps
+
+
+def test_a_starved_store_still_copies_between_back_to_back_rounds(tmp_path, monkeypatch):
+    """Rounds longer than the interval follow each other after 0.1 s; a store thread that needs longer than that to
+    reach the round lock (here 0.4 s: a starved thread) still copies before the next round, not a round later."""
+    from tracedag.pipeline.score import live_store
+
+    events: list[tuple[str, int]] = []
+    real_round, real_copy, real_store = (service.RunningCollector.analyze_once, live_store.LiveStore.copy,
+                                         service.RunningCollector.store_once)
+
+    def slow_round(self):
+        events.append(("round", 0))
+        time.sleep(1.2)
+        built = real_round(self)
+        events.append(("built", built))
+        return built
+
+    def copy(self):
+        events.append(("copy", 0))
+        return real_copy(self)
+
+    def late_store(self):
+        if threading.current_thread().name == "live-store":
+            time.sleep(0.4)
+        return real_store(self)
+
+    monkeypatch.setattr(service.RunningCollector, "analyze_once", slow_round)
+    monkeypatch.setattr(service.RunningCollector, "store_once", late_store)
+    monkeypatch.setattr(live_store.LiveStore, "copy", copy)
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
+                                        build_interval=1.0, build_grace_seconds=0.3, build_idle_seconds=120))
+    try:
+        trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
+        wait_until(lambda: ("built", 1) in events and events[-1][0] == "round", 120, "the trace was never built")
+        wait_until(lambda: trace in _root_causes(c.data), 90, "no root cause while the collector runs")
+    finally:
+        c.stop(2)
+    # the first round scores what a new store may have left, the one that built the trace scores it: after each,
+    # the store's copy comes before the next round starts
+    first = next(k for k, (what, _) in enumerate(events) if what == "built")
+    for k in {first, events.index(("built", 1))}:
+        assert events[k + 1] == ("copy", 0), events
+        assert events[k + 2] == ("round", 0), events
