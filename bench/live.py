@@ -246,6 +246,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     timeline = data.with_name(data.name + ".timeline") if args.timeline else None  # a tree without it writes none
     col = Collector(data, args.interval, tree, () if tree else tuple(args.collect_arg), timeline)
     steps: dict[str, list[float]] = {}
+    cpu = float("nan")
     poller = Poller(data, args.poll, tree)
     files = FileWatch(data) if timeline is not None else None
     try:
@@ -256,8 +257,9 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
         waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
+        cpu = _cpu_seconds(col.proc.pid)  # the collector and its converters, the whole run (the load and the settling)
         if timeline is not None:
-            console.print(f"{label}: the collector and its converters used {_cpu_seconds(col.proc.pid):.1f} s of CPU in "
+            console.print(f"{label}: the collector and its converters used {cpu:.1f} s of CPU in "
                           f"{time.monotonic() - col.started:.1f} s; the polls {_cpu_seconds(poller.proc.pid):.1f} s")
         col.stop()
         if files is not None:
@@ -274,7 +276,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
         if timeline is not None:
             timeline.unlink(missing_ok=True)
     f = figures(rate, sent, acked, poller, poller.final_query, args)
-    f["built"], f["sent"], f["settle"] = poller.built, len(ack_times(sent, ids)), waited
+    f["built"], f["sent"], f["settle"], f["cpu"] = poller.built, len(ack_times(sent, ids)), waited, cpu
     f["first_poll_error"] = poller.errors[0] if poller.errors else ""
     if steps:
         console.print(_steps_table(steps, f"{label} {rate:,.0f} spans/s"))
@@ -515,7 +517,7 @@ def _table(title: str) -> Table:
     table = Table(title=title)
     for col in ("code", "offered spans/s", "paced at", "traces scored/sent", "drained after s",
                 "traces with a root cause", "missing", "p50 s", "p99 s", "ack p50 ms", "ack p99 ms", "poll s",
-                "failed polls", "errors", "load"):
+                "failed polls", "errors", "collector CPU s", "load"):
         table.add_column(col, justify="right")
     return table
 
@@ -524,21 +526,22 @@ def _cells(f: dict[str, float]) -> list[str]:
     return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", f"{f['built']:.0f}/{f['sent']:.0f}", f"{f['settle']:.0f}",
             str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
             f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["poll_errors"]), str(f["errors"]),
-            f"{f['load']:.1f}"]
+            f"{f['cpu']:.1f}", f"{f['load']:.1f}"]
 
 
 def _summary(results: dict[tuple[float, str], list[dict[str, float]]], labels: list[str]) -> Table:
     """Medians per rate and tree, and each tree's p50/p99 as a ratio of the first tree's (the first baseline)."""
     table = Table(title=f"medians per rate and tree; ratio = p99 / {labels[0]}'s p99, same run")
     for col in ("rate", "code", "runs", "offered spans/s", "p50 s", "p99 s", "p99 ratio", "poll s", "under load",
-                "load"):
+                "ack p99 ms", "collector CPU s", "load"):
         table.add_column(col, justify="right")
     for (rate, label), runs in results.items():
-        med = {k: statistics.median(f[k] for f in runs) for k in ("offered", "p50", "p99", "poll", "poll_loaded", "load")}
+        med = {k: statistics.median(f[k] for f in runs)
+               for k in ("offered", "p50", "p99", "poll", "poll_loaded", "ack_p99", "cpu", "load")}
         base = statistics.median(f["p99"] for f in results[(rate, labels[0])])
         table.add_row(f"{rate:,.0f}", label, str(len(runs)), f"{med['offered']:,.0f}", f"{med['p50']:.2f}",
                       f"{med['p99']:.2f}", f"{med['p99'] / base:.2f}", f"{med['poll']:.2f}",
-                      f"{med['poll_loaded']:.2f}",
+                      f"{med['poll_loaded']:.2f}", f"{med['ack_p99']:.1f}", f"{med['cpu']:.1f}",
                       f"{min(f['load'] for f in runs):.1f}-{max(f['load'] for f in runs):.1f}")
     return table
 
