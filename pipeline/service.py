@@ -335,6 +335,7 @@ class RunningCollector:
                     if self._stop.is_set():
                         return  # interrupted by stop(): nothing of the part is written
                     failures.failed(exc)
+                    self._store_had_its_turn()  # no round waits for a pass that backs off (failed before the lock)
                     if self._stop.wait(backoff.failed()):
                         return
                     continue
