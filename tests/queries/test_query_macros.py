@@ -163,10 +163,13 @@ def test_duckdb_suggestions_reach_the_user(rca_store: Path) -> None:
 
 
 def test_the_sql_endpoint_runs_statements_that_call_the_macros(rca_store: Path) -> None:
-    from tests.serve.serve_support import running_server
+    from starlette.testclient import TestClient
 
-    with running_server(rca_store) as server:
-        client = server.client(timeout=120)
+    from tracedag.pipeline.serve.app import create_app
+
+    # serve's application in this process, its SQL worker processes as tracedag serve runs them (a served
+    # process would add ~2 s of CPU: its imports and its warm pass, which the endpoint does not use)
+    with TestClient(create_app(rca_store, warm=False)) as client:
         r = client.post("/api/sql", json={"sql": COMPOSED})
         assert r.status_code == 200, r.text
         assert [(row["root_step_name"], row["n"]) for row in r.json()["rows"]] == EXPECTED
