@@ -63,8 +63,9 @@ def _busy_worker(runner: SqlRunner, sql: str = LONG) -> tuple[threading.Thread, 
 
     asking = threading.Thread(target=ask)
     asking.start()
-    time.sleep(1.5)  # taken (no longer a spare), sent its request, running it
+    assert _settles(lambda: not spares <= {w.proc.pid for w in runner._spares}, 30)  # one was taken
     (pid,) = spares - {w.proc.pid for w in runner._spares}
+    time.sleep(0.3)  # it has its request
     return asking, result, pid
 
 
