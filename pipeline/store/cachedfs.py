@@ -1,28 +1,32 @@
-"""The filesystem DuckDB reads a store through: listed objects from the local cache, the rest from the store.
+"""How DuckDB reads a store: listed objects from the local cache, the rest from the store.
 
-DuckDB asks a registered fsspec filesystem to ``glob`` each file of a ``read_parquet`` list, then opens it
-several times (binding, then each thread); s3fs answers each with HEAD requests and ranged GETs. Here the
-ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds; a
+``StoreReads`` (one per store and process, ``store_reads``) keeps the store's listings and the local object cache:
+the ETag and size of every object come from one LIST of its directory (reused ``LISTING_TTL`` seconds; a
 connection's views list every directory of the store at once, ``list_ahead``, and DuckDB's opens of their files
 take the entries the views were made from, ``hold``), and its bytes from ``tracedag.pipeline.store.objcache``:
 after the first read, a query sends the store listings only.
 
 A view made inside ``cachereads.native_reads(con)`` names the complete local copy of each object that has one
-(``cachereads.local_copies``), pinned until ``con`` is gone: DuckDB reads it as a local file, without this
-filesystem.
+(``cachereads.local_copies``), pinned until ``con`` is gone: DuckDB reads it as a local file. Only a view that
+names an object by its URL needs the fsspec filesystem DuckDB reads URLs through (``cachedfsspec``, made by
+``cachedfsspec.reading_filesystem``, registered on the connection then: importing fsspec costs a fresh process ~0.05 s of
+CPU, half of a local named query's). DuckDB asks it to ``glob`` each file of a ``read_parquet`` list, then opens it
+several times (binding, then each thread); s3fs answers each with HEAD requests and ranged GETs, this one from
+the listings and the cache.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fsspec import AbstractFileSystem
-
 from tracedag.pipeline.store.objcache import Entry, Fetch, ObjectCache, configured
+
+logger = logging.getLogger(__name__)
 
 LISTING_TTL = 1.0
 """Seconds a directory listing (ETags and sizes) is reused: a store wiped and written again is seen after this by
@@ -38,22 +42,21 @@ LIST_WAIT = 120.0
 LOCAL = frozenset({"memory", "file", "local"})
 """Filesystems in this process or on this disk: read directly, never copied into the cache."""
 
-_DELEGATED = ("ls", "find", "cat_file", "pipe_file", "put_file", "get_file",
-              "rm_file", "rm", "mkdir", "makedirs", "mv", "created", "checksum")
 
 
-class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ships no type information
-    """The store's filesystem (s3fs or another fsspec one, made by ``make_inner`` when first needed) with
-    listings and ranged reads of listed objects made by ``lite`` (``s3lite``) when given, and object bytes
-    kept in ``cache``."""
+class StoreReads:
+    """A store's listings and object cache: its own filesystem (s3fs or another fsspec one, made by ``make_inner``
+    when first needed), with listings and ranged reads of listed objects made by ``lite`` (``s3lite``) when given,
+    and object bytes kept in ``cache``. No fsspec until ``filesystem`` is asked for."""
 
-    cachable = False
     native_copies = True  # cachereads.local_copies: its cache's complete copies can be named instead of URLs
 
     def __init__(self, make_inner: Callable[[], Any], cache: ObjectCache, lite: Any = None,
-                 ttl: float = LISTING_TTL) -> None:
-        super().__init__()
+                 ttl: float = LISTING_TTL, protocol: Any = "s3") -> None:
         self._make_inner = make_inner
+        self.protocol = protocol
+        self.key: Any = None  # the store (a ``Remote``) or filesystem it was made for (``store_reads``)
+        self.fs: Any = None  # the fsspec filesystem DuckDB reads its URLs through, once made (``cachedfsspec``)
         self.lite = lite
         self.cache = cache
         self.ttl = ttl
@@ -62,17 +65,14 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
         self._held: dict[str, tuple[Entry, float, int]] = {}  # objects views name: (entry, when, connections)
         self._owners: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        for name in _DELEGATED:
-            setattr(self, name, _delegate(self, name))
 
     @property
     def inner(self) -> Any:
         """The store's own filesystem (made on first use: importing s3fs costs a fresh process ~1 s)."""
         return self._make_inner()
 
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> Any:
-        return _strip(cls.protocol, path)
+    def _strip_protocol(self, path: Any) -> Any:
+        return _strip(self.protocol, path)
 
     def entry(self, path: str) -> Entry | None:
         """The object at ``path`` as a live connection's views listed it within ``HOLD_SECONDS`` (``hold``), else as
@@ -160,47 +160,19 @@ class CachedFileSystem(AbstractFileSystem):  # type: ignore[misc]  # fsspec ship
             for _ in _listers().map(self._listing, stale):
                 pass
 
-    def glob(self, path: str, **kwargs: Any) -> Any:
-        """A plain path the store lists is answered from the listing; patterns go to the store."""
-        if not any(c in path for c in "*?[") and not kwargs.get("detail"):
-            found = self.entry(path)
-            if found is not None:
-                return [found.path]
-        return self.inner.glob(path, **kwargs)
+    def fetch_whole(self, entries: list[Entry]) -> None:
+        """Fetch these objects whole into complete copies now, several at once (those too big for one, or that fail,
+        are left to DuckDB's reads through ``filesystem``, which says why a read fails)."""
+        todo = [e for e in entries if e.size <= self.cache.whole]
+        if todo:
+            for _ in _listers().map(self._fetch_one, todo):
+                pass
 
-    def info(self, path: str, **kwargs: Any) -> Any:
-        """Size and ETag of a listed object without a HEAD request."""
-        found = self.entry(path)
-        if found is None:
-            return self.inner.info(path, **kwargs)
-        return {"name": found.path, "size": found.size, "type": "file", "ETag": found.etag}
-
-    def exists(self, path: str, **kwargs: Any) -> bool:
-        """A listed object exists (no HEAD request)."""
-        return self.entry(path) is not None or bool(self.inner.exists(path, **kwargs))
-
-    def isfile(self, path: str) -> bool:
-        """A listed object is a file (no HEAD request)."""
-        return self.entry(path) is not None or bool(self.inner.isfile(path))
-
-    def isdir(self, path: str) -> bool:
-        """A listed object is not a directory (no HEAD request)."""
-        return self.entry(path) is None and bool(self.inner.isdir(path))
-
-    def modified(self, path: str) -> Any:
-        """A listed object's LastModified (DuckDB asks at each open; no HEAD request)."""
-        found = self.entry(path)
-        if found is None or found.modified is None:
-            return self.inner.modified(path)
-        return found.modified
-
-    def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
-              cache_options: Any = None, **kwargs: Any) -> Any:
-        found = self.entry(path) if mode == "rb" else None
-        if found is None or found.size > self.cache.limit:
-            return self.inner._open(path, mode=mode, block_size=block_size, autocommit=autocommit,
-                                    cache_options=cache_options, **kwargs)
-        return self.cache.open(found, self._fetcher(found))
+    def _fetch_one(self, entry: Entry) -> None:
+        try:
+            self.cache.fetch(entry, self._fetcher(entry))
+        except Exception as e:  # read by URL then: the read that needs it fetches it, or says why it cannot
+            logger.info("%s not fetched whole: %s", entry.path, e)
 
     def fetch_ahead(self, uris: list[str]) -> None:
         """Start the GETs of ``uris``, one view's files not held whole, in the background now (the cache fetches
@@ -242,17 +214,8 @@ def _strip(protocols: Any, path: Any) -> Any:
     return text.rstrip("/")
 
 
-def _delegate(fs: CachedFileSystem, name: str) -> Callable[..., Any]:
-    """``fs.<name>(...)`` made by the store's own filesystem."""
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(fs.inner, name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
-
-
 LISTERS = 6
-"""Folders one process lists at once (``CachedFileSystem.list_ahead``): threads kept for the process, each
+"""Folders one process lists at once (``StoreReads.list_ahead``): threads kept for the process, each
 with its own kept-alive connection to the store."""
 _LISTERS: list[Any] = []
 _LISTERS_LOCK = threading.Lock()
@@ -268,27 +231,26 @@ def _listers() -> Any:
         return _LISTERS[0]
 
 
-_FILESYSTEMS: dict[int, Any] = {}
+_READS: dict[int, StoreReads] = {}
 
 
-def reading_filesystem(inner: Any, lite: Any = None, protocol: Any = None, key: Any = None) -> Any:
-    """What DuckDB should read a store's objects through: a ``CachedFileSystem``, or the store's filesystem
-    when the cache is off (``TRACEDAG_CACHE_SIZE=0``). One per store and process (listings are shared).
+def store_reads(inner: Any, lite: Any = None, protocol: Any = None, key: Any = None) -> StoreReads | None:
+    """The listings and object cache a store's objects are read through (one per store and process: listings are
+    shared), or None when the cache is off (``TRACEDAG_CACHE_SIZE=0``) or the store is local.
 
-    ``inner``: the store's fsspec filesystem, or a function making it (then ``protocol`` names its
-    protocol and ``key`` the store it belongs to); ``lite``: an ``s3lite.S3Lite`` for listings and reads.
+    ``inner``: the store's fsspec filesystem, or a function making it (then ``protocol`` names its protocol and
+    ``key`` the store it belongs to); ``lite``: an ``s3lite.S3Lite`` for listings and reads.
     """
     make = inner if callable(inner) and protocol is not None else (lambda: inner)
     protocol = protocol if protocol is not None else inner.protocol
     protocols = {protocol} if isinstance(protocol, str) else set(protocol)
     cache = configured()
     if cache is None or protocols & LOCAL:
-        return make()
-    ident = id(key if key is not None else inner)
-    found = _FILESYSTEMS.get(ident)
-    if found is None or found.key is not (key if key is not None else inner) or found.cache is not cache:
-        kind = type("CachedFileSystem", (CachedFileSystem,), {"protocol": protocol})
-        found = kind(make, cache, lite)
-        found.key = key if key is not None else inner
-        _FILESYSTEMS[ident] = found
+        return None
+    owner = key if key is not None else inner
+    found = _READS.get(id(owner))
+    if found is None or found.key is not owner or found.cache is not cache:
+        found = StoreReads(make, cache, lite, protocol=protocol)
+        found.key = owner
+        _READS[id(owner)] = found
     return found

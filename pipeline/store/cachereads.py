@@ -5,20 +5,25 @@ listed object that the cache holds complete by its copy's path instead of its UR
 a list mixing both), and pins the copy until the connection is gone, so DuckDB reads it as a local file,
 with no Python call per read. ``pinned_copies(con)`` lists them: a locked-down connection
 (``sandbox.lock_down``) must allow exactly those files. The objects it names by URL are looked up in a listing
-made now, and DuckDB's opens of them take those entries while ``con`` lives (``CachedFileSystem.hold``).
+made now, and DuckDB's opens of them take those entries while ``con`` lives (``StoreReads.hold``). The store's
+reading filesystem (fsspec) is registered on ``con`` only when a view names an object by URL (``defer_reads``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from tracedag.pipeline.store.manifests import cached_listing
 from tracedag.pipeline.store.remote import Remote, remote_of
+
+logger = logging.getLogger(__name__)
 
 _PINNED: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
 """The complete copies each connection's views name (``pinned_copies``)."""
@@ -32,13 +37,20 @@ _URLS = object()
 
 
 @contextlib.contextmanager
-def native_reads(con: Any) -> Iterator[None]:
-    """Views made meanwhile name complete local copies (``local_copies``), pinned for ``con``'s life."""
+def native_reads(con: Any, tables: Iterable[str] | None = None) -> Iterator[None]:
+    """Views made meanwhile name complete local copies (``local_copies``), pinned for ``con``'s life. ``tables``: the
+    tables whose folders the first lookup lists at once (None: every table of the store)."""
     token = _READER.set(_URLS if _READER.get() is _URLS else weakref.ref(con))
+    ahead = _AHEAD.set(None if tables is None else frozenset(tables))
     try:
         yield
     finally:
+        _AHEAD.reset(ahead)
         _READER.reset(token)
+
+
+_AHEAD: ContextVar[frozenset[str] | None] = ContextVar("tracedag_list_ahead", default=None)
+"""The tables ``native_reads`` was told its views read (None: any)."""
 
 
 @contextlib.contextmanager
@@ -54,37 +66,90 @@ def urls_only() -> Iterator[None]:
 
 def local_copies(data: Path, uris: list[str]) -> list[str]:
     """``uris`` of ``data``'s store with each object that has a complete local copy named by the copy's path,
-    pinned until the connection of the enclosing ``native_reads`` is gone (outside one: ``uris``)."""
+    pinned until the connection of the enclosing ``native_reads`` is gone (outside one: ``uris``). A URL left in
+    the list gets the store's reading filesystem registered on that connection (outside one: on every connection
+    over the store that has none yet, ``defer_reads``)."""
     held = _READER.get()
     con = held() if held is not None and held is not _URLS else None
-    remote = remote_of(data) if con is not None and any("://" in u for u in uris) else None
-    fs: Any = remote.reading_fs() if remote is not None else None
-    if remote is None or not getattr(fs, "native_copies", False):  # the cache is off: the store's own filesystem
+    remote = remote_of(data) if any("://" in u for u in uris) else None
+    if remote is None:
         return uris
-    fs.list_ahead(store_uris(remote))  # every folder at once, on the first view; fresh listings after it
+    if con is None:  # the caller runs the URLs on a connection this does not know
+        _register_deferred(remote)
+        return uris
+    reads = remote.cached_reads()
+    if reads is None:  # the cache is off: the store's own filesystem reads every URL
+        register_reads(con)
+        return uris
+    out = _copies(con, remote, reads, uris)
+    if any(u is o and "://" in u for u, o in zip(uris, out, strict=True)):
+        register_reads(con)
+    return out
+
+
+def _copies(con: Any, remote: Remote, reads: Any, uris: list[str]) -> list[str]:
+    """``local_copies`` through the store's listings and cache ``reads`` (a ``cachedfs.StoreReads``) for ``con``."""
+    reads.list_ahead(store_uris(remote, _AHEAD.get()))  # the views' folders at once, on the first view
+    listed = [reads.listed(uri) if "://" in uri else None for uri in uris]
+    paths = [reads.cache.pin(found) if found is not None else None for found in listed]
+    missing = [found for found, path in zip(listed, paths, strict=True) if found is not None and path is None]
+    if missing:  # fetched whole now (as a read would fetch them), then read natively: no fsspec, no Python per read
+        reads.fetch_whole(missing)
+        paths = [path or (reads.cache.pin(found) if found is not None else None) for found, path in zip(listed, paths, strict=True)]
     out: list[str] = []
     pinned: list[str] = []
     held = []
-    for uri in uris:
-        found = fs.listed(uri) if "://" in uri else None
-        path = fs.cache.pin(found) if found is not None else None
+    for uri, found, path in zip(uris, listed, paths, strict=True):
         out.append(uri if path is None else str(path))
         if path is not None:
             pinned.append(str(path))
         elif found is not None:
             held.append(found)
-    fs.cache.pins.tie(con, pinned)
-    fs.hold(con, held)  # DuckDB's opens of these, later in a long query, take the versions listed now
-    fs.fetch_ahead([u for u, o in zip(uris, out, strict=True) if u is o and "://" in u])
+    reads.cache.pins.tie(con, pinned)
+    reads.hold(con, held)  # DuckDB's opens of these, later in a long query, take the versions listed now
+    reads.fetch_ahead([u for u, o in zip(uris, out, strict=True) if u is o and "://" in u])
     if pinned:
         _PINNED.setdefault(con, []).extend(pinned)
     return out
 
 
-def store_uris(remote: Remote) -> list[str]:
-    """The URL of every file the store's manifests name now (``manifests.cached_listing``)."""
+_DEFERRED: weakref.WeakKeyDictionary[Any, Remote] = weakref.WeakKeyDictionary()
+"""Connections over a store whose reading filesystem is not registered yet (``defer_reads``)."""
+_DEFERRED_LOCK = threading.Lock()
+
+
+def defer_reads(con: Any, remote: Remote) -> None:
+    """Register ``remote``'s reading filesystem on ``con`` only once a statement names one of its objects by URL
+    (``local_copies``, ``register_reads``): views that name complete local copies alone need none, and making it
+    imports fsspec (~0.05 s of CPU in a fresh process)."""
+    with _DEFERRED_LOCK:
+        _DEFERRED[con] = remote
+
+
+def register_reads(con: Any) -> None:
+    """Register on ``con`` the reading filesystem ``defer_reads`` put off (nothing when it is registered)."""
+    with _DEFERRED_LOCK:
+        remote = _DEFERRED.pop(con, None)
+    if remote is not None:
+        con.register_filesystem(remote.reading_fs())
+
+
+def _register_deferred(remote: Remote) -> None:
+    """``register_reads`` on every connection over ``remote`` that has not its filesystem yet (a caller is about to
+    name its URLs on one of them; a closed one is passed over)."""
+    with _DEFERRED_LOCK:
+        cons = [con for con, r in _DEFERRED.items() if r == remote]
+    for con in cons:
+        try:
+            register_reads(con)
+        except Exception as e:  # a connection closed meanwhile: it reads nothing more
+            logger.debug("no filesystem registered on a connection over %s: %s", remote.url, e)
+
+
+def store_uris(remote: Remote, only: Iterable[str] | None = None) -> list[str]:
+    """The URL of every file the store's manifests name now (``manifests.cached_listing``; ``only``: of these tables)."""
     return [remote.uri(f"tables/{table}/{rel}") for tables in cached_listing(remote).values()
-            for table, files in tables.items() for rel in files]
+            for table, files in tables.items() if only is None or table in only for rel in files]
 
 
 def pinned_copies(con: Any) -> list[str]:

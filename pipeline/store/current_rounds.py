@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.manifests import source_uris
 
@@ -158,8 +159,11 @@ def _read(path: Path) -> pa.Table | None:
 
 
 def _compute(con: duckdb.DuckDBPyConnection, data: Path, names: tuple[str, ...]) -> pa.Table:
-    """The newest state row of each trace, from exactly the files of ``names`` (not the view's, which may differ)."""
-    uris = ", ".join("'" + u.replace("'", "''") + "'" for u in source_uris(data, _files(names)))
+    """The newest state row of each trace, from exactly the files of ``names`` (not the view's, which may differ);
+    on an object store, from the local object cache's complete copies where it has them (``local_copies``)."""
+    with native_reads(con, [STATE]):
+        found = local_copies(data, source_uris(data, _files(names)))
+    uris = ", ".join("'" + u.replace("'", "''") + "'" for u in found)
     source = f"read_parquet([{uris}], union_by_name = true, hive_partitioning = false)"
     table: pa.Table = con.sql(_NEWEST_SQL.format(source=source)).to_arrow_table()
     return table.select(list(COLUMNS)).cast(_SCHEMA)

@@ -164,6 +164,16 @@ class ObjectCache:
             self.counters.add(fills=1, fetched_bytes=len(data), whole=1)
             return self._store_copy(entry, data)
 
+    def fetch(self, entry: Entry, fetch: Fetch) -> bool:
+        """Fetch ``entry`` whole into its complete copy now, unless it has one; False when it is too big for one."""
+        if entry.size > self.whole:
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = self._fetch_whole(entry, fetch)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
     def prefetch(self, entry: Entry, fetch: Fetch, first: bool = False) -> None:
         """Fetch ``entry`` whole in the background, unless it is too big or held: a view's files, queued when the
         view is made (DuckDB then opens each, the first one to bind the view, the others as a scan reaches them;

@@ -92,10 +92,18 @@ class Remote:
         return f"{self.protocol}://{self.key(rel)}"
 
     def reading_fs(self) -> Any:
-        """The filesystem DuckDB reads the store through: the local object cache's, unless it is off."""
-        from tracedag.pipeline.store.cachedfs import reading_filesystem
+        """The filesystem DuckDB reads the store through: the local object cache's, unless it is off (fsspec: made
+        only when DuckDB reads a URL, ``cachereads.defer_reads``)."""
+        from tracedag.pipeline.store.cachedfsspec import reading_filesystem
 
         return reading_filesystem(lambda: self.fs, lite=self.lite, protocol=self.protocol, key=self)
+
+    def cached_reads(self) -> Any:
+        """The store's listings and local object cache (a ``cachedfs.StoreReads``, the one ``reading_fs`` reads
+        through; no fsspec), or None when the cache is off."""
+        from tracedag.pipeline.store.cachedfs import store_reads
+
+        return store_reads(lambda: self.fs, lite=self.lite, protocol=self.protocol, key=self)
 
 
 def split_url(url: str) -> tuple[str, str]:

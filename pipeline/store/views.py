@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store import freshness, materialized
-from tracedag.pipeline.store.cachereads import local_copies, native_reads
+from tracedag.pipeline.store.cachereads import defer_reads, local_copies, native_reads, register_reads
 from tracedag.pipeline.store.files import (
     VANISHED_ATTEMPTS,
     file_vanished,
@@ -297,9 +297,10 @@ def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterabl
     For a reader of one trace, which makes the refined views it reads itself (``restrict_to_trace``):
     binding a view costs 1-5 ms CPU, and ``create_views`` binds ~20 of them on a scored store.
     """
-    with native_reads(con):
+    wanted = list(dict.fromkeys(tables))
+    with native_reads(con, wanted):  # the first lookup lists these tables' folders only
         statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
-                      for t in dict.fromkeys(tables) if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
+                      for t in wanted if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
     con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
 
 
@@ -372,6 +373,8 @@ def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) 
     table the store does not have yet) becomes a macro that raises saying so when called.
     """
     names = queries.names() if sql is None else mentioned_queries(sql)
+    if sql is not None and "://" in sql:  # it may read a store's object by URL: through the store's filesystem
+        register_reads(con)
     made = _MADE.setdefault(con, {})
     done: list[str] = []
     fresh: list[str] = []
@@ -434,8 +437,10 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
     if threads:
         con.execute(f"set threads = {int(threads)}")
     remote = remote_of(Path(data))
-    if remote is not None:
-        con.register_filesystem(remote.reading_fs())  # through fsspec and the local object cache
+    if remote is not None:  # through fsspec and the local object cache, once a statement names a URL
+        defer_reads(con, remote)
+        if query_macros or declare_macros:  # SQL of any kind to come (a console, the SQL endpoint)
+            register_reads(con)
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
             if wanted is None:

@@ -41,7 +41,8 @@ from tests.store.s3_server import (
     with_bucket,
 )
 from tracedag.pipeline.store.cachecopy import CopyMismatch
-from tracedag.pipeline.store.cachedfs import LISTING_TTL, reading_filesystem
+from tracedag.pipeline.store.cachedfs import LISTING_TTL
+from tracedag.pipeline.store.cachedfsspec import reading_filesystem
 from tracedag.pipeline.store.objcache import inspect
 
 PAR1 = b"PAR1"
@@ -356,7 +357,7 @@ def test_a_fill_cut_halfway_is_never_served_and_the_next_read_finishes_it(s3m, t
 READER = """
 import hashlib, json, os, random, sys
 import s3fs
-from tracedag.pipeline.store.cachedfs import reading_filesystem
+from tracedag.pipeline.store.cachedfsspec import reading_filesystem
 fs = reading_filesystem(s3fs.S3FileSystem(endpoint_url=os.environ["AWS_ENDPOINT_URL"], skip_instance_cache=True,
                                           use_listings_cache=False))
 paths, digests, seed = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
@@ -582,10 +583,11 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     cache = tmp_path / "cache"
     work = bind_store(url, tmp_path / "r1", None, False)
     sql = "select count(*), count(distinct trace_id) from spans_all"
-    cold = connect(work)
-    expected = cold.execute(sql).fetchall()  # through the cache's filesystem: fetched whole
+    cold = connect(work)  # its views' files fetched whole first, then named by their copies too
+    expected = cold.execute(sql).fetchall()
     assert expected[0][1] == 12
     cold.close()
+    del cold
     copies = _entries(cache)
     assert copies and all(p.suffix == ".obj" for p in copies)
     fs = reading_filesystem(s3m_reader.filesystem())  # the same cache object as the store's filesystem
@@ -696,10 +698,10 @@ def test_the_store_s_folders_are_listed_at_once_and_then_answer_every_lookup(s3m
     assert any(t.name.startswith("tracedag-list") for t in threading.enumerate())
 
 
-def test_a_cold_connection_queues_every_file_s_get_as_its_views_are_made(s3m_reader, built_store, tmp_path):
-    """Making a cold connection's views queues the whole GET of each of their files (before DuckDB binds a view
-    or a scan opens a file): once they are done the cache holds a complete copy of every file of the store, and
-    the connection answers as one without the cache does."""
+def test_a_cold_connection_fetches_every_file_whole_before_its_views_name_the_copies(s3m_reader, built_store, tmp_path):
+    """Making a cold connection's views fetches each of their files whole first, several at once (as DuckDB's first
+    read would): once it returns the cache holds a complete copy of every file of the store, its views name the
+    copies (no URL: no fsspec filesystem on it), and the connection answers as one without the cache does."""
     from tracedag.pipeline.store.cachereads import store_uris
     from tracedag.pipeline.store.remote import bind_store, remote_of
     from tracedag.pipeline.store.views import connect
@@ -709,14 +711,13 @@ def test_a_cold_connection_queues_every_file_s_get_as_its_views_are_made(s3m_rea
     work = bind_store(url, tmp_path / "r1", None, False)
     remote = remote_of(work)
     assert remote is not None
-    fs = remote.reading_fs()
+    reads = remote.cached_reads()
     con = connect(work)
-    wanted = sorted({fs.entry(u).copy_name for u in store_uris(remote)})
-    deadline = time.monotonic() + 60
-    while [p.name for p in _entries(tmp_path / "cache")] != wanted and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wanted = sorted({reads.entry(u).copy_name for u in store_uris(remote)})
     assert [p.name for p in _entries(tmp_path / "cache")] == wanted
-    assert fs.cache.counters.prefetched >= 1
+    assert reads.cache.counters.whole == len(wanted) and reads.cache.counters.prefetched == 0
+    views = "".join(sql for (sql,) in con.execute("select sql from duckdb_views() where not internal").fetchall())
+    assert "s3://" not in views
     con.close()
     assert _query(url, tmp_path / "r2") == reference
 

@@ -30,7 +30,7 @@ from tests.store.s3_server import (
     weed_binary,
     with_bucket,
 )
-from tracedag.pipeline.store.cachedfs import reading_filesystem
+from tracedag.pipeline.store.cachedfsspec import reading_filesystem
 from tracedag.pipeline.store.s3lite import ObjectChanged, S3Lite
 
 # prints whether s3fs was imported when the CLI exits, on stderr
