@@ -15,8 +15,9 @@ Each tree runs in child processes of its own (``PYTHONPATH``: the tree whose tra
 alternate run by run). A poll's figure is its CPU (``getrusage``, every DuckDB thread), the median over the polls
 after each process's first (that one pays the imports and the process's first connection), with the hash of its
 rows: the trees must give the same answer. A process's later polls of the same files read the rows its first
-computed (``store.mixedkept``: polls between two live rounds); ``--unkept`` forgets them before each poll (a poll
-after a new round, which computes them again; which traces each file holds stays known). ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
+computed (``store.mixedkept``: polls between two live rounds); ``--unkept answers`` forgets the answers before each
+poll (a round that changed no waiting conversation: each conversation's rows are kept), ``--unkept conversations``
+every conversation's rows too (they are all computed again; which traces each file holds stays known). ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
 compute, write: the CPU of each) over a fresh hard-linked copy of each store, one pass each.
 """
 
@@ -42,7 +43,7 @@ _POLL_CHILD = r'''
 import hashlib, json, resource, sys, time
 from pathlib import Path
 from tracedag.pipeline.store.querying import run_named
-data, n, unkept = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+data, n, unkept = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 try:
     from tracedag.pipeline.store import mixedkept
 except ImportError:  # a tree from before it
@@ -52,8 +53,8 @@ def cpu():
     return r.ru_utime + r.ru_stime
 out = []
 for _ in range(n):
-    if unkept and mixedkept is not None:
-        mixedkept.forget(files=False)  # a poll after a new round: the rows computed again, the files' ids known
+    if unkept != "none" and mixedkept is not None:  # a poll after a new round (the files' trace ids known)
+        mixedkept.forget(files=False, conversations=unkept == "conversations")
     c, w = cpu(), time.perf_counter()
     t = run_named(data, "root_causes")
     c, w = cpu() - c, time.perf_counter() - w
@@ -130,12 +131,12 @@ def _child(tree: str, code: str, *args: str) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: bool = False) -> None:
+def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: str = "none") -> None:
     for data in stores:
         got: dict[str, list[list[object]]] = {t: [] for t in trees}
         for run in range(runs):
             for tree in trees if run % 2 == 0 else trees[::-1]:
-                answer = _child(tree, _POLL_CHILD, str(data), str(n), "1" if unkept else "0")
+                answer = _child(tree, _POLL_CHILD, str(data), str(n), unkept)
                 assert isinstance(answer, dict) and str(Path(str(answer["file"])).resolve()).startswith(str(Path(tree).resolve())), answer
                 got[tree].append(answer["polls"])
         first = None
@@ -182,8 +183,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="child processes per tree and store")
     ap.add_argument("--polls", type=int, default=4, help="polls per child process (the first is not counted)")
     ap.add_argument("--store-pass", action="store_true", help="time one LiveStore pass instead of polls")
-    ap.add_argument("--unkept", action="store_true",
-                    help="forget the rows computed by each poll before the next (store.mixedkept): a poll after a new round")
+    ap.add_argument("--unkept", choices=("none", "answers", "conversations"), default="none",
+                    help="forget before each poll the answers kept (store.mixedkept), or these and each conversation's "
+                         "rows: a poll after a round that changed no waiting conversation, or every one")
     args = ap.parse_args()
     if args.make:
         make(args.make, args.base, [int(n) for n in args.unstored.split(",")], args.unscored)

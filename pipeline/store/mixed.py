@@ -29,6 +29,7 @@ from tracedag.pipeline.store import current_rounds, freshness, materialized, mix
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.shared_macros import create_shared_macros
 from tracedag.pipeline.store.views import _LATEST, connect, forget_views, refresh_views
 from tracedag.schemas.layout import table_dir
 
@@ -91,6 +92,90 @@ def read_kept(data: Path, name: str, values: dict[str, object], threads: int | N
     logger.info("query %s: %d stored rows, %d computed before for the %d traces not materialized yet",
                 name, stored.num_rows, computed.num_rows, len(state.stale))
     return ordered(name, stored, computed)
+
+
+def read_parts(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
+               values: dict[str, object]) -> pa.Table | None:
+    """``read``'s answer for ``run_named`` (a connection of its own, closed after): the rows of the traces not stored
+    yet computed only for the conversations whose rows are not kept for the files they come from (``mixedkept.parts``:
+    a live round adds a few, a stored round or a build of traces not scored yet none), the others' rows read from
+    what this process kept; ``read`` itself for a time window or an object store. Makes the shared macros ``sql``
+    calls when it runs it (the caller makes them before the SQL when this gives None)."""
+    if not materialized.matches(name, values):
+        return None
+    state = freshness.freshness(con, data)
+    if not state.usable or not state.stale:
+        return None
+    one, whole = materialized.scope_flags(values)
+    threshold = _failure_threshold(name, values)
+    found = mixedkept.sources(data, name, values, state.stale, threshold) if one or whole else None
+    if found is None:
+        create_shared_macros(con, sql)
+        return read(con, data, name, sql, values)
+    con.register(SCOPE, _ids(state.stale))
+    computed = mixedkept.kept(found)
+    if computed is None:
+        computed = _by_conversation(con, data, sql, values, found, threshold)
+        mixedkept.keep(found, computed)
+    stored = _stored(con, data, name, values)
+    logger.info("query %s: %d stored rows, %d computed for the %d traces not materialized yet",
+                name, stored.num_rows, computed.num_rows, len(state.stale))
+    return ordered(name, stored, computed)
+
+
+def _by_conversation(con: duckdb.DuckDBPyConnection, data: Path, sql: str, values: dict[str, object],
+                     found: mixedkept.Sources, threshold: float | None) -> pa.Table:
+    """The SQL's rows of the conversations of ``SCOPE`` it computes (with a ``threshold``: those with a failing score,
+    ``FAILURE_ROWS``), each from the rows kept for it or computed now with the others not kept, in one statement."""
+    sources = narrowed(con, data, SCOPE, ("traces", "step_scores"), files=found.files)
+    failing = "" if threshold is None else _FAILING_WHERE.format(scores=sources["step_scores"])
+    found_groups = con.execute(_GROUPS_SQL.format(traces=sources["traces"], failing=failing),
+                               {"threshold": threshold} if threshold is not None else None).fetchall()
+    groups = {str(c): tuple(str(t) for t in ts) for c, ts in found_groups}
+    keys = mixedkept.parts(found, groups)
+    rows = {c: mixedkept.kept_part(k) for c, k in keys.items()}
+    todo = sorted(c for c, r in rows.items() if r is None)
+    columns = mixedkept.schema(found)
+    if todo or columns is None:
+        scope = tuple(sorted(t for c in todo for t in groups[c]))
+        create_shared_macros(con, sql)
+        unrestrict(con, data)
+        _SCOPED[con] = _Held(scope, None, _restrict(con, data, scope, None, found.files), found.files)
+        new = arrow(con, sql, values or None)  # planned once
+        owner = {t: c for c in todo for t in groups[c]}
+        ids = new.column("trace_id").to_pylist()
+        if any(t not in owner for t in ids):
+            raise ValueError(f"rows of traces outside the conversations computed: {sorted(set(ids) - set(owner))[:5]}")
+        at: dict[str, list[int]] = {c: [] for c in todo}
+        for i, t in enumerate(ids):
+            at[owner[t]].append(i)
+        grouped = new.take(pa.array([i for c in todo for i in at[c]], pa.int64()))  # one take, then a slice each
+        start = 0
+        for c in todo:
+            rows[c] = grouped.slice(start, len(at[c]))
+            start += len(at[c])
+            mixedkept.keep_part(keys[c], rows[c])
+        columns = new.schema
+        mixedkept.keep_schema(found, columns)
+    parts = [r for c in sorted(rows) if (r := rows[c]) is not None]
+    return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()  # one chunk: sorted after
+
+
+# The conversations (by each trace's latest build, as ``freshness.freshness`` groups them) of the traces in
+# ``{traces}`` (the rows of those of ``SCOPE``) and their traces; ``{failing}``: only those with a failing score row.
+_GROUPS_SQL = """
+with latest as (
+    select trace_id, arg_max(coalesce(conversation_id, trace_id), (built_unix_nano, build_id)) as conversation_key
+    from {traces} group by trace_id
+)
+select conversation_key, list(trace_id order by trace_id) from latest {failing}
+group by conversation_key
+"""
+_FAILING_WHERE = """
+where conversation_key in (
+    select conversation_key from latest
+    where trace_id in (select trace_id from {scores} where score is not null and score <= $threshold))
+"""
 
 
 def _ids(traces: tuple[str, ...]) -> pa.Table:

@@ -11,7 +11,12 @@ query may read them whole: ``root_cause_checks``...). A file is named by its pat
 (a published file never changes; a rewrite in place changes its size or time). The rows computed over those
 files are kept under that key, in this process: a later poll with the same key reads the stored rows and these.
 A new round (a build, a score, a stored round: other stale traces, or files that hold them), a late span of a
-waiting trace, a compaction, a confirm, a label import: another key, computed again. Never a stale answer.
+waiting trace, a compaction, a confirm, a label import: another key. Never a stale answer.
+
+Each conversation's rows are kept too (``parts``), under what they share with the others' (``Sources.base``), its
+traces and the files holding one of them: a poll whose key is new computes only the conversations whose key is new
+(``mixed.read_parts``). A live round's score adds a few; its build (traces not scored: no failing score, no row of
+a failure query) and a stored round none, so such a poll computes nothing.
 
 Which traces a file holds is read once per file (its ``trace_id`` column, as 64-bit hashes: a collision only adds
 a file, whose rows of other traces are filtered out anyway), so a poll lists the tables and reads only new files.
@@ -21,8 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +53,8 @@ class Sources:
 
     key: tuple[object, ...]
     files: dict[str, tuple[str, ...]]
+    stamps: dict[str, tuple[Stamp, ...]] = field(default_factory=dict)  # ``files`` with their sizes and times
+    base: tuple[object, ...] = ()  # ``key`` without the traces and their files: what every conversation's rows share
 
 
 def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, ...],
@@ -57,17 +65,13 @@ def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, 
     if remote_of(data) is not None:
         return None
     wanted = _hashes(stale)
-    files: dict[str, tuple[str, ...]] = {}
-    held: list[tuple[str, tuple[Stamp, ...]]] = []
-    for table in _LATEST:
-        stamps = tuple(s for s in _stamps(parquet_files(data, table)) if _holds(s, wanted))
-        files[table] = tuple(s[0] for s in stamps)
-        held.append((table, stamps))
+    held = {table: tuple(s for s in _stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
     others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
     asked = tuple(sorted((k, repr(v)) for k, v in values.items()))
     digest = hashlib.sha256("\n".join(stale).encode()).hexdigest()
-    key = (str(data.resolve()), name, asked, materialized.signature(data), threshold, digest, tuple(held), others)
-    return Sources(key, files)
+    base = (str(data.resolve()), name, asked, materialized.signature(data), threshold, others)
+    files = {table: tuple(s[0] for s in stamps) for table, stamps in held.items()}
+    return Sources((*base, digest, tuple(held.items())), files, held, base)
 
 
 def _other_tables(data: Path) -> list[str]:
@@ -95,24 +99,33 @@ def _hashes(ids: Iterable[str]) -> np.ndarray:
     return np.unique(np.fromiter((hash(t) for t in ids), dtype=np.int64))
 
 
+_LOCK = threading.Lock()
+"""Guards the dictionaries of this module (a server's threads run queries at once)."""
+
+
 def _file_hashes(stamp: Stamp) -> np.ndarray:
     found = _IDS.get(stamp)
     if found is None:
         column = pq.read_table(stamp[0], columns=["trace_id"]).column("trace_id")
         found = _hashes(pc.unique(column).to_pylist())
-        if sum(len(a) for a in _IDS.values()) + len(found) > _IDS_MOST:
-            _IDS.clear()
-        _IDS[stamp] = found
+        with _LOCK:
+            if sum(len(a) for a in _IDS.values()) + len(found) > _IDS_MOST:
+                _IDS.clear()
+            _IDS[stamp] = found
     return found
 
 
 def _holds(stamp: Stamp, wanted: np.ndarray) -> bool:
-    """Whether the file ``stamp`` holds a trace whose hash is in ``wanted`` (sorted)."""
-    have = _file_hashes(stamp)
-    if not len(have) or not len(wanted):
-        return False
-    at = np.searchsorted(have, wanted).clip(0, len(have) - 1)
-    return bool((have[at] == wanted).any())
+    """Whether the file ``stamp`` holds a trace whose hash is in ``wanted``."""
+    return bool(_within(wanted, _file_hashes(stamp)).any())
+
+
+def _within(hashes: np.ndarray, have: np.ndarray) -> np.ndarray:
+    """Which of ``hashes`` are in ``have`` (sorted, as ``_file_hashes`` keeps them)."""
+    if not len(have):
+        return np.zeros(len(hashes), dtype=bool)
+    at = np.searchsorted(have, hashes).clip(0, len(have) - 1)
+    return np.asarray(have[at] == hashes)
 
 
 _KEPT: dict[tuple[object, ...], pa.Table] = {}
@@ -129,14 +142,71 @@ def keep(found: Sources | None, rows: pa.Table) -> None:
     """Keep ``rows``, computed over exactly ``found``'s files, for a later ``kept``."""
     if found is None:
         return
-    _KEPT.pop(found.key, None)
-    while len(_KEPT) >= KEPT_MOST:
-        del _KEPT[next(iter(_KEPT))]
-    _KEPT[found.key] = rows
+    with _LOCK:
+        _KEPT.pop(found.key, None)
+        while len(_KEPT) >= KEPT_MOST:
+            del _KEPT[next(iter(_KEPT))]
+        _KEPT[found.key] = rows
 
 
-def forget(files: bool = True) -> None:
-    """Forget every kept answer, and (``files``) which traces each file holds (tests, ``bench/poll.py``)."""
-    _KEPT.clear()
-    if files:
-        _IDS.clear()
+def parts(found: Sources, groups: dict[str, tuple[str, ...]]) -> dict[str, tuple[object, ...]]:
+    """The key of each conversation's rows (``groups``: conversation key -> its traces computed, sorted): what every
+    one shares (``Sources.base``), its traces, and the files holding one of them in each table. A conversation's
+    rows depend on its traces' rows alone (a materialize round computes them in parts of whole conversations), so a
+    later turn, a late span or a new score of one conversation changes its key and no other's."""
+    names = sorted(groups)
+    if not names:
+        return {}
+    traces = [t for c in names for t in groups[c]]
+    hashes = np.fromiter((hash(t) for t in traces), dtype=np.int64, count=len(traces))
+    starts = np.cumsum([0] + [len(groups[c]) for c in names[:-1]])
+    stamps = [s for table in _LATEST for s in found.stamps.get(table, ())]
+    holds = np.zeros((len(stamps), len(names)), dtype=bool)
+    if stamps:  # files x traces, then files x conversations (any of its traces)
+        holds = np.logical_or.reduceat(np.stack([_within(hashes, _file_hashes(s)) for s in stamps]), starts, axis=1)
+    return {c: (found.base, groups[c], tuple(stamps[i] for i in np.flatnonzero(holds[:, j])))
+            for j, c in enumerate(names)}
+
+
+_PARTS: dict[tuple[object, ...], pa.Table] = {}
+PARTS_MOST = 100_000
+"""Conversations' rows kept at most (the oldest dropped first)."""
+_SCHEMAS: dict[tuple[object, ...], pa.Schema] = {}
+
+
+def kept_part(key: tuple[object, ...]) -> pa.Table | None:
+    """The rows computed before for the conversation ``key`` (``parts``; None: not kept)."""
+    return _PARTS.get(key)
+
+
+def keep_part(key: tuple[object, ...], rows: pa.Table) -> None:
+    """Keep ``rows``, a conversation's computed over the files its ``key`` names."""
+    with _LOCK:
+        _PARTS.pop(key, None)
+        while len(_PARTS) >= PARTS_MOST:
+            del _PARTS[next(iter(_PARTS))]
+        _PARTS[key] = rows
+
+
+def schema(found: Sources) -> pa.Schema | None:
+    """The columns the query computed with ``found.base`` gives (None: none computed yet)."""
+    return _SCHEMAS.get(found.base)
+
+
+def keep_schema(found: Sources, columns: pa.Schema) -> None:
+    with _LOCK:
+        if len(_SCHEMAS) > 256:
+            _SCHEMAS.clear()
+        _SCHEMAS[found.base] = columns
+
+
+def forget(files: bool = True, conversations: bool = True) -> None:
+    """Forget every kept answer, each conversation's rows (``conversations``) and which traces each file holds
+    (``files``): tests, ``bench/poll.py``."""
+    with _LOCK:
+        _KEPT.clear()
+        if conversations:
+            _PARTS.clear()
+            _SCHEMAS.clear()
+        if files:
+            _IDS.clear()

@@ -247,15 +247,18 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
         stored = freshness.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
-        create_shared_macros(con, _with_named_queries(sql) if limits.macros else sql)  # those it calls, if any
+        computes = bool(limits.named) and stored is None  # store.mixed makes the shared macros when it runs the SQL
+        if not computes:
+            create_shared_macros(con, _with_named_queries(sql) if limits.macros else sql)  # those it calls, if any
         if limits.macros:
             create_query_macros(con, sql)
         if limits.read_only:
             lock_down(con, data)
         with deadline(con, limits.timeout, label):
-            partly = mixed.read(con, data, limits.named, sql, values) if limits.named and stored is None else None
+            partly = mixed.read_parts(con, data, str(limits.named), sql, values) if computes else None
             if partly is not None:
                 return partly
+            create_shared_macros(con, sql)  # those it calls, not made meanwhile
             if limits.named:  # a named query (or its stored rows' statement) is one SELECT: planned once
                 return arrow(con, sql, values or None)
             relation = con.sql(sql, params=values or None)

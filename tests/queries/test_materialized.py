@@ -380,7 +380,7 @@ def test_a_poll_of_a_store_with_traces_waiting_makes_no_connection_for_the_store
     calls: list[object] = []
     real = querying.connect
     monkeypatch.setattr(querying, "connect", lambda *a, **k: calls.append(k.get("tables")) or real(*a, **k))
-    mixedkept.forget(files=False)  # the rows the first poll computed: not read (test_mixed_kept), computed again
+    mixedkept.forget(files=False)  # the rows the first poll computed: computed again (kept ones: test_mixed_kept)
     assert _exact(run_named(data, "root_causes").to_pylist()) == _reference(data, "root_causes", {})
     assert calls == [None]
     calls.clear()

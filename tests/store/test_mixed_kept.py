@@ -1,6 +1,7 @@
 """Issue 31: a poll while traces wait to be stored reads the rows ``store.mixed`` computed for them before when
-they come from the same files (``store.mixedkept``), and computes them again when any of those files changed: a
-new round, a late span of a waiting trace, a file of another table. Every answer is the SQL's over every trace."""
+they come from the same files (``store.mixedkept``), and computes a conversation's again when a file holding one of
+its traces changed (a new round's, a later turn, a late span), or every one when a file of another table did. Every
+answer is the SQL's over every trace."""
 
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ def _forgotten() -> Iterator[None]:
 
 
 class Computed:
-    """Counts the times ``store.mixed`` restricted views to compute rows (``mixed._restrict``)."""
+    """Counts the times ``store.mixed`` restricted views to compute rows (``mixed._restrict``), and the traces of
+    the last time."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.times = 0
+        self.scope: tuple[str, ...] = ()
         restrict = mixed._restrict
 
         def counted(*args: Any, **kwargs: Any) -> tuple[str, ...]:
             self.times += 1
+            self.scope = args[2]
             return restrict(*args, **kwargs)
         monkeypatch.setattr(mixed, "_restrict", counted)
 
@@ -79,21 +83,28 @@ def test_a_new_round_a_late_span_or_another_table_s_file_computes_them_again(
     assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
     assert computed.times == 1
 
-    # a new round: another conversation waits, with a root cause of its own
+    # a new round: another conversation waits, with a root cause of its own; u1's rows are kept (its files are)
     _round(data, agent_turn("v1", "conv-v1", 9_900_000, "fetch"), b)
     got = _exact(run_named(data, "root_causes").to_pylist())
-    assert got == references(data, [("root_causes", {})])[0] and computed.times == 2
+    assert got == references(data, [("root_causes", {})])[0] and computed.times == 2 and computed.scope == ("v1",)
     assert {r["trace_id"] for r in got} >= {"u1", "v1"}
+
+    # a later turn of u1's conversation, built not scored: no failing score of its own, but the conversation's rows
+    # (its turns) are computed again
+    b.spans(agent_turn("u2", "conv-u1", 9_950_000, "plan"))
+    build_store(data, idle_seconds=0)
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 3 and computed.scope == ("u1", "u2")
 
     # a late span of a waiting trace (not built again yet): a file holding it is new
     late = agent_turn("v1", "conv-v1", 9_900_500, "fetch")[2] | {"span_id": "v1-late"}
     b.spans([late])
     assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
-    assert computed.times == 3
+    assert computed.times == 4 and computed.scope == ("v1",)
 
-    # a file of another table (an evaluation) changes the key too
+    # a file of another table (an evaluation) changes every conversation's key
     b.evaluations([{"trace_id": "a1", "name": "helpfulness", "score_value": 4.0}])
     assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
-    assert computed.times == 4
+    assert computed.times == 5 and computed.scope == ("u1", "u2", "v1")
     assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
-    assert computed.times == 4
+    assert computed.times == 5
