@@ -24,47 +24,36 @@ def test_the_wait_after_a_round_counts_from_its_start():
     assert next_round_wait(0.0, 1.0) == 0.0
 
 
-def _starts_of_rounds_lasting(tmp_path, monkeypatch, interval: float, lasting: float, rounds: int) -> list[float]:
-    """Start a collector whose every round first sleeps ``lasting`` seconds; return the first ``rounds`` starts."""
+def test_rounds_start_an_interval_apart_or_at_once_after_a_longer_one(tmp_path, monkeypatch):
+    """A 1 s interval. Four rounds of ~1.2 s: the next starts after the gap, where it started a second later
+    before. Then four of ~0.3 s: they still start a second apart (their fixed cost is paid no more often), where a
+    round's length was added to the second before."""
+    lasting = [1.2] * 4 + [0.3] * 4
     starts: list[float] = []
     enough = threading.Event()
     real = service.RunningCollector.analyze_once
 
-    def slow(self):
+    def timed(self):
         starts.append(time.monotonic())
-        if len(starts) >= rounds:
+        if len(starts) >= len(lasting):
             enough.set()
-        time.sleep(lasting)
+        time.sleep(lasting[len(starts) - 1] if len(starts) <= len(lasting) else 0.0)
         return real(self)
 
-    monkeypatch.setattr(service.RunningCollector, "analyze_once", slow)
+    monkeypatch.setattr(service.RunningCollector, "analyze_once", timed)
     c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True,
-                                        build_interval=interval, build_grace_seconds=0.3, build_idle_seconds=120))
+                                        build_interval=1.0, build_grace_seconds=0.3, build_idle_seconds=120))
     try:
         trace = _agent_trace(f"http://127.0.0.1:{c.http_port}/v1/traces")
         assert enough.wait(120), "the rounds never came"
         wait_until(lambda: trace in _root_causes(c.data), 90, "no root cause while the collector runs")
     finally:
         c.stop(2)
-    return starts[:rounds]
-
-
-def test_a_round_longer_than_the_interval_is_followed_at_once(tmp_path, monkeypatch):
-    """Rounds of ~1.2 s with a 1 s interval: the next starts after the gap, where it started a second later before."""
-    starts = _starts_of_rounds_lasting(tmp_path, monkeypatch, 1.0, 1.2, 4)
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    # each gap is the round (>= 1.2 s) and the 0.1 s gap; before, 1.2 s + the interval (>= 2.2 s)
-    assert all(gap >= 1.2 for gap in gaps), gaps
-    assert min(gaps) < 2.0, gaps
-
-
-def test_short_rounds_start_no_more_often_than_the_interval(tmp_path, monkeypatch):
-    """Rounds of ~0.3 s with a 1 s interval: they still start a second apart (their fixed cost is paid no more
-    often), where a round's length was added to the second before."""
-    starts = _starts_of_rounds_lasting(tmp_path, monkeypatch, 1.0, 0.3, 4)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    assert all(gap >= 0.99 for gap in gaps), gaps
-    assert min(gaps) < 1.25, gaps
+    long, short = gaps[:3], gaps[4:7]  # gaps[3] follows the last long round
+    # each: the round (>= 1.2 s) and the 0.1 s gap; before, 1.2 s + the interval (>= 2.2 s)
+    assert all(gap >= 1.2 for gap in long) and min(long) < 2.0, gaps
+    assert all(gap >= 0.99 for gap in short) and min(short) < 1.25, gaps
 
 
 def test_a_starved_store_still_copies_between_back_to_back_rounds(tmp_path, monkeypatch):
