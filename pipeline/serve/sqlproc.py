@@ -461,8 +461,10 @@ class _Reading:
     def _expired(self) -> QueryFailed:
         if self.ready_at is None:
             return Busy("sql", f"no query worker started within {READY_WAIT:g} s (the machine is overloaded)")
-        if not self.checked and self.checking_at is not None and time.monotonic() >= self.checking_at + \
-                self.limits.check_timeout:
-            return CheckTimeout("sql", f"checking the SQL took longer than {self.limits.check_timeout:g} s "
-                                       "(--sql-check-timeout); send a shorter or simpler statement")
+        if not self.checked and self.checking_at is not None:  # nothing ran: the statement is refused as slow to check
+            if time.monotonic() >= self.checking_at + self.limits.check_timeout:
+                return CheckTimeout("sql", f"checking the SQL took longer than {self.limits.check_timeout:g} s "
+                                           "(--sql-check-timeout); send a shorter or simpler statement")
+            return CheckTimeout("sql", f"checking the SQL did not end within the query's {self.limits.timeout:g} s "
+                                       "(--sql-timeout); send a shorter or simpler statement")
         return SqlTimeout("sql", f"timed out after {self.limits.timeout:g} s (the query was killed)")

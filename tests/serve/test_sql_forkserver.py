@@ -19,7 +19,14 @@ import pytest
 from tests.serve.hostile_support import children, descendants
 from tracedag.pipeline.serve import forked
 from tracedag.pipeline.serve.forked import Forked
-from tracedag.pipeline.serve.sqlproc import SqlCrashed, SqlLimits, SqlResources, SqlRunner, SqlTimeout
+from tracedag.pipeline.serve.sqlproc import (
+    CheckTimeout,
+    SqlCrashed,
+    SqlLimits,
+    SqlResources,
+    SqlRunner,
+    SqlTimeout,
+)
 from tracedag.schemas.errors import QueryFailed
 
 LONG = "select count(*) from range(1000000000) a, range(1000) b"  # runs until it is killed
@@ -196,5 +203,14 @@ def test_a_fork_server_with_threads_refuses_and_every_worker_is_a_new_interprete
     try:
         assert r._forks is None and not any(isinstance(w.proc, Forked) for w in r._spares)
         assert b'"n": 3' in r.run("select 3 as n").body
+    finally:
+        r.close()
+
+
+def test_a_statement_still_being_checked_at_the_query_s_deadline_is_refused_not_timed_out(serve_store: Path) -> None:
+    r = SqlRunner(serve_store, SqlLimits(timeout=1.0, check_timeout=30.0))
+    try:
+        with pytest.raises(CheckTimeout, match="--sql-timeout"):  # 400: nothing ran (the deep-SQL test's 408 flake)
+            r.run("select 1 where 1 in (" + ",".join(["1"] * 100_000) + ")")  # seconds to parse
     finally:
         r.close()
