@@ -148,11 +148,14 @@ def kind(argv: list[str]) -> str:
     text, first = " ".join(argv), os.path.basename(argv[0]) if argv else "?"
     if first.startswith("<"):
         return " ".join(argv[:2]) if first.startswith("<mp") else first
-    if "pipeline.cli import cli" in text or first == "tracedag" or (first == "sh" and "tracedag " in text):
+    shell = first in ("sh", "bash") and len(argv) > 2 and "tracedag " in argv[2]
+    if "pipeline.cli import cli" in text or first == "tracedag" or shell:
         words = text.split("cli()", 1)[-1].split() if "cli()" in text else argv[1:]
-        if first == "sh":
+        if shell:
             words = argv[2].split("tracedag ", 1)[1].split()
-        how = " (shell)" if first == "sh" else ""
+        elif words[:1] == ["-c"]:
+            words = ["(a python -c calling cli)"]
+        how = " (shell)" if shell else ""
         return "tracedag serve" if words[:1] == ["serve"] else f"tracedag CLI{how}: {words[0] if words else ''}"
     if first == "weed":
         return "SeaweedFS"
