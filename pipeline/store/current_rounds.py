@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,9 +25,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracedag.pipeline.store import freshkept
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.manifests import source_uris
+from tracedag.pipeline.store.remote import binding
 
 if TYPE_CHECKING:
     import duckdb
@@ -102,10 +105,72 @@ def newest(con: duckdb.DuckDBPyConnection, data: Path) -> Current | None:
         return last
     table = _read(_path(data, names))
     if table is None:
-        table = _compute(con, data, names)
-        keep(data, names, table)
+        table = _shared(con, data, names)
     _LAST[str(data)] = Current(table, names)
     return _LAST[str(data)]
+
+
+PUBLISHED = "state/materialized-current.parquet"
+"""On an object store, the object under its root holding the newest table a reader computed, with the digest of the
+store's state files it is for (``_DIGEST``): a fresh work directory takes it with one GET instead of reading the
+state files (~25 ms CPU with keeping it); one for another listing (a new round, a collection, a store wiped and
+written again: new file names) is not taken. Last writer wins; a reader that cannot write the store keeps its own."""
+_DIGEST = b"tracedag.current.digest"
+
+
+def _shared(con: duckdb.DuckDBPyConnection, data: Path, names: tuple[str, ...]) -> pa.Table:
+    """The table for ``names`` no process kept here: the store's published one when it is for these files, else
+    computed on ``con``; kept here, and (computed, on an object store) published for the other work directories."""
+    bound = binding(data)
+    found = None if bound is None else _store_digest(data, bound[0].url, names)
+    raw = None if bound is None or found is None else freshkept.get(bound[0], PUBLISHED)
+    table = None if raw is None or found is None else _published_table(raw, found)
+    if table is not None and raw is not None:
+        _keep(data, names, lambda tmp: tmp.write_bytes(raw))
+        return table
+    table = _compute(con, data, names)
+    if found is not None:
+        table = table.replace_schema_metadata({_DIGEST: found.encode()})
+    if keep(data, names, table) and bound is not None and found is not None:
+        freshkept.put(bound[0], PUBLISHED, _path(data, names).read_bytes())
+    return table
+
+
+def publish(data: Path) -> bool:
+    """Publish the table kept here for the state files now (a round's ``advance`` keeps it) for the other work
+    directories of the object store ``data`` works on, as a reader that computed it would (False: a local store, no
+    table kept for this listing, or the store refused it)."""
+    bound = binding(data)
+    names = listing(data)
+    found = None if bound is None or not names else _store_digest(data, bound[0].url, names)
+    table = None if found is None else _read(_path(data, names))
+    if bound is None or found is None or table is None:
+        return False
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata({_DIGEST: found.encode()}), sink, compression="zstd",
+                   row_group_size=ROW_GROUP)
+    done: bool = freshkept.put(bound[0], PUBLISHED, sink.getvalue().to_pybytes())
+    return done
+
+
+def _store_digest(data: Path, url: str, names: tuple[str, ...]) -> str | None:
+    """The digest of the state files ``names`` by their names in the store (the same in every work directory)."""
+    store = freshkept.store_names(data, _files(names))
+    if store is None:
+        return None
+    return hashlib.sha256("\0".join((url, ",".join(COLUMNS), *store)).encode()).hexdigest()[:32]
+
+
+def _published_table(raw: bytes, digest: str) -> pa.Table | None:
+    """The published table ``raw`` when it is for ``digest`` and has the kept table's columns (None: it is not)."""
+    try:
+        with pq.ParquetFile(pa.BufferReader(raw), read_dictionary=list(_DICTIONARY)) as kept:
+            if (kept.schema_arrow.metadata or {}).get(_DIGEST) != digest.encode():
+                return None
+            table = kept.read()
+    except (OSError, pa.ArrowInvalid):  # a damaged object: computed instead
+        return None
+    return table if tuple(table.column_names) == COLUMNS else None
 
 
 def lookup(data: Path, trace_id: str) -> int | None:
@@ -151,8 +216,11 @@ def register(con: duckdb.DuckDBPyConnection, data: Path) -> Current | None:
 
 
 def _read(path: Path) -> pa.Table | None:
+    """The table kept at ``path`` (None: none kept). Read by ``ParquetFile``: ``pq.read_table`` imports pyarrow's
+    dataset module (~10-20 ms CPU in a fresh process), even to find no file."""
     try:
-        table = pq.read_table(path, read_dictionary=_DICTIONARY)
+        with pq.ParquetFile(path, read_dictionary=list(_DICTIONARY)) as kept:
+            table = kept.read()
     except (OSError, pa.ArrowInvalid):  # none kept for this listing (or a half-written one of a crash)
         return None
     return table if tuple(table.column_names) == COLUMNS else None
@@ -172,13 +240,18 @@ def _compute(con: duckdb.DuckDBPyConnection, data: Path, names: tuple[str, ...])
 def keep(data: Path, names: tuple[str, ...], table: pa.Table) -> bool:
     """Keep ``table`` as the newest state rows for the listing ``names``; remove the tables of older listings.
     A path with no store or a store this process may not write to keeps nothing (False)."""
+    return _keep(data, names, lambda tmp: pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP))
+
+
+def _keep(data: Path, names: tuple[str, ...], write: Callable[[Path], object]) -> bool:
+    """``keep`` of the file ``write`` writes (given its temporary path)."""
     path = _path(data, names)
     if not (data / "tables").is_dir():
         return False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP)
+        write(tmp)
         tmp.replace(path)
         for old in path.parent.glob("current-*.parquet"):
             if old != path:

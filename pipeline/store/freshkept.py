@@ -45,8 +45,16 @@ def key(data: Path, signature: str, version: str, files: list[Path]) -> tuple[st
     bound = binding(data)
     if bound is None:
         return (str(data), signature, version, *(str(f) for f in files))
-    remote, writer = bound
-    return (remote.url, signature, version, *sorted(_store_name(data, writer, f) for f in files))
+    return (bound[0].url, signature, version, *(store_names(data, files) or ()))
+
+
+def store_names(data: Path, files: list[Path]) -> tuple[str, ...] | None:
+    """The store's names (``tables/``-relative, sorted) of the listed ``files`` of the work directory ``data``: the
+    same in every work directory of its store (None: ``data`` is a local store)."""
+    bound = binding(data)
+    if bound is None:
+        return None
+    return tuple(sorted(_store_name(data, bound[1], f) for f in files))
 
 
 def _store_name(data: Path, writer: str, path: Path) -> str:
@@ -92,13 +100,12 @@ def _checked(doc: Any) -> dict[str, Any] | None:
 
 def _published(remote: Remote, wanted: str) -> dict[str, Any] | None:
     """The store's published answer when its digest is ``wanted`` (None: none, another listing's, unreadable)."""
-    try:
-        raw = remote.reads.cat_file(remote.key(PUBLISHED))
-        doc = json.loads(raw)
-    except FileNotFoundError:
+    raw = get(remote, PUBLISHED)
+    if raw is None:
         return None
-    except Exception as e:  # a store that does not answer: the answer is computed instead
-        logger.info("%s: the published freshness answer is not readable (%s)", remote.url, e)
+    try:
+        doc = json.loads(raw)
+    except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("digest") != wanted:
         return None
@@ -116,16 +123,32 @@ def keep(data: Path, found: tuple[str, ...], doc: dict[str, Any]) -> None:
 
 def publish(remote: Remote, found: str, doc: dict[str, Any]) -> bool:
     """Put ``doc`` as the store's newest answer (its digest ``found``); False when the store refused it."""
+    return put(remote, PUBLISHED, json.dumps({"digest": found, "answer": doc}).encode())
+
+
+def put(remote: Remote, rel: str, body: bytes) -> bool:
+    """Put ``body`` as the object ``rel`` under the store's root (a reader's answer kept for the others, last writer
+    wins); False when the store refused it or refused one before (read-only keys: not asked again)."""
     if remote.url in _REFUSED:
         return False
-    body = json.dumps({"digest": found, "answer": doc}).encode()
     try:
         if remote.lite is not None:
-            remote.lite.put(remote.key(PUBLISHED), body)
+            remote.lite.put(remote.key(rel), body)
         else:
-            remote.fs.pipe_file(remote.key(PUBLISHED), body)
+            remote.fs.pipe_file(remote.key(rel), body)
     except Exception as e:  # read-only keys, a store down: the readers compute it themselves
         _REFUSED.add(remote.url)
-        logger.info("%s: the freshness answer is not published (%s)", remote.url, e)
+        logger.info("%s: %s is not published (%s)", remote.url, rel, e)
         return False
     return True
+
+
+def get(remote: Remote, rel: str) -> bytes | None:
+    """The object ``rel`` under the store's root (None: none, or the store does not answer)."""
+    try:
+        return bytes(remote.reads.cat_file(remote.key(rel)))
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # a store that does not answer: the answer is computed instead
+        logger.info("%s: %s is not readable (%s)", remote.url, rel, e)
+        return None
