@@ -150,6 +150,7 @@ class RunningCollector:
         self._turn = threading.Condition()
         self._store_idle = False  # the store thread waits for a round to score something
         self._store_owed = False
+        self._turn_waited = 0.0  # seconds the last round waited for the store's turn (the timeline's "turn")
         self._store: LiveStore | None = None
         self._timeline = os.environ.get(TIMELINE_ENV) or None
 
@@ -251,7 +252,8 @@ class RunningCollector:
             self._scored.set()
         if times is not None and built.traces_built:
             self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
-                        "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
+                        "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1],
+                        "turn": self._turn_waited})
         return built.traces_built
 
     def _note(self, line: dict[str, Any]) -> None:
@@ -312,9 +314,11 @@ class RunningCollector:
         at most) until it has taken the round lock. Rounds that follow each other after a short gap
         (``next_round_wait``) took the lock back before a starved store thread ran: its pass then waited whole
         rounds, and the traces it had not stored made every poll compute them from the SQL."""
+        t0 = time.monotonic()
         with self._turn:
             self._turn.wait_for(lambda: not self._store_owed or self._stop.is_set(), STORE_TURN_SECONDS)
             self._store_owed = False
+        self._turn_waited = time.monotonic() - t0
 
     def materialize_once(self) -> int:
         """Store every part waiting now (``store_once`` until none waits); return the traces stored."""
