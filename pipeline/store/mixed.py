@@ -39,14 +39,15 @@ SCOPE = "__tracedag_mixed_scope"
 
 
 def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
-         values: dict[str, object]) -> pa.Table | None:
+         values: dict[str, object], keep: bool = True) -> pa.Table | None:
     """``name``'s result from its stored rows and its SQL (``sql``, ``values``) over the traces they do not
     answer; None when the stored rows answer every trace or too few (then one statement does it all).
 
     Restricts ``con``'s refined views: for a connection of its own (``querying.run_named``), or one whose later
     queries are read here too or after ``unrestrict`` (``querying.run_named_together``). A connection restricted
     to the same traces by a query before keeps its views (its copies of their rows): the stored rows of one trace
-    or of every trace are read from the raw and stored tables alone, never from the refined views."""
+    or of every trace are read from the raw and stored tables alone, never from the refined views. ``keep``: keep the
+    rows computed for a later poll (``mixedkept``; False: none is, as ``read_parts`` decided)."""
     if not materialized.matches(name, values):
         return None
     state = freshness.freshness(con, data)
@@ -54,7 +55,7 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
         return None
     one, whole = materialized.scope_flags(values)
     threshold = _failure_threshold(name, values)
-    found = mixedkept.sources(data, name, values, state.stale, threshold)
+    found = mixedkept.sources(data, name, values, state.stale, threshold) if keep else None
     files = None if found is None else found.files
     held = _SCOPED.get(con)
     if held is None or not held.serves(state.stale, threshold, files) or not (one or whole):  # a time window's read calls trace_window
@@ -72,20 +73,28 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
 
 def read_kept(data: Path, name: str, values: dict[str, object], threads: int | None = None) -> pa.Table | None:
     """``read``'s answer when the rows of the traces not stored yet were computed for the same files before
-    (``mixedkept``), read with only the stored rows' views (a poll between two live rounds: no refined view, no
-    shared macro, no SQL); None: ``read`` (or the SQL) answers, on a connection with every view."""
+    (``mixedkept``), or those of each of their conversations were, read with only the stored rows' views (a poll
+    between two live rounds, or after a build or a stored round: no refined view, no shared macro, no SQL); None:
+    ``read_parts`` (or the SQL) answers, on a connection with every view."""
     one, whole = materialized.scope_flags(values)
     if not materialized.matches(name, values) or not (one or whole):  # a time window's read calls trace_window
         return None
     state = freshness.known_freshness(data)
     if state is None or not state.usable or not state.stale:
         return None
-    computed = mixedkept.kept(mixedkept.sources(data, name, values, state.stale, _failure_threshold(name, values)))
-    if computed is None:
+    threshold = _failure_threshold(name, values)
+    found = mixedkept.sources(data, name, values, state.stale, threshold, mark=False)
+    if found is None:
         return None
+    computed = mixedkept.kept(found)
     con = connect(data, threads=threads, tables=materialized.reader_tables(name))
     try:
         con.register(SCOPE, _ids(state.stale))
+        if computed is None:  # a new state: every conversation's rows kept (a live build, a stored round)?
+            computed = _kept_conversations(con, found, threshold)
+            if computed is None:
+                return None
+            mixedkept.keep(found, computed)
         stored = _stored(con, data, name, values)
     finally:
         con.close()
@@ -111,7 +120,7 @@ def read_parts(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     found = mixedkept.sources(data, name, values, state.stale, threshold) if one or whole else None
     if found is None:
         create_shared_macros(con, sql)
-        return read(con, data, name, sql, values)
+        return read(con, data, name, sql, values, keep=False)
     con.register(SCOPE, _ids(state.stale))
     computed = mixedkept.kept(found)
     if computed is None:
@@ -127,11 +136,7 @@ def _by_conversation(con: duckdb.DuckDBPyConnection, data: Path, sql: str, value
                      found: mixedkept.Sources, threshold: float | None) -> pa.Table:
     """The SQL's rows of the conversations of ``SCOPE`` it computes (with a ``threshold``: those with a failing score,
     ``FAILURE_ROWS``), each from the rows kept for it or computed now with the others not kept, in one statement."""
-    sources = narrowed(con, data, SCOPE, ("traces", "step_scores"), files=found.files)
-    failing = "" if threshold is None else _FAILING_WHERE.format(scores=sources["step_scores"])
-    found_groups = con.execute(_GROUPS_SQL.format(traces=sources["traces"], failing=failing),
-                               {"threshold": threshold} if threshold is not None else None).fetchall()
-    groups = {str(c): tuple(str(t) for t in ts) for c, ts in found_groups}
+    groups = _groups(con, found, threshold)
     keys = mixedkept.parts(found, groups)
     rows = {c: mixedkept.kept_part(k) for c, k in keys.items()}
     todo = sorted(c for c, r in rows.items() if r is None)
@@ -159,6 +164,33 @@ def _by_conversation(con: duckdb.DuckDBPyConnection, data: Path, sql: str, value
         mixedkept.keep_schema(found, columns)
     parts = [r for c in sorted(rows) if (r := rows[c]) is not None]
     return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()  # one chunk: sorted after
+
+
+def _kept_conversations(con: duckdb.DuckDBPyConnection, found: mixedkept.Sources,
+                        threshold: float | None) -> pa.Table | None:
+    """The rows of the conversations of ``SCOPE`` computed (``_by_conversation``) when every one's are kept, else None."""
+    columns = mixedkept.schema(found)
+    if columns is None:
+        return None
+    rows = [mixedkept.kept_part(k) for k in mixedkept.parts(found, _groups(con, found, threshold)).values()]
+    if any(r is None for r in rows):
+        return None
+    parts = [r for r in rows if r is not None]
+    return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()
+
+
+def _groups(con: duckdb.DuckDBPyConnection, found: mixedkept.Sources, threshold: float | None) -> dict[
+        str, tuple[str, ...]]:
+    """The conversations of the traces of ``SCOPE`` (with a ``threshold``: those with a failing score) and their
+    traces, from the files ``found`` names (on any connection: no view read)."""
+    traces, scores = found.files["traces"], found.files["step_scores"]
+    if not traces or (threshold is not None and not scores):
+        return {}
+    ids = f"(select trace_id from {SCOPE})"
+    failing = "" if threshold is None else _FAILING_WHERE.format(scores=_files_read("step_scores", scores, ids))
+    found_groups = con.execute(_GROUPS_SQL.format(traces=_files_read("traces", traces, ids), failing=failing),
+                               {"threshold": threshold} if threshold is not None else None).fetchall()
+    return {str(c): tuple(str(t) for t in ts) for c, ts in found_groups}
 
 
 # The conversations (by each trace's latest build, as ``freshness.freshness`` groups them) of the traces in

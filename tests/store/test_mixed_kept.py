@@ -15,13 +15,14 @@ from tests.queries.test_materialized import CASES, _exact, four_stored_conversat
 from tests.score.score_support import agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import LiveRound, score_store
-from tracedag.pipeline.store import mixed, mixedkept
+from tracedag.pipeline.store import mixed, mixedkept, querying
 from tracedag.pipeline.store.querying import run_named, run_named_together
 
 
 @pytest.fixture(autouse=True)
-def _forgotten() -> Iterator[None]:
+def _forgotten(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     mixedkept.forget()
+    monkeypatch.setattr(mixedkept, "KEEP_FIRST", True)  # a process's first read keeps too (test_first_read_...)
     yield
     mixedkept.forget()
 
@@ -89,6 +90,16 @@ def test_a_new_round_a_late_span_or_another_table_s_file_computes_them_again(
     assert got == references(data, [("root_causes", {})])[0] and computed.times == 2 and computed.scope == ("v1",)
     assert {r["trace_id"] for r in got} >= {"u1", "v1"}
 
+    # a build of a new conversation, not scored yet: it has no row of root_causes, every other's rows are kept
+    b.spans(agent_turn("w1", "conv-w1", 9_920_000, "plan"))
+    build_store(data, idle_seconds=0)
+    calls: list[object] = []
+    real = querying.connect
+    monkeypatch.setattr(querying, "connect", lambda *a, **k: calls.append(k.get("tables")) or real(*a, **k))
+    assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
+    assert computed.times == 2 and None not in calls  # no connection made with every view
+    monkeypatch.setattr(querying, "connect", real)
+
     # a later turn of u1's conversation, built not scored: no failing score of its own, but the conversation's rows
     # (its turns) are computed again
     b.spans(agent_turn("u2", "conv-u1", 9_950_000, "plan"))
@@ -108,3 +119,15 @@ def test_a_new_round_a_late_span_or_another_table_s_file_computes_them_again(
     assert computed.times == 5 and computed.scope == ("u1", "u2", "v1")
     assert _exact(run_named(data, "root_causes").to_pylist()) == references(data, [("root_causes", {})])[0]
     assert computed.times == 5
+
+
+def test_a_process_s_first_read_of_a_store_keeps_nothing_its_second_does(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    b = four_stored_conversations(tmp_path_factory, data)
+    _round(data, agent_turn("u1", "conv-u1", 9_800_000, "plan"), b)
+    monkeypatch.setattr(mixedkept, "KEEP_FIRST", False)
+    computed = Computed(monkeypatch)
+    want = references(data, [("root_causes", {})])[0]
+    for times in (1, 2, 2):  # a one-shot query reads no file's trace ids; a poller keeps from its second read
+        assert _exact(run_named(data, "root_causes").to_pylist()) == want and computed.times == times
