@@ -136,23 +136,6 @@ def _shared(con: duckdb.DuckDBPyConnection, data: Path, names: tuple[str, ...]) 
     return table
 
 
-def publish(data: Path) -> bool:
-    """Publish the table kept here for the state files now (a round's ``advance`` keeps it) for the other work
-    directories of the object store ``data`` works on, as a reader that computed it would (False: a local store, no
-    table kept for this listing, or the store refused it)."""
-    bound = binding(data)
-    names = listing(data)
-    found = None if bound is None or not names else _store_digest(data, bound[0].url, names)
-    table = None if found is None else _read(_path(data, names))
-    if bound is None or found is None or table is None:
-        return False
-    sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata({_DIGEST: found.encode()}), sink, compression="zstd",
-                   row_group_size=ROW_GROUP)
-    done: bool = freshkept.put(bound[0], PUBLISHED, sink.getvalue().to_pybytes())
-    return done
-
-
 def _store_digest(data: Path, url: str, names: tuple[str, ...]) -> str | None:
     """The digest of the state files ``names`` by their names in the store (the same in every work directory)."""
     store = freshkept.store_names(data, _files(names))

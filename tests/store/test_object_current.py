@@ -90,26 +90,3 @@ def test_a_store_wiped_and_written_again_never_gets_the_old_table(s3, tmp_path, 
     remote.lite.put(remote.key(current_rounds.PUBLISHED), old)  # with the old table put back
     again = _newest(url, tmp_path / "r2")
     assert computed.count == 2 and len(again) == 4 and set(again) != set(first)
-
-
-def test_a_round_its_scorer_shared_leaves_the_first_reader_nothing_to_compute(s3, tmp_path, monkeypatch):
-    from tracedag.pipeline.store import freshness
-    from tracedag.pipeline.store.roundshare import share_round
-
-    url = f"s3://{s3.bucket}/store"
-    remote_store(url, tmp_path, 6, "w", score=True)
-    writer = bind_store(url, tmp_path / "w", None, False)
-    con = connect(writer)  # the scorer's connection after its round was published
-    assert share_round(con, writer)
-    con.close()
-    computed = _Computed(monkeypatch)
-    asked: list[int] = []
-    original = freshness._freshness_now
-    monkeypatch.setattr(freshness, "_freshness_now", lambda *a, **k: asked.append(1) or original(*a, **k))
-    freshness._FRESH.clear()
-    reader = bind_store(url, tmp_path / "r1", None, False)
-    con = connect(reader, shared_macros=False)
-    assert freshness.freshness(con, reader).fresh and len(_newest(url, tmp_path / "r1")) == 6
-    con.close()
-    assert computed.count == 0 and asked == []  # both taken from the store with a GET each
-    assert not share_round(connect(tmp_path / "local-none"), tmp_path / "local-none")  # a local store: nothing
