@@ -367,7 +367,6 @@ def _rounds_table(timeline: Path, title: str) -> Table:
     table = Table(title=f"{title}: {len(rounds)} rounds that built traces, {len(stores)} store passes; medians")
     cells = {
         "traces a round": [r["traces"] for r in rounds],
-        "round: waited for the store's turn s": [r["turn"] for r in rounds if "turn" in r],
         "round: waited for the lock s": [r["locked"] - r["start"] for r in rounds],
         "round: build s": [r["built"] - r["locked"] for r in rounds],
         "round: score s": [r["scored"] - r["built"] for r in rounds],

@@ -2,14 +2,14 @@
 
 The only module that imports both ``tracedag.collector`` (the request path) and the stages.
 ``start_collector(CollectorConfig(data=...))`` starts the receivers (``collector.server``), then
-the spool converters (child processes, or a thread) and, with ``build``, the live analysis: rounds start
-``build_interval`` seconds apart (a longer round is followed after ``ROUND_GAP_SECONDS``), and each builds the
-complete traces and scores their steps (rules and the evaluations in the spans), so a root cause is queryable
-seconds after its trace completes (the named queries compute it from their SQL until it is stored). The named
-queries' results are stored (``score.live_store``) by a thread of its own, beside the round loop: each pass takes
-whatever was scored since the last (a part of at most ``materialize_part`` traces, whole conversations), copies
-those traces' rows between two rounds under the scorer's lock, computes the results without a lock, and writes them
-under that lock (the part's spans after the round lock is released: only the converter writes them); storing costs
+the spool converters (child processes, or a thread) and, with ``build``, the live analysis: every
+``build_interval`` seconds the complete traces are built and their steps scored (rules and the
+evaluations in the spans), so a root cause is queryable seconds after its trace completes (the
+named queries compute it from their SQL until it is stored). The named queries' results are stored
+(``score.live_store``) by a thread of its own, beside the round loop: each pass takes whatever was scored
+since the last (a part of at most ``materialize_part`` traces, whole conversations), copies those traces'
+rows between two rounds under the scorer's lock, computes the results without a lock, and writes them under
+that lock (the part's spans after the round lock is released: only the converter writes them); storing costs
 a fixed ~1-2 s of CPU a pass whatever its size, which inside the loop held every later trace back. A failing
 pass is logged and retried with a growing pause (``Backoff``). A configured LLM judge grades in a thread of
 its own, at most ``judge.max_steps`` steps a round, so it never holds the rules back. It returns
@@ -146,11 +146,6 @@ class RunningCollector:
         self._round_lock = threading.Lock()
         self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
         self._scored = threading.Event()  # a round scored something: the store has work
-        # the store's pass is owed the round lock before the next round starts (``_store_turn``)
-        self._turn = threading.Condition()
-        self._store_idle = False  # the store thread waits for a round to score something
-        self._store_owed = False
-        self._turn_waited = 0.0  # seconds the last round waited for the store's turn (the timeline's "turn")
         self._store: LiveStore | None = None
         self._timeline = os.environ.get(TIMELINE_ENV) or None
 
@@ -247,13 +242,10 @@ class RunningCollector:
                                                         built.received_from, materialize=False))
             self._unscored = False
         if built.traces_built or leftover:
-            with self._turn:
-                self._store_owed = self._store_owed or self._store_idle
             self._scored.set()
         if times is not None and built.traces_built:
             self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
-                        "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1],
-                        "turn": self._turn_waited})
+                        "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
         return built.traces_built
 
     def _note(self, line: dict[str, Any]) -> None:
@@ -275,7 +267,6 @@ class RunningCollector:
             self._store = LiveStore(self.data, self.config.materialize_part)
         t0 = time.perf_counter()
         with self._round_lock:
-            self._store_had_its_turn()
             if self._unscored:
                 return 0
             with score_lock(self.data):
@@ -304,22 +295,6 @@ class RunningCollector:
             self._scored.set()  # more waits: the next pass at once
         return stats.traces
 
-    def _store_had_its_turn(self) -> None:
-        with self._turn:
-            self._store_owed = False
-            self._turn.notify_all()
-
-    def _store_turn(self) -> None:
-        """Before a round: when the store's thread was idle as the last round scored, wait (``STORE_TURN_SECONDS``
-        at most) until it has taken the round lock. Rounds that follow each other after a short gap
-        (``next_round_wait``) took the lock back before a starved store thread ran: its pass then waited whole
-        rounds, and the traces it had not stored made every poll compute them from the SQL."""
-        t0 = time.monotonic()
-        with self._turn:
-            self._turn.wait_for(lambda: not self._store_owed or self._stop.is_set(), STORE_TURN_SECONDS)
-            self._store_owed = False
-        self._turn_waited = time.monotonic() - t0
-
     def materialize_once(self) -> int:
         """Store every part waiting now (``store_once`` until none waits); return the traces stored."""
         done = 0
@@ -339,37 +314,22 @@ class RunningCollector:
                     if self._stop.is_set():
                         return  # interrupted by stop(): nothing of the part is written
                     failures.failed(exc)
-                    self._store_had_its_turn()  # no round waits for a pass that backs off (failed before the lock)
                     if self._stop.wait(backoff.failed()):
                         return
                     continue
                 failures.succeeded()
                 backoff.succeeded()
-                if not self._idle_until_scored():
-                    return
+                while not self._scored.wait(0.5):
+                    if self._stop.is_set():
+                        return
         finally:
-            self._store_had_its_turn()
             if self._store is not None:
                 self._store.close()
-
-    def _idle_until_scored(self) -> bool:
-        """Wait until a round scored something (True) or the collector stops (False)."""
-        with self._turn:
-            self._store_idle = True
-        try:
-            while not self._scored.wait(0.5):
-                if self._stop.is_set():
-                    return False
-            return True
-        finally:
-            with self._turn:
-                self._store_idle = False
 
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval
         while not self._stop.wait(wait):
-            self._store_turn()
-            again, started = wait == 0.0, time.monotonic()
+            again, wait = wait == 0.0, self.config.build_interval
             try:
                 self.analyze_once()
             except Exception as exc:
@@ -378,9 +338,6 @@ class RunningCollector:
                     wait = 0.0  # once: the next failure waits the interval
                     continue
                 logger.exception("live analysis round (build, score) failed; retrying")
-                wait = self.config.build_interval
-                continue
-            wait = next_round_wait(self.config.build_interval, time.monotonic() - started)
 
     def judge_once(self) -> int:
         """One bounded judge round over the scored steps not graded yet; return the rows written."""
@@ -464,22 +421,6 @@ class RunningCollector:
                 logger.exception("final publish failed; the files stay in the work directory for the next start")
         self.receivers.release()
         logger.info("collector stopped")
-
-
-ROUND_GAP_SECONDS = 0.1
-"""The least pause between two live rounds (the store's pass copies between rounds: ``_store_turn``)."""
-
-
-STORE_TURN_SECONDS = 5.0
-"""The longest a round waits for the store's pass to take the round lock (``RunningCollector._store_turn``)."""
-
-
-def next_round_wait(interval: float, took: float) -> float:
-    """Seconds to wait after a live round that took ``took`` seconds: rounds start ``interval`` seconds apart, and a
-    round longer than that is followed after ``ROUND_GAP_SECONDS`` only. The traces that became complete meanwhile
-    wait for the next round to start: at 10k spans/s a round takes ~1-2.5 s, and a second more between two rounds
-    made the rounds larger and the wait longer (issue #31)."""
-    return max(interval - took, min(ROUND_GAP_SECONDS, interval))
 
 
 def _file_went_away(exc: BaseException) -> bool:

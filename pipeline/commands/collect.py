@@ -85,8 +85,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float | None) ->
 @click.option("--build-grace", default=1.0, show_default=True, type=float,
               help="Seconds without new spans before a trace whose root span is in is built.")
 @click.option("--build-interval", default=1.0, show_default=True, type=float,
-              help="Seconds from one live analysis round's start to the next's; a longer round is followed after "
-                   "0.1 s.")
+              help="Seconds between live analysis rounds.")
 @click.option("--materialize-interval", default=None, type=float, callback=_seconds, hidden=True,
               help="Ignored (kept so that existing service units still start): the named queries' results are "
                    "stored as traces are scored, by a thread of their own.")
