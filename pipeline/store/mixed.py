@@ -48,13 +48,10 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     to the same traces by a query before keeps its views (its copies of their rows): the stored rows of one trace
     or of every trace are read from the raw and stored tables alone, never from the refined views. ``keep``: keep the
     rows computed for a later poll (``mixedkept``; False: none is, as ``read_parts`` decided)."""
-    if not materialized.matches(name, values):
+    pending = _pending(con, data, name, values)
+    if pending is None:
         return None
-    state = freshness.freshness(con, data)
-    if not state.usable or not state.stale:
-        return None
-    one, whole = materialized.scope_flags(values)
-    threshold = _failure_threshold(name, values)
+    state, one, whole, threshold = pending
     found = mixedkept.sources(data, name, values, state.stale, threshold) if keep else None
     files = None if found is None else found.files
     held = _SCOPED.get(con)
@@ -69,6 +66,19 @@ def read(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     logger.info("query %s: %d stored rows, %d computed for %d traces not materialized yet (%d read)",
                 name, stored.num_rows, computed.num_rows, len(state.stale), len(_SCOPED[con].traces))
     return ordered(name, stored, computed)
+
+
+def _pending(con: duckdb.DuckDBPyConnection, data: Path, name: str,
+             values: dict[str, object]) -> tuple[freshness.Freshness, bool, bool, float | None] | None:
+    """For ``read`` and ``read_parts``: the store's freshness, ``scope_flags`` and the failure threshold when ``name``
+    with ``values`` is answered from stored rows plus the SQL over traces not stored yet; None: it is not."""
+    if not materialized.matches(name, values):
+        return None
+    state = freshness.freshness(con, data)
+    if not state.usable or not state.stale:
+        return None
+    one, whole = materialized.scope_flags(values)
+    return state, one, whole, _failure_threshold(name, values)
 
 
 def read_kept(data: Path, name: str, values: dict[str, object], threads: int | None = None) -> pa.Table | None:
@@ -110,13 +120,10 @@ def read_parts(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
     a live round adds a few, a stored round or a build of traces not scored yet none), the others' rows read from
     what this process kept; ``read`` itself for a time window or an object store. Makes the shared macros ``sql``
     calls when it runs it (the caller makes them before the SQL when this gives None)."""
-    if not materialized.matches(name, values):
+    pending = _pending(con, data, name, values)
+    if pending is None:
         return None
-    state = freshness.freshness(con, data)
-    if not state.usable or not state.stale:
-        return None
-    one, whole = materialized.scope_flags(values)
-    threshold = _failure_threshold(name, values)
+    state, one, whole, threshold = pending
     found = mixedkept.sources(data, name, values, state.stale, threshold) if one or whole else None
     if found is None:
         create_shared_macros(con, sql)
