@@ -116,3 +116,16 @@ def remote_store(url: str, tmp: Path, traces: int, writer: str, score: bool = Fa
     tracedag_ok("build", "--idle", "0", "--data", url, "--work-dir", work)
     if score:
         tracedag_ok("score", "--no-judge", "--data", url, "--work-dir", work)
+
+
+class Calls:
+    """Counts the calls of ``module.name`` for the test (``monkeypatch``); the function still runs."""
+
+    def __init__(self, monkeypatch, module, name: str) -> None:
+        self.count = 0
+        original = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+        monkeypatch.setattr(module, name, counted)

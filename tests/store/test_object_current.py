@@ -13,25 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.store.objfixtures import Calls, remote_store, tracedag_ok
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
-from tests.store.objfixtures import remote_store, tracedag_ok
 from tests.store.s3_server import agent_runs_dump
 from tracedag.pipeline.store import current_rounds
 from tracedag.pipeline.store.remote import bind_store, open_remote
 from tracedag.pipeline.store.views import connect
-
-
-class _Computed:
-    """Counts the tables computed from the state files (``current_rounds._compute``)."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.count = 0
-        original = current_rounds._compute
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(current_rounds, "_compute", counted)
 
 
 def _newest(url: str, work: Path) -> dict[str, int]:
@@ -56,7 +43,7 @@ def _published(url: str) -> bytes:
 def test_a_fresh_work_directory_takes_the_published_table_and_another_listing_s_is_not_taken(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
     remote_store(url, tmp_path, 6, "w", score=True)
-    computed = _Computed(monkeypatch)
+    computed = Calls(monkeypatch, current_rounds, "_compute")
     first = _newest(url, tmp_path / "r1")
     assert len(first) == 6 and computed.count == 1  # computed, and published for the others
     assert _newest(url, tmp_path / "r2") == first and computed.count == 1  # a new work directory: one GET
@@ -81,7 +68,7 @@ def test_a_fresh_work_directory_takes_the_published_table_and_another_listing_s_
 def test_a_store_wiped_and_written_again_never_gets_the_old_table(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
     remote_store(url, tmp_path, 6, "w", score=True)
-    computed = _Computed(monkeypatch)
+    computed = Calls(monkeypatch, current_rounds, "_compute")
     first = _newest(url, tmp_path / "r1")
     old = _published(url)
     remote = open_remote(url)

@@ -11,25 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.store.objfixtures import Calls, remote_store, tracedag_ok
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
-from tests.store.objfixtures import remote_store, tracedag_ok
 from tests.store.s3_server import agent_runs_dump
 from tracedag.pipeline.store import freshkept, freshness, materialized
 from tracedag.pipeline.store.remote import bind_store, open_remote
 from tracedag.pipeline.store.views import connect
-
-
-class _Asked:
-    """Counts the answers computed from the tables (``freshness._freshness_now``)."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.count = 0
-        original = freshness._freshness_now
-
-        def counted(*args, **kwargs):
-            self.count += 1
-            return original(*args, **kwargs)
-        monkeypatch.setattr(freshness, "_freshness_now", counted)
 
 
 def _read(url: str, work: Path) -> freshness.Freshness:
@@ -51,7 +38,7 @@ def _published(url: str) -> dict:
 def test_a_fresh_work_directory_takes_the_published_answer_and_a_new_listing_asks_again(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
     remote_store(url, tmp_path, 6, "w", score=True)
-    asked = _Asked(monkeypatch)
+    asked = Calls(monkeypatch, freshness, "_freshness_now")
     first = _read(url, tmp_path / "r1")
     assert first.fresh and asked.count == 1  # computed, and published for the others
     assert _read(url, tmp_path / "r2") == first and asked.count == 1  # a new work directory: one GET
@@ -80,7 +67,7 @@ def test_a_fresh_work_directory_takes_the_published_answer_and_a_new_listing_ask
 def test_a_store_wiped_and_written_again_never_gets_the_old_answer(s3, tmp_path, monkeypatch):
     url = f"s3://{s3.bucket}/store"
     remote_store(url, tmp_path, 6, "w", score=True)
-    asked = _Asked(monkeypatch)
+    asked = Calls(monkeypatch, freshness, "_freshness_now")
     assert _read(url, tmp_path / "r1").fresh and asked.count == 1
     remote = open_remote(url)
     old = remote.lite.cat_file(remote.key(freshkept.PUBLISHED))
