@@ -146,6 +146,7 @@ class RunningCollector:
         self._round_lock = threading.Lock()
         self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
         self._scored = threading.Event()  # a round scored something: the store has work
+        self._rounded = threading.Event()  # the same, for the polled queries' rows (``prepare_once``)
         self._store: LiveStore | None = None
         self._timeline = os.environ.get(TIMELINE_ENV) or None
 
@@ -179,6 +180,8 @@ class RunningCollector:
             _load_stages()  # here, not in the two threads at once (a package imported by two threads half-exists)
             self._spawn("live-analysis", self._analysis_loop)
             self._spawn("live-store", self._store_loop)
+            if remote_of(self.data) is None:  # an object store's polls compute (their files are read in place)
+                self._spawn("live-polls", self._prepare_loop)
         if cfg.build and cfg.judge is not None:
             self._spawn("live-judge", self._judge_loop)
         if remote_of(self.data) is not None:
@@ -243,6 +246,7 @@ class RunningCollector:
             self._unscored = False
         if built.traces_built or leftover:
             self._scored.set()
+            self._rounded.set()
         if times is not None and built.traces_built:
             self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
                         "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
@@ -326,6 +330,39 @@ class RunningCollector:
             if self._store is not None:
                 self._store.close()
 
+    def prepare_once(self) -> int:
+        """Compute the rows of the traces waiting to be stored for the queries polled lately, where the polls read them
+        (``store.mixed.prepare_wanted``: a poll then computes nothing, issue #31); return the rows."""
+        from tracedag.pipeline.store.mixed import prepare_wanted
+
+        t0, c0 = time.time(), time.thread_time()
+        rows = prepare_wanted(self.data)
+        if self._timeline is not None:
+            self._note({"polled": rows, "start": t0, "end": time.time(), "cpu": time.thread_time() - c0})
+        return rows
+
+    def _prepare_loop(self) -> None:
+        from tracedag.pipeline.store.mixed import POLLS
+
+        failures = RoundFailures("computing the polled queries' rows of the traces not stored yet failed (the polls "
+                                 "compute them meanwhile)")
+        try:
+            while not self._stop.is_set():
+                self._rounded.wait()
+                self._rounded.clear()
+                if self._stop.is_set():
+                    return
+                try:
+                    self.prepare_once()
+                except Exception as exc:
+                    if not _file_went_away(exc):  # a compaction swapped a file under it: the next round's does it
+                        failures.failed(exc)
+                else:
+                    failures.succeeded()
+        finally:
+            if POLLS.current is not None:
+                POLLS.drop(POLLS.current[2])
+
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval
         while not self._stop.wait(wait):
@@ -401,6 +438,7 @@ class RunningCollector:
         self.receivers.stop(grace_seconds)
         self._stop.set()
         self._scored.set()
+        self._rounded.set()
         if self._store is not None:
             self._store.interrupt()  # a pass computing stops here (nothing of it is written)
         for thread in self._threads:
