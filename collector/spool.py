@@ -81,6 +81,7 @@ class SpoolWriter:
         self._syncing = False
         self.error: str | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set when a segment opens (and on close): the sealer times its age
         self._ticker: threading.Thread | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
         self._seq = recover_spool(self.data)
@@ -159,6 +160,7 @@ class SpoolWriter:
         self._fd, self._path = fd, path
         self._size = self._synced_size = 0
         self._opened_at = time.monotonic()
+        self._wake.set()
         try:
             fsync_dir(self.dir)
         except OSError:
@@ -266,15 +268,29 @@ class SpoolWriter:
         self._ticker.start()
 
     def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        while True:
+            self._wake.wait(self._next_tick(interval))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
                 logger.exception("spool sealer tick failed")
 
+    def _next_tick(self, interval: float) -> float:
+        """Seconds to the next tick: ``interval``, or less when the open segment comes of age sooner, so a
+        segment is sealed when it turns ``seal_age``, not up to ``interval`` later (a segment's opening wakes
+        the sealer to time it). Read without the lock: a stale value only adds a tick."""
+        if self._fd is None:
+            return interval
+        due = self._opened_at + self.seal_age - time.monotonic()
+        return min(interval, max(due, 0.001))
+
     def close(self) -> None:
         """Stop the sealer and seal the open segment."""
         self._stop.set()
+        self._wake.set()
         if self._ticker is not None:
             self._ticker.join()
         self.flush()

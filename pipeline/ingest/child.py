@@ -2,8 +2,9 @@
 
 Started by ``tracedag.pipeline.ingest.processes.ConverterProcess``. The process converts the sealed
 spool segments no other converter has claimed (``SpoolConverter(DATA, shard=(W, N)).run_once()``
-every ``INTERVAL`` seconds, at once again after a round that converted something; converter 0
-also compacts), writes its metrics to ``<DATA>/state/converter.metrics[.W]`` and:
+every ``INTERVAL`` seconds, at once when a segment is sealed (an inotify watch on the spool,
+``pipeline.ingest.sealwatch``; polling alone where that is unavailable) and at once again after a round
+that converted something; converter 0 also compacts), writes its metrics to ``<DATA>/state/converter.metrics[.W]`` and:
 
 - stops when its stdin reaches end of file (the parent closed the pipe): one last round converts
   what is left, then it exits 0;
@@ -25,7 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracedag.schemas.layout import state_file
+from tracedag.pipeline.ingest.sealwatch import SealWatch, open_seal_watch
+from tracedag.schemas.layout import spool_dir, state_file
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +50,14 @@ def die_with_parent() -> None:
         logger.debug("prctl unavailable; relying on the parent-pid check and the stdin pipe")
 
 
-def stop_requested(fd: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds; True once ``fd`` (the parent's pipe) is at end of file."""
-    readable, _, _ = select.select([fd], [], [], timeout)
-    if not readable:
+def stop_requested(fd: int, timeout: float, watch: SealWatch | None = None) -> bool:
+    """Wait up to ``timeout`` seconds, or until ``watch`` reports a seal; True once ``fd`` (the parent's
+    pipe) is at end of file. The watch's events are drained: the round that follows sees their segments."""
+    fds = [fd] if watch is None else [fd, watch.fileno()]
+    readable, _, _ = select.select(fds, [], [], timeout)
+    if watch is not None and watch.fileno() in readable:
+        watch.drain()
+    if fd not in readable:
         return False
     try:
         return os.read(fd, 4096) == b""
@@ -108,9 +114,10 @@ def run(data: Path, interval: float, parent: int, shard: tuple[int, int], *, ret
 
     converter = SpoolConverter(data, shard=shard, done_retention=retention)
     name = metrics_name(shard[0])
+    watch = open_seal_watch(spool_dir(data))  # before the first round: no seal after it goes unnoticed
     while os.getppid() == parent:
         busy = convert_round(converter, REGISTRY, data, name)
-        if stop_requested(fd, 0.0 if busy else interval):
+        if stop_requested(fd, 0.0 if busy else interval, watch):
             if os.getppid() == parent:
                 convert_round(converter, REGISTRY, data, name)  # convert what is left, then end
             return 0

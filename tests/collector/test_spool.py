@@ -122,3 +122,18 @@ def test_enospc_fails_the_group_then_recovers(tmp_path, monkeypatch):
     assert w.error is None
     w.close()
     assert _records(tmp_path) == [b"acked", b"acked-again"]
+
+
+def test_a_segment_is_sealed_when_it_comes_of_age_not_at_the_next_tick(tmp_path):
+    w = SpoolWriter(tmp_path, seal_age=0.2)
+    w.start(3.0)
+    try:
+        time.sleep(0.1)  # the sealer is asleep in its 3 s tick when the segment opens
+        opened = time.monotonic()
+        w.append(b"x" * 100, 1)
+        while not list((tmp_path / "spool").glob("*.sealed")) and time.monotonic() - opened < 10:
+            time.sleep(0.02)
+        assert time.monotonic() - opened < 2.5  # the tick was shortened to the segment's age
+    finally:
+        w.close()
+    assert len(_records(tmp_path)) == 1

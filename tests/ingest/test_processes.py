@@ -168,3 +168,21 @@ def test_a_converter_loads_no_query_engine():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'polars', 'networkx'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_sealed_segment_wakes_an_idle_converter(tmp_path: Path) -> None:
+    """The spool's seal (a rename into spool/) starts a conversion at once, not at the next 60 s poll."""
+    from tracedag.collector.spool import SpoolWriter
+
+    spool = SpoolWriter(tmp_path)
+    conv = ConverterProcess(tmp_path, interval=60.0, processes=2)
+    conv.start()
+    try:
+        wait_until(lambda: (tmp_path / "state" / "converter.metrics.1").exists())  # both wait on their poll now
+        payload = make_request([make_span(i) for i in range(4)]).SerializeToString()
+        spool.append(payload, time.time_ns())
+        spool.flush()
+        wait_until(lambda: conv.pending() == 0, seconds=20, message="the seal woke no converter")
+        assert len(stored(tmp_path)) == 4
+    finally:
+        conv.stop(30)
