@@ -137,3 +137,29 @@ def test_a_segment_is_sealed_when_it_comes_of_age_not_at_the_next_tick(tmp_path)
     finally:
         w.close()
     assert len(_records(tmp_path)) == 1
+
+
+def _sealed_within(data: Path, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not list((data / "spool").glob("*.sealed")):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_segment_is_sealed_early_only_while_no_sealed_segment_waits(tmp_path):
+    w = SpoolWriter(tmp_path, seal_age=60.0, early_seal_age=0.2)
+    w.start(0.05)
+    try:
+        w.append(b"a" * 100, 1)
+        assert _sealed_within(tmp_path, 10)  # the converters are idle (nothing sealed): sealed at 0.2 s, not 60 s
+        w.append(b"b" * 100, 1)  # the first segment is not converted: a backlog
+        time.sleep(1.0)
+        assert len(list((tmp_path / "spool").glob("*.sealed"))) == 1
+        assert list((tmp_path / "spool").glob("*.open"))  # waits for its full age
+        for path in (tmp_path / "spool").glob("*.sealed"):
+            path.rename(path.with_suffix(".done"))  # converted
+        assert _sealed_within(tmp_path, 10)
+    finally:
+        w.close()
