@@ -288,7 +288,10 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
 
 
 class FileWatch(threading.Thread):
-    """Lists the spans files every 0.1 s; records when each trace id was first seen in one (monotonic)."""
+    """Lists the spans files every 0.1 s; records when each trace id was first in one (monotonic): the file's
+    ctime, which its rename into ``tables/spans`` set (when a build can first read it), so neither the listing's
+    period nor this thread's lag under load counts; the listing's time where the ctime is later (a file
+    rewritten in place)."""
 
     def __init__(self, data: Path) -> None:
         super().__init__(daemon=True)
@@ -305,11 +308,12 @@ class FileWatch(threading.Thread):
             for path in sorted(set(self.root.rglob("*.parquet")) - self._files):
                 self._files.add(path)
                 try:
+                    renamed = min(now, path.stat().st_ctime - (time.time() - time.monotonic()))
                     ids = pq.read_table(path, columns=["trace_id"]).column("trace_id").unique().to_pylist()
                 except OSError:  # compacted away meanwhile
                     continue
                 for trace in ids:
-                    self.seen.setdefault(trace.hex() if isinstance(trace, bytes) else str(trace), now)
+                    self.seen.setdefault(trace.hex() if isinstance(trace, bytes) else str(trace), renamed)
 
 
 STEPS = ("spans in a file", "grace expired", "round started", "round locked", "built", "scored", "a poll began",
@@ -348,15 +352,27 @@ def trace_steps(data: Path, timeline: Path, acked: dict[str, float], seen: dict[
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its live children, per /proc (0 where unreadable)."""
+    """CPU seconds (user + system) of process ``pid`` and its live children, per /proc (0 where unreadable).
+
+    The children of every thread count: the collector starts its converters from a thread of their own
+    (``pipeline.ingest.processes._Launcher``), and ``/proc/<pid>/task/<pid>/children`` lists only the main
+    thread's (the column's figures before this change left the converters out)."""
     total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / tick
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in _children(task)]
     except OSError:
         return total
     return total + sum(_cpu_seconds(int(c)) for c in children)
+
+
+def _children(task: Path) -> list[str]:
+    """Process ids of the children one thread started ([] once the thread has ended)."""
+    try:
+        return (task / "children").read_text().split()
+    except OSError:
+        return []
 
 
 def _rounds_table(timeline: Path, title: str) -> Table:
