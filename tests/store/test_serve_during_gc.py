@@ -26,8 +26,14 @@ from tracedag.pipeline.store.swap import collect
 
 # Each round's collection swaps files under the readers. A server without the re-plan (file_vanished made
 # always False) failed 1-2 requests with 'Cannot open file' in each of the 5 rounds measured, so 3 rounds
-# still catch it, at half the cost of 6 (a round is a full rebuild into ~40 chunk files).
+# still catch it, at half the cost of 6 (a round is a full rebuild into ~20 chunk files).
 ROUNDS = 3
+# Spans a build's chunk file holds: 1500 spans make ~20 files a build. Without the re-plan (file_vanished made
+# always False in the server, through a sitecustomize) the test failed in each of 5 runs with 80 (2-6 failed
+# requests a run, 'Cannot open file' and 'No files found'), as with 40 (~40 files, the value before); with 150
+# (~10 files) one run of 3 passed. 80 halves the builds' CPU (2.6 -> 1.3 s a round) and, the builds being
+# shorter, the requests asked while they write.
+CHUNK_SPANS = 80
 NO_GC = GcSettings(enabled=False)
 # While a build writes, a reader waits up to PACE seconds between requests (or until the collection starts).
 # Asking back to back through the builds cost the server ~64 s of CPU against ~41 s (load ~13: each trace view is
@@ -39,7 +45,7 @@ PACE = 5.0
 def _rebuild_and_collect(data: Path, stop: threading.Event, collecting: threading.Event, rounds: list[int]) -> None:
     try:
         for _ in range(ROUNDS):
-            build_store(data, idle_seconds=0.0, full=True, chunk_spans=40, gc=NO_GC)
+            build_store(data, idle_seconds=0.0, full=True, chunk_spans=CHUNK_SPANS, gc=NO_GC)
             collecting.set()  # the readers ask back to back while the files are swapped
             collect(data, compact=True)
             collecting.clear()
@@ -66,7 +72,7 @@ def _hammer(ask: Callable[[], httpx.Response], stop: threading.Event, collecting
 def test_trace_views_sql_and_named_queries_survive_builds_and_gc_swaps(tmp_path: Path) -> None:
     data = tmp_path / "store"
     make_store(data, 1500, seed=11)
-    build_store(data, idle_seconds=0.0, chunk_spans=40, gc=NO_GC)
+    build_store(data, idle_seconds=0.0, chunk_spans=CHUNK_SPANS, gc=NO_GC)
     # the check deadline is generous here: this test is about files vanishing, not about a loaded machine
     with running_server(data, "--sql-check-timeout", "60", "--sql-timeout", "120") as server:
         c = server.client(120)  # a trace view can take tens of seconds on a loaded machine while a build writes
