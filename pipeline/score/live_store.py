@@ -154,11 +154,7 @@ class LiveStore:
         con.register("__tracedag_mat_builds", copied.state.select(["trace_id", "build_id"]))
         if self._shared:
             sharedgraph.reshare(con)
-        results = Results()
-        for name, spec in mat.SPECS.items():
-            for per in spec.pers or (None,):
-                results.rows.append((name, per, m.result_rows(con, name, per, round_ns)))
-        return results
+        return Results(list(m.stored_rows(con, round_ns, alone=m.one_turn_each(copied.state))))
 
     def write(self, copied: Copied, results: Results) -> m.MaterializeStats:
         """Step 3, under the scorer's lock: each result's file, then the state rows (the round is visible then)."""

@@ -52,6 +52,11 @@ stored in parts of this size (each costs the queries' planning once, its copy st
 PART_TRACES = 100_000
 """A round of every trace is cut into parts of this many traces when the store has more: storing the results of
 a 10M-span store (870k traces) in one go took more than 19 GB (``tracedag score --materialize-part``)."""
+COPY_TRACES = CHUNK_TRACES
+"""A round of every trace, when the store has at most this many, runs over a copy of their rows (one part of
+``_run_round``, as a round of the traces just scored does), not over the views of the store's files: the failure
+graph and the six queries then read temporary tables, not the Parquet files through the refined views (the latest
+build of each trace, the conversation ids of spans) a dozen times (a store of 200 + 200 spans: x0.9 CPU)."""
 ROW_GROUP = 16 * 1024
 
 _TRACES_SQL = f"""
@@ -85,8 +90,9 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     (at most ``chunk`` traces, whole conversations, over one copy of their rows). ``limit``: stop after the
     part that reaches this many traces (parts of at most ``min(chunk, limit)``); the rest stays pending; the
     store's first round is then cut like any other (every trace is pending until stored). A round of every
-    trace (``tracedag score``'s first, or any after the SQL or human labels changed) runs over the store as it
-    is, or in parts of ``part`` traces when the store has more (``_whole``). ``memory``: DuckDB's memory limit
+    trace (``tracedag score``'s first, or any after the SQL or human labels changed) runs over a copy of their
+    rows when there are at most ``COPY_TRACES``, else over the store as it is, or in parts of ``part`` traces when
+    the store has more (``_whole``). ``memory``: DuckDB's memory limit
     in bytes (None: ``score.memory.memory_limit``, a share of the available memory); it spills to the store's
     disk beyond it.
 
@@ -102,7 +108,7 @@ def materialize(data: Path, scored_files: list[Path], chunk: int = CHUNK_TRACES,
     with _connection(data, memory_limit() if memory is None else memory, con) as con:
         signature = mat.signature(data)
         first = not freshness.has_state_view(con)  # nothing stored yet: every trace pending
-        stats.full = not (first and limit is not None) and _signature_changed(con, signature)
+        stats.full = not (first and limit is not None) and (first or _signature_changed(con, signature))
         if stats.full:
             stats.traces = _whole(con, data, signature, stats, part, first)
         else:
@@ -134,13 +140,16 @@ def _connection(data: Path, limit: int | None, given: duckdb.DuckDBPyConnection 
 
 def _whole(con: duckdb.DuckDBPyConnection, data: Path, signature: str, stats: MaterializeStats, part: int,
            first: bool) -> int:
-    """Every trace: over the views as they are when there are at most ``part``; else in parts of ``part`` traces
-    (whole conversations), each over a copy of its rows, so that memory follows the part, not the store. In the
+    """Every trace: over a copy of their rows (one part) when there are at most ``COPY_TRACES``, over the views as
+    they are when there are at most ``part``; else in parts of ``part`` traces (whole conversations), each over a
+    copy of its rows, so that memory follows the part, not the store. In the
     store's first round each part's state lands with it (readers take the SQL for the traces not stored yet, and
     an interrupted round leaves them pending); after a change of the SQL or labels every trace has state rows of
     the old signature, so the state of every part is written at the end, in one file: readers keep the SQL until
     then, and an interrupted round is redone whole by the next."""
     every = _every_trace(con)
+    if 0 < every.num_rows <= min(part, COPY_TRACES):  # one part, over a copy of its rows
+        return _run_round(con, data, every, signature, stats, part, defer_state=not first)
     if every.num_rows <= part:
         return _run_round(con, data, None, signature, stats)
     logger.info("storing the named queries' results of %d traces in parts of %d", every.num_rows, part)
@@ -186,7 +195,7 @@ def _run_round(con: duckdb.DuckDBPyConnection, data: Path, scope: pa.Table | Non
             scope = arrow(con, "select trace_id from traces")
             con.register(SCOPE, scope)
             state = arrow(con, _TRACES_SQL, [time.time_ns(), signature])
-            return _write_round(con, data, state, stats, share)
+            return _write_round(con, data, state, stats, share, copied=False)
         con.register(SCOPE, scope)
         state = arrow(con, _TRACES_SQL, [0, signature])
         done, deferred = 0, []
@@ -277,17 +286,16 @@ def _copied_columns(con: duckdb.DuckDBPyConnection, table: str, source: str) -> 
 
 
 def _write_round(con: duckdb.DuckDBPyConnection, data: Path, state: pa.Table, stats: MaterializeStats,
-                 share: Callable[[], bool], write_state: bool = True) -> int:
-    """Write every named query's rows over ``con``'s views, then ``state`` (the round is visible from then on;
-    ``write_state`` False: the caller writes it later). ``share`` computes the failure graph over the views first
-    (once for every query, not once per query)."""
+                 share: Callable[[], bool], write_state: bool = True, copied: bool = True) -> int:
+    """Write every named query's rows over ``con``'s views (``copied``: a copy of ``state``'s traces' rows,
+    ``_snapshot``), then ``state`` (the round is visible from then on; ``write_state`` False: the caller writes it
+    later). ``share`` computes the failure graph over the views first (once for every query, not once per query)."""
     round_ns = int(state.column("mat_round")[0].as_py()) if state.num_rows else time.time_ns()
     con.register("__tracedag_mat_builds", state.select(["trace_id", "build_id"]))
     share()
-    for name, spec in mat.SPECS.items():
-        for per in spec.pers or (None,):
-            n = _write_result(con, data, name, per, round_ns)
-            stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
+    for name, per, rows in stored_rows(con, round_ns, alone=copied and one_turn_each(state)):
+        n = write_rows(data, name, rows)
+        stats.rows[_label(name, per)] = stats.rows.get(_label(name, per), 0) + n
     if write_state:
         _write_state(data, state)
     return int(state.num_rows)
@@ -306,9 +314,38 @@ def _label(name: str, per: str | None) -> str:
     return name if per is None else f"{name} per={per}"
 
 
-def _write_result(con: duckdb.DuckDBPyConnection, data: Path, name: str, per: str | None, round_ns: int) -> int:
-    """Run ``name`` with its defaults (and ``per``) over the restricted views; write its rows; return how many."""
-    return write_rows(data, name, result_rows(con, name, per, round_ns))
+ALONE = ("root_causes",)
+"""The stored queries whose ``per=conversation`` rows are their ``per=trace`` rows (``per`` aside) over a copy of
+whole conversations' rows (``_snapshot``) when each of these conversations has one trace: across the turns of a
+one-turn conversation, the failure graph is the graph within its trace under other keys (``grp``, ``node``,
+``turn_index``, which order alike within one trace and which ``root_causes`` does not show), and the data edges it
+reads from another trace (per conversation only) name a trace the copy does not hold. ``stored_rows`` then takes
+them from the ``per=trace`` rows: the round plans and runs the failure graph's originals across turns only for
+conversations of several turns (~0.1 s CPU a part on a small store, the round's costliest statement)."""
+
+
+def one_turn_each(state: pa.Table) -> bool:
+    """Whether each conversation of ``state`` (``_TRACES_SQL``'s rows, ``conversation_key``) has one trace."""
+    keys = state.column("conversation_key")
+    return bool(keys.null_count == 0 and len(pc.unique(keys)) == state.num_rows)
+
+
+def stored_rows(con: duckdb.DuckDBPyConnection, round_ns: int, alone: bool = False) -> Iterator[
+        tuple[str, str | None, pa.Table]]:
+    """(name, per, rows) of each stored query with its defaults over ``con``'s views (``result_rows``); ``alone``:
+    the views read a copy of whole conversations of one trace each (``one_turn_each``), the ``per=conversation`` rows
+    of the ``ALONE`` queries are then their ``per=trace`` rows."""
+    for name, spec in mat.SPECS.items():
+        by_trace: pa.Table | None = None
+        for per in spec.pers or (None,):
+            if alone and per == "conversation" and by_trace is not None and name in ALONE:
+                field = by_trace.schema.field("per")
+                rows = by_trace.set_column(by_trace.schema.get_field_index("per"), field,
+                                           pa.array([per] * by_trace.num_rows, field.type))
+            else:
+                rows = result_rows(con, name, per, round_ns)
+            by_trace = rows if per == "trace" else by_trace
+            yield name, per, rows
 
 
 def result_rows(con: duckdb.DuckDBPyConnection, name: str, per: str | None, round_ns: int) -> pa.Table:

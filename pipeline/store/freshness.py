@@ -138,11 +138,18 @@ _HAS_VIEW: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, bool] = weakref.
 """Connections known to have the state's view (a view is made again, never dropped: it stays)."""
 
 
+def know_state_view(con: duckdb.DuckDBPyConnection) -> None:
+    """Say that ``con`` has the state's view (``views.create_views`` just made it): ``has_state_view`` then scans no
+    catalog."""
+    _HAS_VIEW[con] = True
+
+
 def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``con`` has the state's view, i.e. a round was stored when it connected. A round writes its state
     last, so a connection that has it has the view of every stored table too (each has a ``schema.parquet``
-    before its first state row). A connection found with it is remembered (a catalog scan costs 0.7-4 ms);
-    one without it is asked again (its views may be made again over a store that has a round now)."""
+    before its first state row). A connection found with it, or whose views were made with it (``know_state_view``),
+    is remembered (a catalog scan costs 0.7-8 ms); one without it is asked again (its views may be made again over a
+    store that has a round now)."""
     if _HAS_VIEW.get(con):
         return True
     found = con.execute("select count(*) from duckdb_views() where view_name = ?", [STATE]).fetchall()

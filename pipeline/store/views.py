@@ -241,7 +241,7 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool
     sql = _views_sql(con, data)
     # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
     con.execute(sql)
-    _VIEWS[con] = sql
+    _made(con, sql)
     if shared_macros:
         create_shared_macros(con)
 
@@ -249,6 +249,17 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool
 # The statements ``create_views`` last ran on each connection, while its views are still those they made
 # (``refresh_views`` compares; a restriction of the refined views forgets them).
 _VIEWS: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
+
+
+_STATE_VIEW = f"create or replace view {materialized.STATE} as "
+
+
+def _made(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Remember that ``con``'s views are those ``sql`` made (``refresh_views``), and tell ``freshness`` when they
+    include the state's view (it then asks no catalog)."""
+    _VIEWS[con] = sql
+    if _STATE_VIEW in sql:
+        freshness.know_state_view(con)
 
 
 def _views_sql(con: duckdb.DuckDBPyConnection, data: Path) -> str:
@@ -278,7 +289,7 @@ def refresh_views(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
             return False
         _VIEWS.pop(con, None)
         con.execute(sql)
-        _VIEWS[con] = sql
+        _made(con, sql)
         return True
     return rerun_if_vanished(once)
 

@@ -45,7 +45,7 @@ def test_a_backlog_is_materialized_in_parts_of_whole_conversations(tmp_path: Pat
     b = StoreBuilder(data)
     b.spans(agent_turn("a1", "conv-a", 1_000_000, "search") + agent_turn("z1", "conv-z", 1_500_000, "fetch"))
     build_store(data, idle_seconds=0)
-    assert score_store(data).materialized.full  # the first round: every trace, over the store as it is
+    assert score_store(data).materialized.full  # the first round: every trace, over a copy of their rows
     # rounds a live collector scored without storing results: a later turn of conv-a, two new conversations
     b.spans(agent_turn("a2", "conv-a", 3_000_000, "lookup") + agent_turn("b1", "conv-b", 3_100_000, "plan")
             + agent_turn("b2", "conv-b", 3_200_000, "plan") + agent_turn("c1", "conv-c", 3_300_000, "pay"))
