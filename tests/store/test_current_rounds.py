@@ -52,10 +52,13 @@ def _assert_poll_is_the_sql(data) -> None:
     kept = _kept(data)
     assert len(kept) == 1  # the table of the listing now, the older ones removed
     assert pq.read_table(kept[0]).to_pylist() == newest
-    for i, row in enumerate(newest):  # one trace: its newest round looked up in the kept file (a new process),
-        for forget in (True, False):  # then in memory
-            if forget:
-                current_rounds._LAST.clear()
+    # one trace: its newest round in this process's memory (the poll kept the table there), then looked up in the
+    # kept file as a new process does (a lookup keeps nothing: cleared once, the memory stays empty)
+    for in_memory in (True, False):
+        if not in_memory:
+            current_rounds._LAST.clear()
+        for i, row in enumerate(newest):
+            assert bool(current_rounds._LAST) == in_memory
             assert current_rounds.lookup(data, row["trace_id"]) == row["mat_round"]
             for j, name in enumerate(names):
                 given = {"trace_id": row["trace_id"]}
