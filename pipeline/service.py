@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' p
     from tracedag.pipeline.ingest.segments import SpoolConverter
     from tracedag.pipeline.score import JudgeConfig
     from tracedag.pipeline.score.live_store import LiveStore
+    from tracedag.pipeline.store.mixedprep import PrepChild
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class RunningCollector:
         self._round_lock = threading.Lock()
         self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
         self._scored = threading.Event()  # a round scored something: the store has work
-        self._rounded = threading.Event()  # the same, for the polled queries' rows (``prepare_once``)
+        self._prep: PrepChild | None = None  # writes the polled queries' rows after each round (``store.mixedprep``)
         self._store: LiveStore | None = None
         self._timeline = os.environ.get(TIMELINE_ENV) or None
 
@@ -181,7 +182,9 @@ class RunningCollector:
             self._spawn("live-analysis", self._analysis_loop)
             self._spawn("live-store", self._store_loop)
             if remote_of(self.data) is None:  # an object store's polls compute (their files are read in place)
-                self._spawn("live-polls", self._prepare_loop)
+                from tracedag.pipeline.store.mixedprep import PrepChild
+
+                self._prep = PrepChild(self.data).start()
         if cfg.build and cfg.judge is not None:
             self._spawn("live-judge", self._judge_loop)
         if remote_of(self.data) is not None:
@@ -246,7 +249,8 @@ class RunningCollector:
             self._unscored = False
         if built.traces_built or leftover:
             self._scored.set()
-            self._rounded.set()
+            if self._prep is not None:
+                self._prep.poke()
         if times is not None and built.traces_built:
             self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
                         "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
@@ -330,39 +334,6 @@ class RunningCollector:
             if self._store is not None:
                 self._store.close()
 
-    def prepare_once(self) -> int:
-        """Compute the rows of the traces waiting to be stored for the queries polled lately, where the polls read them
-        (``store.mixed.prepare_wanted``: a poll then computes nothing, issue #31); return the rows."""
-        from tracedag.pipeline.store.mixed import prepare_wanted
-
-        t0, c0 = time.time(), time.thread_time()
-        rows = prepare_wanted(self.data)
-        if self._timeline is not None:
-            self._note({"polled": rows, "start": t0, "end": time.time(), "cpu": time.thread_time() - c0})
-        return rows
-
-    def _prepare_loop(self) -> None:
-        from tracedag.pipeline.store.mixed import POLLS
-
-        failures = RoundFailures("computing the polled queries' rows of the traces not stored yet failed (the polls "
-                                 "compute them meanwhile)")
-        try:
-            while not self._stop.is_set():
-                self._rounded.wait()
-                self._rounded.clear()
-                if self._stop.is_set():
-                    return
-                try:
-                    self.prepare_once()
-                except Exception as exc:
-                    if not _file_went_away(exc):  # a compaction swapped a file under it: the next round's does it
-                        failures.failed(exc)
-                else:
-                    failures.succeeded()
-        finally:
-            if POLLS.current is not None:
-                POLLS.drop(POLLS.current[2])
-
     def _analysis_loop(self) -> None:
         wait = self.config.build_interval
         while not self._stop.wait(wait):
@@ -438,11 +409,12 @@ class RunningCollector:
         self.receivers.stop(grace_seconds)
         self._stop.set()
         self._scored.set()
-        self._rounded.set()
         if self._store is not None:
             self._store.interrupt()  # a pass computing stops here (nothing of it is written)
         for thread in self._threads:
             thread.join(grace_seconds + 30)
+        if self._prep is not None:
+            self._prep.stop(grace_seconds + 30)
         if self._child is not None:
             self._child.stop(grace_seconds + 60)
             REGISTRY.remove_source(self._child.metrics_text)

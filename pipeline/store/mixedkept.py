@@ -69,21 +69,28 @@ def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, 
     ``asked``: a reader asks (``mixedfile.want``; False: the collector)."""
     if remote_of(data) is not None:
         return None
-    where = str(data.resolve())
+    data = data.resolve()  # the files' paths in a key: the same whichever path a process was given
     values_repr = tuple(sorted((k, repr(v)) for k, v in values.items()))
-    query = mixedfile.query_digest((where, name, values_repr, threshold))
+    query = mixedfile.query_digest((str(data), name, values_repr, threshold))
     if asked:
         mixedfile.want(data, query, name, values)
-    if asked and not _seen(data, mark) and not mixedfile.rows_path(data, query).exists():
+    others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
+    base = (str(data), name, values_repr, materialized.signature(data), threshold, others)
+    base_digest = mixedfile.digest(repr(base))
+    if asked and not _seen(data, mark) and not _written_for(data, query, base_digest):
         return None
     wanted = _hashes(stale)
     held = {table: tuple(s for s in _stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
-    others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
     digest = hashlib.sha256("\n".join(stale).encode()).hexdigest()
-    base = (where, name, values_repr, materialized.signature(data), threshold, others)
     files = {table: tuple(s[0] for s in stamps) for table, stamps in held.items()}
-    return Sources((*base, digest, tuple(held.items())), files, held, base, data, query,
-                   mixedfile.digest(repr(base)))
+    return Sources((*base, digest, tuple(held.items())), files, held, base, data, query, base_digest)
+
+
+def _written_for(data: Path, query: str, base_digest: str) -> bool:
+    """Whether the collector's rows file of ``query`` is for the signature and other tables' files seen now (a file
+    left by a collector that stopped before them is not worth a first read's trace ids of every file)."""
+    on_disk = mixedfile.loaded(mixedfile.rows_path(data, query))
+    return on_disk is not None and on_disk.base == base_digest
 
 
 KEEP_FIRST = False

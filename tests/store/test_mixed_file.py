@@ -83,10 +83,13 @@ def test_rows_the_collector_wrote_answer_another_process_s_poll_without_computin
     b.spans([late])
     assert _poll(data) == references(data, ROOT_CAUSES)[0] and computed.times == 5 and computed.scope == ("v1",)
 
-    # a file of another table (an evaluation): every key is new
+    # a file of another table (an evaluation): every key is new, and the file is not for what a first read sees (it
+    # computes as without one, reading no file's trace ids)
     b.evaluations([{"trace_id": "a1", "name": "helpfulness", "score_value": 4.0}])
     assert _poll(data) == references(data, ROOT_CAUSES)[0] and computed.times == 6
-    assert computed.scope == ("u1", "v1")
+    assert computed.scope == ("u1", "v1", "w1") and not mixedkept._IDS
+    assert mixed.prepare_wanted(data) > 0 and computed.times == 7 and computed.scope == ("u1", "v1")
+    assert _poll(data) == references(data, ROOT_CAUSES)[0] and computed.times == 7
 
 
 def _query(data: Path) -> str:
@@ -110,8 +113,8 @@ def test_a_damaged_or_old_rows_file_is_not_read(
     rows.write_bytes(b"not arrow")
     assert _poll(data) == want and computed.times == 2
 
-    assert mixed.prepare_wanted(data) > 0  # written again (this process kept the rows its poll computed)
-    assert _poll(data) == want and computed.times == 2
+    assert mixed.prepare_wanted(data) > 0 and computed.times == 3  # written again
+    assert _poll(data) == want and computed.times == 3
 
     # no reader asked for WANT_SECONDS: the collector removes the query and its rows
     old = rows.with_suffix(".want").stat().st_mtime - mixedfile.WANT_SECONDS - 1
