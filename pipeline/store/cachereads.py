@@ -20,7 +20,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.manifests import cached_listing
+from tracedag.pipeline.store.manifests import cached_listing, manifest_entries
+from tracedag.pipeline.store.objcache import Entry
 from tracedag.pipeline.store.remote import Remote, remote_of
 
 logger = logging.getLogger(__name__)
@@ -89,13 +90,17 @@ def local_copies(data: Path, uris: list[str]) -> list[str]:
 
 def _copies(con: Any, remote: Remote, reads: Any, uris: list[str]) -> list[str]:
     """``local_copies`` through the store's listings and cache ``reads`` (a ``cachedfs.StoreReads``) for ``con``."""
-    reads.list_ahead(store_uris(remote, _AHEAD.get()))  # the views' folders at once, on the first view
-    listed = [reads.listed(uri) if "://" in uri else None for uri in uris]
+    known = _known_entries(remote, reads)
+    ahead = [u for u in store_uris(remote, _AHEAD.get()) if reads._strip_protocol(u) not in known]
+    reads.list_ahead(ahead)  # the views' folders whose files' versions the manifests do not give, at once
+    listed = [_entry_of(reads, known, uri) if "://" in uri else None for uri in uris]
     paths = [reads.cache.pin(found) if found is not None else None for found in listed]
     missing = [found for found, path in zip(listed, paths, strict=True) if found is not None and path is None]
     if missing:  # fetched whole now (as a read would fetch them), then read natively: no fsspec, no Python per read
         reads.fetch_whole(missing)
         paths = [path or (reads.cache.pin(found) if found is not None else None) for found, path in zip(listed, paths, strict=True)]
+    if known:
+        listed, paths = _relisted(reads, known, uris, listed, paths)
     out: list[str] = []
     pinned: list[str] = []
     held = []
@@ -111,6 +116,41 @@ def _copies(con: Any, remote: Remote, reads: Any, uris: list[str]) -> list[str]:
     if pinned:
         _PINNED.setdefault(con, []).extend(pinned)
     return out
+
+
+def _known_entries(remote: Remote, reads: Any) -> dict[str, Entry]:
+    """The store's objects whose versions (ETag, size) its manifests give, by path (``reads``' keys): found
+    without listing their folders. Only when ``reads`` reads a listed version alone (``s3lite``'s If-Match): a
+    file overwritten in place then fails to be read instead of being kept as the version the manifest names."""
+    if reads.lite is None:
+        return {}
+    root = reads._strip_protocol(remote.uri("tables"))
+    return {f"{root}/{key}": Entry(f"{root}/{key}", etag, size) for key, (size, etag) in manifest_entries(remote).items()}
+
+
+def _entry_of(reads: Any, known: dict[str, Entry], uri: str) -> Entry | None:
+    """``uri``'s object as its manifest gives it, else as the store lists it now."""
+    found = known.get(reads._strip_protocol(uri))
+    return found if found is not None else reads.listed(uri)
+
+
+def _relisted(reads: Any, known: dict[str, Entry], uris: list[str], listed: list[Entry | None],
+              paths: list[Any]) -> tuple[list[Entry | None], list[Any]]:
+    """Objects taken from their manifests that have no complete copy though they are small enough for one (the
+    store no longer holds that version: overwritten in place, or gone): as the store lists them now, fetched
+    whole again; the store's answer is what is read, never a copy of the manifest's version from before."""
+    listed, paths = list(listed), list(paths)
+    for k, (uri, found, path) in enumerate(zip(uris, listed, paths, strict=True)):
+        if path is not None or found is None or found.size > reads.cache.whole:
+            continue
+        if known.get(found.path) is not found:
+            continue
+        now = reads.listed(uri)
+        listed[k] = now
+        if now is not None and now != found:
+            reads.fetch_whole([now])
+            paths[k] = reads.cache.pin(now)
+    return listed, paths
 
 
 _DEFERRED: weakref.WeakKeyDictionary[Any, Remote] = weakref.WeakKeyDictionary()

@@ -2,7 +2,14 @@
 
 ``<store>/manifests/<writer>/<generation>.json`` names every file the writer has in the store, by table::
 
-    {"writer": "collector-0", "generation": 42, "written_unix_nano": ..., "tables": {"spans": {"recv_hour=…/collector-0--part-….parquet": 51234}}}
+    {"writer": "collector-0", "generation": 42, "written_unix_nano": ..., "tables": {"spans": {"recv_hour=…/collector-0--part-….parquet": 51234}},
+     "etags": {"spans": {"recv_hour=…/collector-0--part-….parquet": "\"9f3c…\""}}}
+
+``etags`` (optional, added after ``tables`` so that older readers read such a manifest as before) gives the ETag the
+store answered for each file just after its upload (a HEAD); a file without one (published by an older version, or
+by a store that gives no ETags) has none. A reader takes a listed file's version from it (``manifest_entries``)
+instead of listing the file's folder, and reads only that version (If-Match): a file overwritten in place is not
+the version its manifest names, so its read fails and the reader lists its folder instead (``cachereads``).
 
 One writer writes one manifest series, so writers never contend: a new generation is PUT (atomic) only
 after the files it names are uploaded. Readers take the newest generation of every writer and union them.
@@ -48,6 +55,7 @@ ACCEPT_LOSS = "TRACEDAG_ACCEPT_STORE_LOSS"
 """Set to 1: after a store lost files only it held, publish what the work directory has and go on."""
 
 Tables = dict[str, dict[str, int]]  # table -> {path under tables/<table>/: size}
+ETags = dict[str, str]  # "<table>/<path under tables/<table>/>" -> the ETag the store gave the file after its upload
 
 
 def published_name(writer: str, rel: str) -> str:
@@ -98,26 +106,66 @@ def newest_manifest(remote: Remote, writer: str) -> dict[str, Any] | None:
 
 def read_listing(remote: Remote) -> dict[str, Tables]:
     """Every writer's newest manifest tables: ``{writer: {table: {rel: size}}}``."""
+    return _read_all(remote)[0]
+
+
+def _read_all(remote: Remote) -> tuple[dict[str, Tables], ETags]:
+    """``read_listing`` and the ETags those manifests give (``manifest_etags``)."""
     out: dict[str, Tables] = {}
+    etags: ETags = {}
     for writer in _writers(remote):
         found = newest_manifest(remote, writer)
         if found is not None:
             out[writer] = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
+            etags.update(_etags_of(found, out[writer]))
+    return out, etags
+
+
+def _etags_of(manifest: dict[str, Any], tables: Tables) -> ETags:
+    """The ETags ``manifest`` gives for files it lists (others, or ones not strings, are left out)."""
+    out: ETags = {}
+    given = manifest.get("etags")
+    for table, files in (given.items() if isinstance(given, dict) else ()):
+        listed = tables.get(table, {})
+        for rel, etag in (files.items() if isinstance(files, dict) else ()):
+            if isinstance(etag, str) and etag and rel in listed:
+                out[f"{table}/{rel}"] = etag
     return out
 
 
-_CACHE: dict[str, tuple[float, dict[str, Tables]]] = {}
+_CACHE: dict[str, tuple[float, dict[str, Tables], ETags]] = {}
 
 
 def cached_listing(remote: Remote, fresh: bool = False) -> dict[str, Tables]:
     """``read_listing`` reused for ``LISTING_TTL`` seconds within a process."""
+    return _cached(remote, fresh)[1]
+
+
+def _cached(remote: Remote, fresh: bool = False) -> tuple[float, dict[str, Tables], ETags]:
     hit = _CACHE.get(remote.url)
     now = time.monotonic()
     if hit is not None and not fresh and now - hit[0] < LISTING_TTL:
-        return hit[1]
-    listing = read_listing(remote)
-    _CACHE[remote.url] = (now, listing)
-    return listing
+        return hit
+    listing, etags = _read_all(remote)
+    found = _CACHE[remote.url] = (now, listing, etags)
+    return found
+
+
+def manifest_entries(remote: Remote, fresh: bool = False) -> dict[str, tuple[int, str]]:
+    """``{"<table>/<rel>": (size, etag)}`` of the listed files whose manifest gives their ETag (the listing of
+    ``cached_listing``): their versions, known without listing their folders."""
+    _, listing, etags = _cached(remote, fresh)
+    return {key: (listing_size, etag) for key, etag in etags.items()
+            if (listing_size := _size_in(listing, key)) is not None}
+
+
+def _size_in(listing: dict[str, Tables], key: str) -> int | None:
+    table, _, rel = key.partition("/")
+    for tables in listing.values():
+        size = tables.get(table, {}).get(rel)
+        if size is not None:
+            return size
+    return None
 
 
 def remote_files(data: Path, table: str, fresh: bool = False) -> list[tuple[Path, int]]:
@@ -190,7 +238,7 @@ def _save_state(data: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class WriterTaken(TracedagError):
+class WriterTaken(TracedagError):  # type: ignore[misc,unused-ignore]
     """Another work directory publishes under the same writer id: two would overwrite each other's manifest."""
 
 
@@ -256,7 +304,7 @@ def _after_loss(data: Path, remote: Remote, writer: str, state: dict[str, Any], 
                    sum(1 for _ in _local_tables(data)), os.fspath(data),
                    f"; {lost} files only the store held are lost" if lost else "")
     return {"generation": int(state["generation"]), "uploaded": {}, "retained": kept,
-            "dropped": state.get("dropped", {}), "last": None, "reports": []}
+            "dropped": state.get("dropped", {}), "last": None, "reports": [], "etags": dict(state.get("etags", {}))}
 
 
 def check_kept(data: Path) -> None:
@@ -279,7 +327,7 @@ def _new_state(found: dict[str, Any] | None) -> dict[str, Any]:
     found = found or {}
     retained = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
     return {"generation": int(found.get("generation", 0)), "uploaded": {}, "retained": retained,
-            "dropped": {}, "last": None}
+            "dropped": {}, "last": None, "etags": _etags_of(found, retained)}
 
 
 def _put(remote: Remote, local: Path, key: str) -> None:
@@ -305,9 +353,37 @@ def _put_once(remote: Remote, local: Path, key: str) -> None:
     remote.fs.mv(tmp, key)
 
 
-def _write_manifest(remote: Remote, writer: str, instance: str, generation: int, tables: Tables) -> None:
-    body = json.dumps({"writer": writer, "instance": instance, "generation": generation,
-                       "written_unix_nano": time.time_ns(), "tables": tables}, sort_keys=True).encode()
+def _uploaded_etag(remote: Remote, key: str) -> str | None:
+    """The ETag the store gives the object just uploaded at ``key`` (a HEAD), or None (a store without ETags, or
+    the HEAD failed: readers list that file's folder, as for a manifest of an older version)."""
+    try:
+        info = remote.fs.info(key)
+    except OSError as e:
+        logger.info("no ETag for %s: %s", key, e)
+        return None
+    etag = info.get("ETag") or info.get("etag")
+    return str(etag) if etag else None
+
+
+def _manifest_etags(state: dict[str, Any], tables: Tables) -> dict[str, dict[str, str]]:
+    """The ``etags`` of the manifest listing ``tables``: the known ETag of each listed file (the others: none)."""
+    known: ETags = state.get("etags", {})
+    out: dict[str, dict[str, str]] = {}
+    for table, files in tables.items():
+        for name in files:
+            etag = known.get(f"{table}/{name}")
+            if etag:
+                out.setdefault(table, {})[name] = etag
+    return out
+
+
+def _write_manifest(remote: Remote, writer: str, instance: str, generation: int, tables: Tables,
+                    etags: dict[str, dict[str, str]] | None = None) -> None:
+    content: dict[str, Any] = {"writer": writer, "instance": instance, "generation": generation,
+                               "written_unix_nano": time.time_ns(), "tables": tables}
+    if etags:
+        content["etags"] = etags
+    body = json.dumps(content, sort_keys=True).encode()
     key = remote.key(f"{MANIFESTS}/{writer}/{generation:020d}.json")
     if remote.protocol in ATOMIC_PUT:
         remote.fs.pipe_file(key, body)
@@ -346,7 +422,9 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
         tables = _upload_new(data, remote, writer, state, stats)
         if tables != (state.get("last") or {}) or (state.get("last") is None and found is not None):
             state["generation"] = int(state["generation"]) + 1
-            _write_manifest(remote, writer, instance, state["generation"], tables)
+            etags = _manifest_etags(state, tables)
+            state["etags"] = {f"{t}/{n}": e for t, files in etags.items() for n, e in files.items()}
+            _write_manifest(remote, writer, instance, state["generation"], tables, etags)
             _CACHE.pop(remote.url, None)  # this process reads its own new generation at once
             state["last"] = tables
             stats.generation = state["generation"]
@@ -370,7 +448,8 @@ def _upload_new(data: Path, remote: Remote, writer: str, state: dict[str, Any], 
         if ident not in uploaded:
             try:
                 size = path.stat().st_size
-                _put(remote, path, remote.key(f"tables/{table}/{name}"))
+                key = remote.key(f"tables/{table}/{name}")
+                _put(remote, path, key)
             except FileNotFoundError:  # compacted away while we walked: it is not in this generation
                 present.discard(ident)
                 continue
@@ -379,6 +458,12 @@ def _upload_new(data: Path, remote: Remote, writer: str, state: dict[str, Any], 
                 logger.warning("upload of %s failed (%s); it will be retried", ident, e)
                 continue
             uploaded[ident] = [name, size]
+            etag = _uploaded_etag(remote, key)
+            known: ETags = state.setdefault("etags", {})
+            if etag is not None:
+                known[f"{table}/{name}"] = etag
+            else:
+                known.pop(f"{table}/{name}", None)
             stats.uploaded += 1
             stats.uploaded_bytes += size
         tables.setdefault(table, {})[uploaded[ident][0]] = int(uploaded[ident][1])
