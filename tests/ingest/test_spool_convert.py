@@ -289,3 +289,24 @@ def test_done_segments_are_pruned_even_while_compaction_is_held_back(
     monkeypatch.setattr(ingest, "PRUNE_INTERVAL_SECONDS", 0.0)
     conv.run_once()  # no compaction is due (interval 1e9 s), the prune still runs
     assert not done.exists()
+
+
+def test_memory_goes_back_to_the_os_only_after_a_converter_idled_a_while(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.store.objfixtures import Calls
+    from tracedag.pipeline.ingest import segments
+
+    monkeypatch.setattr(segments, "RELEASE_IDLE_SECONDS", 0.3)
+    released = Calls(monkeypatch, segments, "release_memory")
+    conv = SpoolConverter(data)
+    for seq, req in enumerate(_reqs(1024), start=1):
+        write_segment(data, seq, [(req.SerializeToString(), NOW)])
+        assert conv.run_once().segments == 1
+        assert conv.run_once().segments == 0  # idle, but a segment comes every so often: the heap stays
+    assert released.count == 0
+    time.sleep(0.35)
+    conv.run_once()
+    assert released.count == 1  # idle for RELEASE_IDLE_SECONDS: given back, once
+    conv.run_once()
+    assert released.count == 1
