@@ -125,3 +125,18 @@ def test_a_file_overwritten_under_a_manifest_that_names_the_old_version_is_read_
     _, manifest = _newest(fs, s3.bucket)
     _, _, removed = _overwrite(fs, s3.bucket, manifest)  # the manifest still names the old ETag and size
     assert _count(url, tmp_path / "r0") == 18 - removed  # its If-Match GET fails: the folder is listed, read anew
+
+
+def test_a_work_directory_bound_again_is_read_again(tmp_path):
+    from tracedag.pipeline.store.remote import attach, binding
+
+    work = attach(tmp_path / "w", "s3://bucket-a/p", "one")
+    assert binding(work)[1] == "one"
+    assert binding(work)[1] == "one"  # remembered while the file is the same
+    attach(work, "s3://bucket-a/p", "other")  # written again: another inode
+    assert binding(work)[1] == "other"
+    path = work / "state" / "remote.json"
+    path.write_text(path.read_text().replace('"other"', '"third"'))  # in place: another size and mtime
+    assert binding(work)[1] == "third"
+    path.unlink()
+    assert binding(work) is None
