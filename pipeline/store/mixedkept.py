@@ -16,7 +16,9 @@ waiting trace, a compaction, a confirm, a label import: another key. Never a sta
 Each conversation's rows are kept too (``parts``), under what they share with the others' (``Sources.base``), its
 traces and the files holding one of them: a poll whose key is new computes only the conversations whose key is new
 (``mixed.read_parts``). A live round's score adds a few; its build (traces not scored: no failing score, no row of
-a failure query) and a stored round none, so such a poll computes nothing.
+a failure query) and a stored round none, so such a poll computes nothing. The live collector writes every waiting
+conversation's rows of the queries polled lately after each round (``mixedfile``, ``mixedprep``): a poll of any
+process reads those whose key it sees (``kept_parts``), and computes only the others.
 
 Which traces a file holds is read once per file (its ``trace_id`` column, as 64-bit hashes: a collision only adds
 a file, whose rows of other traces are filtered out anyway), so a poll lists the tables and reads only new files.
