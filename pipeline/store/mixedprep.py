@@ -32,8 +32,8 @@ class PrepChild:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> PrepChild:
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(self.data)], stdin=subprocess.PIPE,
-                                     preexec_fn=_lowered)
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__, str(self.data)], stdin=subprocess.PIPE)
+        _lower(self.proc.pid)
         return self
 
     def poke(self) -> None:
@@ -61,8 +61,13 @@ class PrepChild:
             proc.wait()
 
 
-def _lowered() -> None:
-    os.nice(NICE)
+def _lower(pid: int) -> None:
+    """Lower the child's priority from here (a ``preexec_fn`` is unsafe in the collector's threads: it runs between
+    fork and exec, where a lock another thread held stays held)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(os.getpriority(os.PRIO_PROCESS, 0) + NICE, 19))
+    except OSError as e:  # gone already, or not allowed: it runs at the collector's priority
+        logger.info("the polled queries' child keeps the collector's priority: %s", e)
 
 
 def main(data: Path) -> None:
