@@ -18,7 +18,8 @@ from pathlib import Path
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.manifests import publish, read_listing
+from tracedag.pipeline.store.listing import read_listing
+from tracedag.pipeline.store.manifests import publish
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.remote import attach, open_remote
 from tracedag.pipeline.store.views import connect

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from tracedag.pipeline.store.manifests import cached_listing
+from tracedag.pipeline.store.listing import cached_listing
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.layout import tables_dir
 

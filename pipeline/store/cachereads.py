@@ -20,7 +20,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from tracedag.pipeline.store.manifests import cached_listing, manifest_entries
+from tracedag.pipeline.store.listing import cached_listing, manifest_entries
 from tracedag.pipeline.store.objcache import Entry
 from tracedag.pipeline.store.remote import Remote, remote_of
 
@@ -187,7 +187,7 @@ def _register_deferred(remote: Remote) -> None:
 
 
 def store_uris(remote: Remote, only: Iterable[str] | None = None) -> list[str]:
-    """The URL of every file the store's manifests name now (``manifests.cached_listing``; ``only``: of these tables)."""
+    """The URL of every file the store's manifests name now (``listing.cached_listing``; ``only``: of these tables)."""
     return [remote.uri(f"tables/{table}/{rel}") for tables in cached_listing(remote).values()
             for table, files in tables.items() if only is None or table in only for rel in files]
 

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from tracedag.pipeline.store import freshkept
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.manifests import source_uris
+from tracedag.pipeline.store.listing import source_uris
 from tracedag.pipeline.store.remote import binding
 
 if TYPE_CHECKING:

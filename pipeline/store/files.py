@@ -23,7 +23,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store.manifests import remote_files
+from tracedag.pipeline.store.listing import remote_files
 from tracedag.schemas.errors import SchemaMismatch
 from tracedag.schemas.layout import table_dir
 from tracedag.schemas.spans import SCHEMA_KEY
@@ -45,7 +45,7 @@ def parquet_files(data: Path, table: str) -> list[Path]:
     """Return the complete Parquet files of ``table``, sorted by path.
 
     In the work directory of an object store, the files other writers published are listed too, as
-    paths that do not exist locally (``tracedag.pipeline.store.manifests.source_uris`` says where they are).
+    paths that do not exist locally (``tracedag.pipeline.store.listing.source_uris`` says where they are).
     """
     root = table_dir(data, table)
     local = sorted(root.rglob("*.parquet")) if root.exists() else []

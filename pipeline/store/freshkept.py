@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tracedag.pipeline.store.files import keep_newest
-from tracedag.pipeline.store.manifests import SEP, published_name
+from tracedag.pipeline.store.listing import SEP, published_name
 from tracedag.pipeline.store.remote import Remote, binding
 from tracedag.schemas.layout import tables_dir
 

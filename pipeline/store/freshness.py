@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from tracedag.pipeline.store import current_rounds, freshkept
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.manifests import source_uris
+from tracedag.pipeline.store.listing import source_uris
 from tracedag.pipeline.store.materialized import (
     STATE,
     matches,

@@ -35,6 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracedag.pipeline.store.listing import (
+    MANIFESTS,
+    ETags,
+    Tables,
+    etags_of,
+    forget_listing,
+    generations,
+    newest_manifest,
+    published_name,
+)
 from tracedag.pipeline.store.remote import ATOMIC_PUT, Remote, binding, instance_of
 from tracedag.schemas.errors import TracedagError
 from tracedag.schemas.fsio import file_lock
@@ -42,159 +52,12 @@ from tracedag.schemas.layout import REPORTS, reports_dir, state_file, table_dir,
 
 logger = logging.getLogger(__name__)
 
-MANIFESTS = "manifests"
-SEP = "--"
-"""Between the writer id and the local file name in a published file's name."""
 GRACE_SECONDS = float(os.environ.get("TRACEDAG_REMOTE_GRACE", "300"))
 """How long a dropped file (and an old manifest generation) stays readable after it left the manifest."""
-LISTING_TTL = 1.0
-"""Seconds a process reuses a store listing (one command lists several tables in a row)."""
 _STATE = "publish.json"
 _LOCK = "publish.lock"
 ACCEPT_LOSS = "TRACEDAG_ACCEPT_STORE_LOSS"
 """Set to 1: after a store lost files only it held, publish what the work directory has and go on."""
-
-Tables = dict[str, dict[str, int]]  # table -> {path under tables/<table>/: size}
-ETags = dict[str, str]  # "<table>/<path under tables/<table>/>" -> the ETag the store gave the file after its upload
-
-
-def published_name(writer: str, rel: str) -> str:
-    """``recv_hour=5/part-1.parquet`` of writer ``c1`` → ``recv_hour=5/c1--part-1.parquet``."""
-    folder, _, name = rel.rpartition("/")
-    return f"{folder}/{writer}{SEP}{name}" if folder else f"{writer}{SEP}{name}"
-
-
-def local_name(rel: str) -> str:
-    """The inverse of ``published_name``: the file name in its writer's work directory."""
-    folder, _, name = rel.rpartition("/")
-    base = name.partition(SEP)[2] or name
-    return f"{folder}/{base}" if folder else base
-
-
-# ---------------------------------------------------------------- reading
-
-
-def _generations(remote: Remote, writer: str) -> list[str]:
-    try:
-        names = remote.reads.ls(remote.key(f"{MANIFESTS}/{writer}"), detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names if n.endswith(".json"))
-
-
-def _writers(remote: Remote) -> list[str]:
-    try:
-        entries = remote.reads.ls(remote.key(MANIFESTS), detail=True)
-    except FileNotFoundError:
-        return []
-    return sorted(e["name"].rstrip("/").rpartition("/")[2] for e in entries if e.get("type") == "directory")
-
-
-def newest_manifest(remote: Remote, writer: str) -> dict[str, Any] | None:
-    """The newest manifest of ``writer`` (None: it published nothing yet)."""
-    for _ in range(3):  # a generation deleted between the listing and the read: list again
-        gens = _generations(remote, writer)
-        if not gens:
-            return None
-        try:
-            raw: dict[str, Any] = json.loads(remote.reads.cat_file(gens[-1]))
-            return raw
-        except FileNotFoundError:
-            continue
-    return None
-
-
-def read_listing(remote: Remote) -> dict[str, Tables]:
-    """Every writer's newest manifest tables: ``{writer: {table: {rel: size}}}``."""
-    return _read_all(remote)[0]
-
-
-def _read_all(remote: Remote) -> tuple[dict[str, Tables], ETags]:
-    """``read_listing`` and the ETags those manifests give (``manifest_etags``)."""
-    out: dict[str, Tables] = {}
-    etags: ETags = {}
-    for writer in _writers(remote):
-        found = newest_manifest(remote, writer)
-        if found is not None:
-            out[writer] = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
-            etags.update(_etags_of(found, out[writer]))
-    return out, etags
-
-
-def _etags_of(manifest: dict[str, Any], tables: Tables) -> ETags:
-    """The ETags ``manifest`` gives for files it lists (others, or ones not strings, are left out)."""
-    out: ETags = {}
-    given = manifest.get("etags")
-    for table, files in (given.items() if isinstance(given, dict) else ()):
-        listed = tables.get(table, {})
-        for rel, etag in (files.items() if isinstance(files, dict) else ()):
-            if isinstance(etag, str) and etag and rel in listed:
-                out[f"{table}/{rel}"] = etag
-    return out
-
-
-_CACHE: dict[str, tuple[float, dict[str, Tables], ETags]] = {}
-
-
-def cached_listing(remote: Remote, fresh: bool = False) -> dict[str, Tables]:
-    """``read_listing`` reused for ``LISTING_TTL`` seconds within a process."""
-    return _cached(remote, fresh)[1]
-
-
-def _cached(remote: Remote, fresh: bool = False) -> tuple[float, dict[str, Tables], ETags]:
-    hit = _CACHE.get(remote.url)
-    now = time.monotonic()
-    if hit is not None and not fresh and now - hit[0] < LISTING_TTL:
-        return hit
-    listing, etags = _read_all(remote)
-    found = _CACHE[remote.url] = (now, listing, etags)
-    return found
-
-
-def manifest_entries(remote: Remote, fresh: bool = False) -> dict[str, tuple[int, str]]:
-    """``{"<table>/<rel>": (size, etag)}`` of the listed files whose manifest gives their ETag (the listing of
-    ``cached_listing``): their versions, known without listing their folders."""
-    _, listing, etags = _cached(remote, fresh)
-    return {key: (listing_size, etag) for key, etag in etags.items()
-            if (listing_size := _size_in(listing, key)) is not None}
-
-
-def _size_in(listing: dict[str, Tables], key: str) -> int | None:
-    table, _, rel = key.partition("/")
-    for tables in listing.values():
-        size = tables.get(table, {}).get(rel)
-        if size is not None:
-            return size
-    return None
-
-
-def remote_files(data: Path, table: str, fresh: bool = False) -> list[tuple[Path, int]]:
-    """The files of ``table`` other writers published, as paths under ``data`` that do not exist locally.
-
-    A path's bytes are at ``source_uris(data, [path])``. The work directory's own published files are its
-    local ones, so they are left out, unless they are only in the store (published, then removed here).
-    """
-    bound = binding(data)
-    if bound is None:
-        return []
-    remote, writer = bound
-    root = table_dir(data, table)
-    out: list[tuple[Path, int]] = []
-    for owner, tables in cached_listing(remote, fresh).items():
-        for rel, size in tables.get(table, {}).items():
-            if owner == writer and (root / local_name(rel)).exists():
-                continue
-            out.append((root / rel, size))
-    return out
-
-
-def source_uris(data: Path, files: list[Path]) -> list[str]:
-    """Where listed files' bytes are: their local paths, or their URLs in the store ``data`` works on."""
-    bound = binding(data)
-    if bound is None:
-        return [str(f) for f in files]
-    root = tables_dir(data)
-    return [str(f) if f.exists() else bound[0].uri(f"tables/{f.relative_to(root).as_posix()}") for f in files]
 
 
 # ---------------------------------------------------------------- publishing
@@ -327,7 +190,7 @@ def _new_state(found: dict[str, Any] | None) -> dict[str, Any]:
     found = found or {}
     retained = {t: {str(k): int(v) for k, v in files.items()} for t, files in found.get("tables", {}).items()}
     return {"generation": int(found.get("generation", 0)), "uploaded": {}, "retained": retained,
-            "dropped": {}, "last": None, "etags": _etags_of(found, retained)}
+            "dropped": {}, "last": None, "etags": etags_of(found, retained)}
 
 
 def _put(remote: Remote, local: Path, key: str) -> None:
@@ -425,7 +288,7 @@ def publish(data: Path, grace_seconds: float | None = None, keep_local: KeepLoca
             etags = _manifest_etags(state, tables)
             state["etags"] = {f"{t}/{n}": e for t, files in etags.items() for n, e in files.items()}
             _write_manifest(remote, writer, instance, state["generation"], tables, etags)
-            _CACHE.pop(remote.url, None)  # this process reads its own new generation at once
+            forget_listing(remote)  # this process reads its own new generation at once
             state["last"] = tables
             stats.generation = state["generation"]
         _upload_reports(data, remote, state, stats)
@@ -553,7 +416,7 @@ def _delete_expired(remote: Remote, writer: str, state: dict[str, Any], grace: f
             continue
         del dropped[key]
         stats.deleted += 1
-    gens = _generations(remote, writer)
+    gens = generations(remote, writer)
     for old in gens[:-2]:
         try:
             info = remote.fs.info(old)

@@ -34,7 +34,7 @@ from tracedag.pipeline.store.files import (
     rerun_if_vanished,
     vanished_pause,
 )
-from tracedag.pipeline.store.manifests import SEP, cached_listing, source_uris
+from tracedag.pipeline.store.listing import SEP, cached_listing, source_uris
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.shared_macros import called_names, create_shared_macros
 from tracedag.queries import macros

@@ -37,7 +37,7 @@ from tracedag.pipeline.demo.report import engine_line
 from tracedag.pipeline.engine import Engine, bucket_target, plan_buckets
 from tracedag.pipeline.score import score_store
 from tracedag.pipeline.service import CollectorConfig, start_collector
-from tracedag.pipeline.store.manifests import read_listing
+from tracedag.pipeline.store.listing import read_listing
 from tracedag.pipeline.store.querying import run_named
 from tracedag.pipeline.store.remote import attach, open_remote
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
 from tests.store.objfixtures import remote_store
-from tracedag.pipeline.store import manifests
+from tracedag.pipeline.store import listing
 from tracedag.pipeline.store.cachedfs import LISTING_TTL
 from tracedag.pipeline.store.remote import bind_store
 from tracedag.pipeline.store.s3lite import S3Lite
@@ -53,7 +53,7 @@ def _table_lists(monkeypatch) -> list[str]:
 
 
 def _later() -> None:
-    time.sleep(max(LISTING_TTL, manifests.LISTING_TTL) + 0.2)  # this process's listings are stale: read again
+    time.sleep(max(LISTING_TTL, listing.LISTING_TTL) + 0.2)  # this process's listings are stale: read again
 
 
 def test_a_manifest_gives_each_file_s_etag_and_a_warm_read_lists_no_table_folder(s3, tmp_path, monkeypatch):

@@ -23,7 +23,8 @@ from tests.store.objfixtures import agent_traces, otel_provider, sorted_rows
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
 from tests.store.s3_server import agent_runs_dump
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.store.manifests import publish, read_listing
+from tracedag.pipeline.store.listing import read_listing
+from tracedag.pipeline.store.manifests import publish
 from tracedag.pipeline.store.remote import attach, open_remote
 
 CLI = [sys.executable, "-c", "from tracedag.pipeline.cli import cli; cli()"]

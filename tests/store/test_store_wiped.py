@@ -28,7 +28,8 @@ from click.testing import CliRunner
 
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the SeaweedFS of s3)
 from tracedag.pipeline.cli import cli
-from tracedag.pipeline.store.manifests import ACCEPT_LOSS, KeepLocal, newest_manifest, publish, read_listing
+from tracedag.pipeline.store.listing import newest_manifest, read_listing
+from tracedag.pipeline.store.manifests import ACCEPT_LOSS, KeepLocal, publish
 from tracedag.pipeline.store.remote import attach, open_remote
 from tracedag.pipeline.store.views import connect
 
