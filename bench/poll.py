@@ -9,7 +9,6 @@ stored (``LiveRound(materialize=False)``, as the live rounds leave them to the s
 
     python bench/poll.py --make /tmp/poll --base 100000 --unstored 500,2000,5000 --unscored 1000
     python bench/poll.py --data /tmp/poll --trees /tmp/base,/work/main --runs 5 --polls 4
-    python bench/poll.py --data /tmp/poll --trees /tmp/base,/work/main --runs 5 --unkept conversations --prepared
     python bench/poll.py --data /tmp/poll --trees /tmp/base,/work/main --runs 5 --store-pass
 
 Each tree runs in child processes of its own (``PYTHONPATH``: the tree whose tracedag is imported; the trees
@@ -18,12 +17,7 @@ after each process's first (that one pays the imports and the process's first co
 rows: the trees must give the same answer. A process's later polls of the same files read the rows its first
 computed (``store.mixedkept``: polls between two live rounds); ``--unkept answers`` forgets the answers before each
 poll (a round that changed no waiting conversation: each conversation's rows are kept), ``--unkept conversations``
-every conversation's rows too (they are all computed again; which traces each file holds stays known). ``--prepared``:
-before each polling process, a process of its own runs the live collector's pass after a round
-(``store.mixed.prepare``: the rows of every waiting conversation written to ``state/mixed/``, ``store.mixedfile``) and
-its CPU is shown; the polls then read those rows (with ``--unkept conversations``, each poll reads the file again, as a
-poll of another process after a round does). Without it, ``state/mixed/`` is removed before each process (its polls
-compute). ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
+every conversation's rows too (they are all computed again; which traces each file holds stays known). ``--store-pass`` times ``LiveStore``'s steps (copy, copy_spans,
 compute, write: the CPU of each) over a fresh hard-linked copy of each store, one pass each.
 """
 
@@ -67,27 +61,6 @@ for _ in range(n):
     out.append((c, w, t.num_rows, hashlib.sha256(repr(t.to_pylist()).encode()).hexdigest()[:12]))
 import tracedag.pipeline.store.mixed as m
 print(json.dumps({"file": m.__file__, "polls": out}))
-'''
-
-_PREPARE_CHILD = r'''
-import json, resource, sys
-from pathlib import Path
-from tracedag.pipeline.store.querying import bind_params, query_doc
-from tracedag.pipeline.store import mixed
-data = Path(sys.argv[1])
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-if not hasattr(mixed, "prepare"):  # a tree from before it: its polls compute
-    print(json.dumps({"cpu": None}))
-    raise SystemExit
-values = bind_params(query_doc("root_causes"), {})
-with mixed.POLLS.use(data) as con:  # the collector's connection: made once, its views refreshed after each round
-    pass
-c = cpu()
-with mixed.POLLS.use(data) as con:
-    rows = mixed.prepare(con, data, "root_causes", values)
-print(json.dumps({"cpu": cpu() - c, "rows": rows}))
 '''
 
 _PASS_CHILD = r'''
@@ -158,18 +131,11 @@ def _child(tree: str, code: str, *args: str) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: str = "none", prepared: bool = False) -> None:
+def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: str = "none") -> None:
     for data in stores:
         got: dict[str, list[list[object]]] = {t: [] for t in trees}
-        pre: dict[str, list[float]] = {t: [] for t in trees}
         for run in range(runs):
             for tree in trees if run % 2 == 0 else trees[::-1]:
-                shutil.rmtree(data / "state" / "mixed", ignore_errors=True)  # no rows a collector wrote before
-                if prepared:  # the collector's pass after the round: the rows of every waiting conversation written
-                    done = _child(tree, _PREPARE_CHILD, str(data))
-                    assert isinstance(done, dict)
-                    if done["cpu"] is not None:
-                        pre[tree].append(float(done["cpu"]))
                 answer = _child(tree, _POLL_CHILD, str(data), str(n), unkept)
                 assert isinstance(answer, dict) and str(Path(str(answer["file"])).resolve()).startswith(str(Path(tree).resolve())), answer
                 got[tree].append(answer["polls"])
@@ -181,11 +147,8 @@ def polls(stores: list[Path], trees: list[str], runs: int, n: int, unkept: str =
             hashes = sorted({p[3] for proc in got[tree] for p in proc})  # type: ignore[index]
             rows = sorted({p[2] for proc in got[tree] for p in proc})  # type: ignore[index]
             first = cpu if first is None else first
-            firsts = statistics.median(proc[0][0] for proc in got[tree])  # type: ignore[index]
-            collector = f", collector's pass CPU median {statistics.median(pre[tree]):.3f} s" if pre[tree] else ""
             print(f"{data.name} {tree}: poll CPU median {cpu:.3f} s (x{cpu / first:.2f}), wall {wall:.3f} s, "
-                  f"n={len(later)}, rows {rows}, hash {hashes}; a process's first poll {firsts:.3f} s{collector}",
-                  flush=True)
+                  f"n={len(later)}, rows {rows}, hash {hashes}", flush=True)
         print(f"  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
@@ -220,9 +183,6 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="child processes per tree and store")
     ap.add_argument("--polls", type=int, default=4, help="polls per child process (the first is not counted)")
     ap.add_argument("--store-pass", action="store_true", help="time one LiveStore pass instead of polls")
-    ap.add_argument("--prepared", action="store_true",
-                    help="before each polling process, the collector's pass (store.mixed.prepare, in a process of its "
-                         "own) writes the waiting conversations' rows where the polls read them (store.mixedfile)")
     ap.add_argument("--unkept", choices=("none", "answers", "conversations"), default="none",
                     help="forget before each poll the answers kept (store.mixedkept), or these and each conversation's "
                          "rows: a poll after a round that changed no waiting conversation, or every one")
@@ -235,7 +195,7 @@ def main() -> None:
     if args.store_pass:
         store_passes(stores, trees, args.runs)
     else:
-        polls(stores, trees, args.runs, args.polls, args.unkept, args.prepared)
+        polls(stores, trees, args.runs, args.polls, args.unkept)
 
 
 if __name__ == "__main__":

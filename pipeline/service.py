@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # the stages are imported where they run, so the receivers' p
     from tracedag.pipeline.ingest.segments import SpoolConverter
     from tracedag.pipeline.score import JudgeConfig
     from tracedag.pipeline.score.live_store import LiveStore
-    from tracedag.pipeline.store.mixedprep import PrepChild
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +146,6 @@ class RunningCollector:
         self._round_lock = threading.Lock()
         self._unscored = True  # a build may be unscored (before the first round, or after a round failed midway)
         self._scored = threading.Event()  # a round scored something: the store has work
-        self._prep: PrepChild | None = None  # writes the polled queries' rows after each round (``store.mixedprep``)
         self._store: LiveStore | None = None
         self._timeline = os.environ.get(TIMELINE_ENV) or None
 
@@ -181,10 +179,6 @@ class RunningCollector:
             _load_stages()  # here, not in the two threads at once (a package imported by two threads half-exists)
             self._spawn("live-analysis", self._analysis_loop)
             self._spawn("live-store", self._store_loop)
-            if remote_of(self.data) is None:  # an object store's polls compute (their files are read in place)
-                from tracedag.pipeline.store.mixedprep import PrepChild
-
-                self._prep = PrepChild(self.data).start()
         if cfg.build and cfg.judge is not None:
             self._spawn("live-judge", self._judge_loop)
         if remote_of(self.data) is not None:
@@ -249,8 +243,6 @@ class RunningCollector:
             self._unscored = False
         if built.traces_built or leftover:
             self._scored.set()
-            if self._prep is not None:
-                self._prep.poke()
         if times is not None and built.traces_built:
             self._note({"round": built.build_id, "traces": built.traces_built, "start": times[0], "locked": times[2],
                         "built": times[3], "scored": time.time(), "cpu": time.thread_time() - times[1]})
@@ -413,8 +405,6 @@ class RunningCollector:
             self._store.interrupt()  # a pass computing stops here (nothing of it is written)
         for thread in self._threads:
             thread.join(grace_seconds + 30)
-        if self._prep is not None:
-            self._prep.stop(grace_seconds + 30)
         if self._child is not None:
             self._child.stop(grace_seconds + 60)
             REGISTRY.remove_source(self._child.metrics_text)

@@ -25,11 +25,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracedag import queries
-from tracedag.pipeline.store import current_rounds, freshness, materialized, mixedfile, mixedkept
+from tracedag.pipeline.store import current_rounds, freshness, materialized, mixedkept
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.kept import Kept
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.shared_macros import create_shared_macros
 from tracedag.pipeline.store.views import _LATEST, connect, forget_views, refresh_views
@@ -142,14 +140,13 @@ def read_parts(con: duckdb.DuckDBPyConnection, data: Path, name: str, sql: str,
 
 
 def _by_conversation(con: duckdb.DuckDBPyConnection, data: Path, sql: str, values: dict[str, object],
-                     found: mixedkept.Sources, threshold: float | None, save: bool = False) -> pa.Table:
+                     found: mixedkept.Sources, threshold: float | None) -> pa.Table:
     """The SQL's rows of the conversations of ``SCOPE`` it computes (with a ``threshold``: those with a failing score,
-    ``FAILURE_ROWS``), each from the rows kept for it or computed now with the others not kept, in one statement.
-    ``save``: write them all where every process reads them (``mixedkept.save``: the collector's ``prepare``)."""
+    ``FAILURE_ROWS``), each from the rows kept for it or computed now with the others not kept, in one statement."""
     groups = _groups(con, found, threshold)
     keys = mixedkept.parts(found, groups)
-    rows, on_disk, rest = mixedkept.kept_parts(found, keys)
-    todo = sorted(rest)
+    rows = {c: mixedkept.kept_part(k) for c, k in keys.items()}
+    todo = sorted(c for c, r in rows.items() if r is None)
     columns = mixedkept.schema(found)
     if todo or columns is None:
         scope = tuple(sorted(t for c in todo for t in groups[c]))
@@ -172,63 +169,21 @@ def _by_conversation(con: duckdb.DuckDBPyConnection, data: Path, sql: str, value
             mixedkept.keep_part(keys[c], rows[c])
         columns = new.schema
         mixedkept.keep_schema(found, columns)
-    if save:
-        mixedkept.save(found, keys, columns)
-    return _joined(columns, rows, on_disk)
-
-
-def _joined(columns: pa.Schema, rows: dict[str, pa.Table], on_disk: pa.Table | None) -> pa.Table:
-    """The rows of each conversation (``rows``) and those read from the collector's file (``on_disk``) as one table of
-    one chunk (sorted after: ``ordered``)."""
-    parts = [rows[c] for c in sorted(rows)]
-    if on_disk is not None:
-        parts.append(on_disk if on_disk.schema == columns else on_disk.cast(columns))
-    return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()
-
-
-POLLS = Kept("live poll", lambda data: connect(data, threads=1, shared_macros=False), refresh_views)
-"""The collector's connection for ``prepare_wanted`` (its shared macros made once: ~0.06 s CPU a query)."""
-
-
-def prepare_wanted(data: Path) -> int:
-    """After a live round (the collector, #31): ``prepare`` each query a reader asked about lately (``mixedfile``);
-    return the rows kept for them."""
-    done = 0
-    for name, values in mixedfile.wanted(data):
-        if name in materialized.SPECS and materialized.matches(name, values):
-            with POLLS.use(data) as con:
-                done += prepare(con, data, name, values)
-    return done
-
-
-def prepare(con: duckdb.DuckDBPyConnection, data: Path, name: str, values: dict[str, object]) -> int:
-    """Compute ``name``'s rows (``values``) of the waiting conversations whose rows are not kept for their files, and
-    write every waiting conversation's where each poll reads them (``mixedkept.save``): a poll then computes nothing
-    (``read_kept``). Returns their rows (0 too when nothing waits, on an object store, for a time window)."""
-    one, whole = materialized.scope_flags(values)
-    pending = _pending(con, data, name, values) if one or whole else None
-    if pending is None:
-        return 0
-    state, _, _, threshold = pending
-    found = mixedkept.sources(data, name, values, state.stale, threshold, asked=False)
-    if found is None:
-        return 0
-    unrestrict(con, data)
-    refresh_views(con, data)  # listed after the key's files: they read those files (or newer ones, not in a key)
-    con.register(SCOPE, _ids(state.stale))
-    rows = _by_conversation(con, data, queries.load(name), values, found, threshold, save=True)
-    logger.debug("query %s: %d rows of the traces not stored yet kept for the polls", name, rows.num_rows)
-    return int(rows.num_rows)
+    parts = [r for c in sorted(rows) if (r := rows[c]) is not None]
+    return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()  # one chunk: sorted after
 
 
 def _kept_conversations(con: duckdb.DuckDBPyConnection, found: mixedkept.Sources,
                         threshold: float | None) -> pa.Table | None:
     """The rows of the conversations of ``SCOPE`` computed (``_by_conversation``) when every one's are kept, else None."""
-    rows, on_disk, rest = mixedkept.kept_parts(found, mixedkept.parts(found, _groups(con, found, threshold)))
     columns = mixedkept.schema(found)
-    if rest or columns is None:
+    if columns is None:
         return None
-    return _joined(columns, rows, on_disk)
+    rows = [mixedkept.kept_part(k) for k in mixedkept.parts(found, _groups(con, found, threshold)).values()]
+    if any(r is None for r in rows):
+        return None
+    parts = [r for r in rows if r is not None]
+    return pa.concat_tables(parts).combine_chunks() if parts else columns.empty_table()
 
 
 def _groups(con: duckdb.DuckDBPyConnection, found: mixedkept.Sources, threshold: float | None) -> dict[

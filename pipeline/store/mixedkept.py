@@ -16,9 +16,7 @@ waiting trace, a compaction, a confirm, a label import: another key. Never a sta
 Each conversation's rows are kept too (``parts``), under what they share with the others' (``Sources.base``), its
 traces and the files holding one of them: a poll whose key is new computes only the conversations whose key is new
 (``mixed.read_parts``). A live round's score adds a few; its build (traces not scored: no failing score, no row of
-a failure query) and a stored round none, so such a poll computes nothing. The live collector writes every waiting
-conversation's rows of the queries polled lately after each round (``mixedfile``, ``mixedprep``): a poll of any
-process reads those whose key it sees (``kept_parts``), and computes only the others.
+a failure query) and a stored round none, so such a poll computes nothing.
 
 Which traces a file holds is read once per file (its ``trace_id`` column, as 64-bit hashes: a collision only adds
 a file, whose rows of other traces are filtered out anyway), so a poll lists the tables and reads only new files.
@@ -38,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store import materialized, mixedfile
+from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST
@@ -57,42 +55,24 @@ class Sources:
     files: dict[str, tuple[str, ...]]
     stamps: dict[str, tuple[Stamp, ...]] = field(default_factory=dict)  # ``files`` with their sizes and times
     base: tuple[object, ...] = ()  # ``key`` without the traces and their files: what every conversation's rows share
-    data: Path | None = None  # the store (``mixedfile``: its rows files)
-    query: str = ""  # the digest of the store, the query, its values and threshold: its ``mixedfile`` files' name
-    base_digest: str = ""  # ``base``'s, shared by every conversation's key digest (``mixedfile``)
 
 
 def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, ...],
-            threshold: float | None, mark: bool = True, asked: bool = True) -> Sources | None:
+            threshold: float | None, mark: bool = True) -> Sources | None:
     """The ``Sources`` of ``name``'s rows (``values``) computed over ``stale`` (sorted trace ids) and, with a
     ``threshold``, only their conversations with a failing score (``mixed.FAILURE_ROWS``); None on an object store
     (its files are listed through its manifests, and read in place) and for a process's first read (``KEEP_FIRST``;
-    ``mark`` False: a look, which is no read) unless the collector wrote rows for the query (``mixedfile``).
-    ``asked``: a reader asks (``mixedfile.want``; False: the collector)."""
-    if remote_of(data) is not None:
-        return None
-    data = data.resolve()  # the files' paths in a key: the same whichever path a process was given
-    values_repr = tuple(sorted((k, repr(v)) for k, v in values.items()))
-    query = mixedfile.query_digest((str(data), name, values_repr, threshold))
-    if asked:
-        mixedfile.want(data, query, name, values)
-    others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
-    base = (str(data), name, values_repr, materialized.signature(data), threshold, others)
-    base_digest = mixedfile.digest(repr(base))
-    if asked and not _seen(data, mark) and not _written_for(data, query, base_digest):
+    ``mark`` False: a look, which is no read)."""
+    if remote_of(data) is not None or not _seen(data, mark):
         return None
     wanted = _hashes(stale)
     held = {table: tuple(s for s in _stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
+    others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
+    asked = tuple(sorted((k, repr(v)) for k, v in values.items()))
     digest = hashlib.sha256("\n".join(stale).encode()).hexdigest()
+    base = (str(data.resolve()), name, asked, materialized.signature(data), threshold, others)
     files = {table: tuple(s[0] for s in stamps) for table, stamps in held.items()}
-    return Sources((*base, digest, tuple(held.items())), files, held, base, data, query, base_digest)
-
-
-def _written_for(data: Path, query: str, base_digest: str) -> bool:
-    """Whether the collector's rows file of ``query`` is for the signature and other tables' files seen now (a file
-    left by a collector that stopped before them is not worth a first read's trace ids of every file)."""
-    on_disk = mixedfile.loaded(mixedfile.rows_path(data, query))
-    return on_disk is not None and on_disk.base == base_digest
+    return Sources((*base, digest, tuple(held.items())), files, held, base)
 
 
 KEEP_FIRST = False
@@ -214,48 +194,9 @@ PARTS_MOST = 100_000
 _SCHEMAS: dict[tuple[object, ...], pa.Schema] = {}
 
 
-def kept_parts(found: Sources, keys: dict[str, tuple[object, ...]]) -> tuple[
-        dict[str, pa.Table], pa.Table | None, list[str]]:
-    """The rows computed before of the conversations ``keys`` (``parts`` of ``found``): by this process, by
-    conversation; by the collector (``mixedfile``), as one table (None: none); and the conversations neither kept."""
-    here = {c: r for c, k in keys.items() if (r := _PARTS.get(k)) is not None}
-    rest = [c for c in keys if c not in here]
-    on_disk = _on_disk(found) if rest else None
-    if on_disk is None:
-        return here, None, rest
-    digests = {c: part_digest(found, keys[c]) for c in rest}
-    hit = [c for c in rest if digests[c] in on_disk.parts]
-    if not hit:
-        return here, None, rest
-    keep_schema(found, on_disk.schema)
-    return here, on_disk.rows([digests[c] for c in hit]), [c for c in rest if digests[c] not in on_disk.parts]
-
-
-def _on_disk(found: Sources) -> mixedfile.Loaded | None:
-    """The collector's rows file of ``found``'s query when its conversations' keys share ``found.base``."""
-    on_disk = None if found.data is None else mixedfile.loaded(mixedfile.rows_path(found.data, found.query))
-    return on_disk if on_disk is not None and on_disk.base == found.base_digest else None
-
-
-def part_digest(found: Sources, key: tuple[object, ...]) -> str:
-    """The digest of a conversation's key (``parts``) in a rows file (``mixedfile``): ``found.base``'s and the rest."""
-    return mixedfile.digest(found.base_digest + repr(key[1:]))
-
-
-def save(found: Sources, keys: dict[str, tuple[object, ...]], columns: pa.Schema) -> bool:
-    """Write the rows this process keeps for the conversations ``keys`` (``parts`` of ``found``) where every process
-    of the store reads them (``mixedfile``): the collector's, after a round. False: one is not kept, or not written."""
-    on_disk = _on_disk(found)
-    digests = {part_digest(found, k): k for k in keys.values()}
-    if on_disk is not None and set(on_disk.parts) == set(digests):
-        return True  # written before (a build of traces not scored, a stored round: no key changed)
-    rows = {d: _PARTS.get(k) for d, k in digests.items()}
-    rows = {d: on_disk.part(d) if r is None and on_disk is not None and d in on_disk.parts else r
-            for d, r in rows.items()}
-    if found.data is None or any(r is None for r in rows.values()):
-        return False
-    return mixedfile.save(found.data, found.query, found.base_digest, columns,
-                          {d: r for d, r in rows.items() if r is not None})
+def kept_part(key: tuple[object, ...]) -> pa.Table | None:
+    """The rows computed before for the conversation ``key`` (``parts``; None: not kept)."""
+    return _PARTS.get(key)
 
 
 def keep_part(key: tuple[object, ...], rows: pa.Table) -> None:
@@ -268,12 +209,8 @@ def keep_part(key: tuple[object, ...], rows: pa.Table) -> None:
 
 
 def schema(found: Sources) -> pa.Schema | None:
-    """The columns the query computed with ``found.base`` gives (None: none computed yet, here or by the collector)."""
-    columns = _SCHEMAS.get(found.base)
-    if columns is not None or found.data is None:
-        return columns
-    on_disk = _on_disk(found)
-    return None if on_disk is None else on_disk.schema
+    """The columns the query computed with ``found.base`` gives (None: none computed yet)."""
+    return _SCHEMAS.get(found.base)
 
 
 def keep_schema(found: Sources, columns: pa.Schema) -> None:
@@ -291,7 +228,6 @@ def forget(files: bool = True, conversations: bool = True) -> None:
         if conversations:
             _PARTS.clear()
             _SCHEMAS.clear()
-            mixedfile.forget()
         if files:
             _IDS.clear()
             _SEEN.clear()
