@@ -237,15 +237,10 @@ _BOUND: dict[str, tuple[tuple[int, int, int], dict[str, str]]] = {}
 def _read_binding(path: Path) -> dict[str, str] | None:
     try:
         st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise TracedagError(f"{path} is not readable ({e}); remove it to bind the directory again") from e
-    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-    hit = _BOUND.get(str(path))
-    if hit is not None and hit[0] == stamp:
-        return dict(hit[1])
-    try:
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        hit = _BOUND.get(str(path))
+        if hit is not None and hit[0] == stamp:
+            return dict(hit[1])
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
