@@ -96,6 +96,9 @@ class S3Server:
                 f"-filer.port={self.ports['filer']}", f"-s3.port={self.port}", "-volume.max=64",
                 "-master.volumeSizeLimitMB=256",
                 "-s3.port.iceberg=0", "-s3.port.lance=0",
+                # one master, no peers: a start again over the same data (a test that killed it) waits the
+                # election timeout before the master leads (10 s by default: 15-20 s a restart, 3-5 s with 1 s)
+                "-master.electionTimeout=1s",
                 *([f"-metricsPort={self.metrics_port}"] if self.metrics_port else [])]
 
     def start(self) -> S3Server:
