@@ -35,6 +35,13 @@ VENV_EXTRA = 300
 """Seconds a test of a module with ``PINNED_VENVS`` (tests/pinned_venv.py) may take beyond its venvs' pip timeout."""
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker more than the cores this process may run on. A third of the
+    suite's time is waiting (servers starting, exporters' backoff, a collector's rounds), which a worker beyond
+    the cores fills with another test's CPU (the suite's CPU per test is the same with 2 workers or 3 on 2 cores)."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_configure(config):
     """The ``tracedag`` command of the interpreter that runs the tests comes first on PATH.
 
