@@ -15,7 +15,8 @@ import pytest
 from tests.serve.hostile_support import busiest_child, descendants, idle_children
 from tests.serve.serve_support import Server, running_server
 
-TIMEOUT = 8.0  # long enough for DuckDB to spill on a loaded machine
+TIMEOUT = 4.0  # long enough for DuckDB to spill on a loaded machine (it spills 1 MB 0.25 s in on a quiet one), and for
+# the crash test to find and kill its worker first (1 s in); the spilling query burns the CPU of the whole timeout
 # A sort that spills (tens of MB, under the worker's 256 MB spill cap) under 64 MB of memory, then a long
 # CPU-bound scan of its rows: whatever the machine's speed, the worker has spilled and is still running at
 # its timeout (a sort of 200M rows filled the spill cap first on a fast machine: 422, not the timeout).
