@@ -36,11 +36,11 @@ VENV_EXTRA = 300
 
 
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` (pyproject's addopts): two workers more than the cores this process may run on. A third of the
-    suite's time is waiting (servers starting, exporters' backoff, a collector's rounds), which the workers beyond
-    the cores fill with other files' CPU. On 2 cores, fresh clone, the same tree: 3 workers 8:02, 4 workers 7:38 for
-    the same CPU (each worker also collects the suite: 5-10 s of CPU)."""
-    return len(os.sched_getaffinity(0)) + 2
+    """``-n auto`` (pyproject's addopts): one worker more than the cores this process may run on. A third of the
+    suite's time is waiting (servers starting, exporters' backoff, a collector's rounds), which the worker beyond
+    the cores fills with other files' CPU. On 2 cores, fresh clone, pytest wall: 3 workers 8:02, 8:02, 8:13; 4
+    workers 7:38, 8:27, 8:21 for 40 s more CPU than 3 (each worker also collects the suite: 5-10 s of CPU)."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 def pytest_configure(config):
