@@ -184,8 +184,8 @@ def agent_runs_dump(path: Path, traces: int) -> Path:
 
 
 def started(server: S3Server) -> Iterator[S3Server]:
-    """A module fixture's body: start ``server`` once for the module (a start takes ~10 s under load, little CPU);
-    kill it after the module's last test."""
+    """A module or session fixture's body: start ``server`` once for the fixture's scope (a start is 5-8 s of
+    waiting on a quiet machine, little CPU); kill it after the scope's last test."""
     server.start()
     try:
         yield server
