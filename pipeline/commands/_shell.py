@@ -129,7 +129,8 @@ class Shell:
 
     def tables(self, _: str) -> None:
         views = [r[0] for r in self.con.execute(
-            "select view_name from duckdb_views() where not internal and schema_name = 'main' order by 1").fetchall()]
+            "select view_name from duckdb_views() where not internal and schema_name = 'main' "
+            "and database_name = current_database() order by 1").fetchall()]
         click.echo("views:  " + "  ".join(views))
         click.echo("named queries (table macros, .queries):  " + "  ".join(f"{n}()" for n in queries.names()))
 
@@ -143,7 +144,8 @@ class Shell:
             self.show(to_arrow(self.con.sql(f"describe select * from {name}()")))
             return
         known = {r[0] for r in self.con.execute(
-            "select view_name from duckdb_views() where not internal and schema_name = 'main'").fetchall()}
+            "select view_name from duckdb_views() where not internal and schema_name = 'main' "
+            "and database_name = current_database()").fetchall()}
         if name not in known:
             self.error(f"no view or named query {name} (.tables lists them)")
             return

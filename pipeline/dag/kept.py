@@ -21,7 +21,7 @@ TABLES = ["traces"]
 
 
 def _new(data: Path) -> duckdb.DuckDBPyConnection:
-    con = connect(data, tables=TABLES)  # the plan reads traces_all only: no other view
+    con = connect(data, tables=TABLES, private=True)  # traces_all only; a collection sets its threads
     con.execute("set enable_progress_bar = false")
     return con
 

@@ -112,7 +112,7 @@ def load_shown(data: Path, trace_id: str, *, cause: bool = True) -> Shown:
     runs over them. A garbage collection or a new build between two reads makes it read again.
     """
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
-        con = connect(data, tables=SHOWN_TABLES)  # each attempt lists the tables' files again
+        con = connect(data, tables=SHOWN_TABLES, private=True)  # each attempt lists the files again; a global setting
         try:
             # its few reads open the same files: their footers parsed once (a published file never changes)
             con.execute("set enable_progress_bar = false; set parquet_metadata_cache = true")

@@ -92,7 +92,7 @@ class LiveStore:
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
             self._spill.mkdir(parents=True, exist_ok=True)
-            con = connect(self.data)
+            con = connect(self.data, private=True)  # its memory limit and spill directory
             limit = memory_limit() if self.memory is None else self.memory
             if limit is not None:
                 con.execute(f"set memory_limit = '{int(limit) // 2**20}MiB'")

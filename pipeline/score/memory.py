@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.views import connect
 
 MEMORY_ENV = "TRACEDAG_SCORE_MEMORY"
@@ -87,14 +88,22 @@ def spill_directory(data: Path) -> Iterator[Path]:
         shutil.rmtree(spill, ignore_errors=True)
 
 
+def _own_database(con: duckdb.DuckDBPyConnection) -> None:
+    if procdb.shared(con):
+        raise ValueError("a memory limit or spill directory is the whole database's: connect with private=True")
+
+
 def spill_to(con: duckdb.DuckDBPyConnection, spill: Path) -> None:
-    """Make ``con`` spill to ``spill``: before it spilled anywhere (DuckDB cannot switch its directory once used)."""
+    """Make ``con`` spill to ``spill``: before it spilled anywhere (DuckDB cannot switch its directory once used).
+    ``con`` has a database of its own (``views.connect(..., private=True)``): the directory is the database's."""
+    _own_database(con)
     quoted = str(spill).replace("'", "''")
     con.execute(f"set temp_directory = '{quoted}'")
 
 
 def bound(con: duckdb.DuckDBPyConnection, limit: int | None) -> None:
-    """Set ``con``'s memory ``limit`` (bytes; None: leave it)."""
+    """Set ``con``'s memory ``limit`` (bytes; None: leave it): of its database, which must be its own."""
+    _own_database(con)
     if limit is not None:
         con.execute(f"set memory_limit = '{int(limit) // 2**20}MiB'")
 
@@ -105,7 +114,7 @@ def bounded_connection(data: Path, limit: int | None, shared_macros: bool = True
     is False), the memory ``limit`` (bytes; None: DuckDB's default) and a spill directory in ``data/state``, removed
     once the connection is closed."""
     with spill_directory(data) as spill:
-        con = connect(data, shared_macros=shared_macros)
+        con = connect(data, shared_macros=shared_macros, private=True)  # its memory limit and spill directory
         try:
             bound(con, limit)
             spill_to(con, spill)

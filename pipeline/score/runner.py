@@ -470,8 +470,9 @@ def _round_connection(data: Path, spill: Path | None) -> Iterator[duckdb.DuckDBP
 
 
 def _connect(data: Path, spill: Path | None = None) -> duckdb.DuckDBPyConnection:
-    """A connection with the views and no shared macro (scoring calls none of them), spilling to ``spill`` if given."""
-    con: duckdb.DuckDBPyConnection = connect(data, shared_macros=False)
+    """A connection with the views and no shared macro (scoring calls none of them), spilling to ``spill`` if given
+    (then a database of its own: the spill directory and the memory limit are the database's)."""
+    con: duckdb.DuckDBPyConnection = connect(data, shared_macros=False, private=spill is not None)
     con.execute("set enable_progress_bar = false")  # our own bars, not DuckDB's
     if spill is not None:
         spill_to(con, spill)

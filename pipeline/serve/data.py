@@ -76,7 +76,7 @@ class Store:
         with self._con_lock:
             if self._con is None or self._con[0] != state:
                 rounds = materialized.has_rounds(self.data)
-                con = connect(self.data)
+                con = connect(self.data, private=True)  # a global setting below
                 # a published file never changes under its name (a new build state makes a new
                 # connection anyway): its footer is parsed once, not per request (one trace's parts 3-5x).
                 # Global: every request reads on a cursor, a connection of its own that a session setting

@@ -89,9 +89,12 @@ class SqlTooLarge(QueryFailed):  # type: ignore[misc,unused-ignore]
 
 def catalog(con: duckdb.DuckDBPyConnection) -> Catalog:
     """The views and table macros the tracedag views made on ``con`` (``views.connect``)."""
-    views = con.sql("select lower(view_name) from duckdb_views() where not internal").fetchall()
+    # this connection's catalog only: the process's other connections (store.procdb) have catalogs of their own
+    views = con.sql("select lower(view_name) from duckdb_views() where not internal "
+                    "and database_name = current_database()").fetchall()
     macros = con.sql("select distinct lower(function_name) from duckdb_functions() "
-                     "where function_type = 'table_macro' and not internal").fetchall()
+                     "where function_type = 'table_macro' and not internal "
+                     "and database_name = current_database()").fetchall()
     return Catalog(frozenset(r[0] for r in views), frozenset(r[0] for r in macros))
 
 

@@ -124,13 +124,13 @@ class _Spare:
     def __init__(self, data: Path) -> None:
         self.data = data
         self.state = state_key(data)
-        self.con: duckdb.DuckDBPyConnection = connect(data, declare_macros=True)
+        self.con: duckdb.DuckDBPyConnection = connect(data, declare_macros=True, private=True)  # run() locks it
         self._names: Catalog | None = None
 
     def fresh(self) -> duckdb.DuckDBPyConnection:
         if state_key(self.data) != self.state:
             self.con.close()
-            self.state, self.con = state_key(self.data), connect(self.data, declare_macros=True)
+            self.state, self.con = state_key(self.data), connect(self.data, declare_macros=True, private=True)
             self._names = None
         return self.con
 

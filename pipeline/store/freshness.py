@@ -152,7 +152,8 @@ def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
     store that has a round now)."""
     if _HAS_VIEW.get(con):
         return True
-    found = con.execute("select count(*) from duckdb_views() where view_name = ?", [STATE]).fetchall()
+    found = con.execute("select count(*) from duckdb_views() where view_name = ? and database_name = current_database()",
+                        [STATE]).fetchall()
     if found[0][0]:
         _HAS_VIEW[con] = True
     return bool(found[0][0])

@@ -160,7 +160,7 @@ def liveness(data: Path, con: duckdb.DuckDBPyConnection | None = None) -> Livene
         from tracedag.pipeline.store.views import connect  # DuckDB: not in the converters, which only prune
 
         # reads traces_all and the stored rounds' state only: their raw views, not every view and macro
-        with closing(connect(data, tables=["traces", materialized.STATE])) as own:
+        with closing(connect(data, tables=["traces", materialized.STATE], private=True)) as own:  # threads = 1
             pairs, replaced, stale = _read_liveness(data, own)
         assert pairs is not None
     live, per_build = latest_builds(pairs)

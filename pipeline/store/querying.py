@@ -243,7 +243,7 @@ def _execute_once(data: Path, label: str, sql: str, values: dict[str, object], l
     if stored is not None:
         return stored
     try:
-        con = _with_views(con, data, limits.threads)
+        con = _with_views(con, data, limits.threads, private=limits.read_only)
         stored = freshness.named_statement(con, data, limits.named, values) if limits.named else None
         if stored is not None:
             sql, values = stored
@@ -274,12 +274,13 @@ def _with_named_queries(sql: str) -> str:
     return "\n;\n".join([sql, *(queries.load(name) for name in mentioned_queries(sql))])
 
 
-def _with_views(con: duckdb.DuckDBPyConnection | None, data: Path, threads: int | None) -> duckdb.DuckDBPyConnection:
+def _with_views(con: duckdb.DuckDBPyConnection | None, data: Path, threads: int | None,
+                private: bool = False) -> duckdb.DuckDBPyConnection:
     """``con`` (the connection the stored rows were asked on, when they did not answer) with every view, or a new
-    connection with them (no second database: ~25 ms CPU, ~80 ms wall on a busy machine). The shared macros cost
+    connection with them (``private``: a database of its own, which ``lock_down`` locks). The shared macros cost
     more to bind than the views (~0.15 s): ``_execute_once`` binds them only for SQL that calls them."""
     if con is None:
-        return connect(data, threads=threads, shared_macros=False)
+        return connect(data, threads=threads, shared_macros=False, private=private)
     create_views(con, data, shared_macros=False)  # the raw views made again too, over the files listed now
     return con
 
@@ -306,7 +307,7 @@ def _stored_answer(data: Path, values: dict[str, object], limits: Limits) -> _An
     if known is not None and not known.fresh and not (one and freshness.answered(known, str(values["trace_id"]))):
         return None, None  # traces wait to be stored: no connection of its own (~0.1 s CPU of a live poll's mixed read)
     for _ in range(STORED_ATTEMPTS):
-        con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name))
+        con = connect(data, threads=limits.threads, tables=materialized.reader_tables(name), private=limits.read_only)
         answer = _read_stored(con, data, name, values, limits.timeout, whole)
         if answer is None:
             return None, con  # the stored rows do not answer (learnt here): the SQL runs on this connection
@@ -386,7 +387,8 @@ def init_sql(data: Path) -> str:
         con = connect(data)
     try:
         rows = con.execute(
-            "select sql from duckdb_views() where not internal and schema_name = 'main' order by view_oid"
+            "select sql from duckdb_views() where not internal and schema_name = 'main' "
+            "and database_name = current_database() order by view_oid"
         ).fetchall()
         named = create_query_macros(con)
     finally:

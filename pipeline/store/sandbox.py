@@ -22,6 +22,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.cachereads import pinned_copies
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.schemas.errors import QueryFailed
@@ -45,7 +46,10 @@ def check_select(sql: str, label: str = "--sql") -> None:
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, data: Path) -> None:
-    """Allow file access to ``data`` only, switch off extensions and replacement scans, lock the settings."""
+    """Allow file access to ``data`` only, switch off extensions and replacement scans, lock the settings (of the
+    whole database: ``con`` must have one of its own, ``views.connect(..., private=True)``)."""
+    if procdb.shared(con):
+        raise ValueError("lock_down locks the settings of the whole database: connect with private=True")
     allowed = [str(Path(data).resolve())]
     remote = remote_of(Path(data))
     if remote is not None:  # an object store: its files under the store's prefix, through fsspec

@@ -21,7 +21,8 @@ from tracedag.queries.macros import statements
 
 
 def made(con: duckdb.DuckDBPyConnection) -> set[str]:
-    rows = con.execute("select function_name from duckdb_functions() where function_type = 'table_macro'").fetchall()
+    rows = con.execute("select function_name from duckdb_functions() where function_type = 'table_macro' "
+                       "and database_name = current_database()").fetchall()
     return {r[0] for r in rows} & shared_macro_names()
 
 

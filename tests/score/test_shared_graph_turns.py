@@ -30,7 +30,7 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str, given: dict[str, str]) -> l
 
 
 def _definition(con: duckdb.DuckDBPyConnection, name: str) -> str:
-    found = con.execute("select macro_definition from duckdb_functions() where function_name = ?", [name]).fetchall()
+    found = con.execute("select macro_definition from duckdb_functions() where function_name = ? and database_name = current_database()", [name]).fetchall()
     return str(found[0][0])
 
 

@@ -16,7 +16,7 @@ from tracedag.pipeline.store.views import connect
 @pytest.fixture
 def locked(serve_store: Path):
     with tempfile.TemporaryDirectory() as temp:
-        con = connect(serve_store)
+        con = connect(serve_store, private=True)  # lock_down locks the whole database
         _limits(con, {"threads": 1, "memory_mb": 256, "temp_mb": 64}, temp)
         lock_down(con, serve_store)
         yield con

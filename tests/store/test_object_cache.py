@@ -593,7 +593,7 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     fs = reading_filesystem(s3m_reader.filesystem())  # the same cache object as the store's filesystem
     counters = (fs.cache.counters.copy_opens, fs.cache.counters.hits, fs.cache.counters.fills)
     con = connect(work)
-    [(view,)] = con.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()
+    [(view,)] = con.execute("select sql from duckdb_views() where view_name = 'spans_all' and database_name = current_database()").fetchall()
     assert "s3://" not in view and len([p for p in copies if str(p) in view]) == 1  # the one spans file
     assert con.execute(sql).fetchall() == expected
     assert (fs.cache.counters.copy_opens, fs.cache.counters.hits, fs.cache.counters.fills) == counters
@@ -602,7 +602,7 @@ def test_a_connection_reads_complete_copies_natively_and_eviction_spares_them_wh
     assert con.execute(sql).fetchall() == expected
     with urls_only():  # SQL kept for later (tracedag sql --init): the URLs, nothing pinned
         shown = connect(work)
-    [(view,)] = shown.execute("select sql from duckdb_views() where view_name = 'spans_all'").fetchall()
+    [(view,)] = shown.execute("select sql from duckdb_views() where view_name = 'spans_all' and database_name = current_database()").fetchall()
     assert "s3://" in view and not [p for p in copies if str(p) in view]
     shown.close()
     kept = init_sql(work)  # tracedag sql --init: the URLs too
@@ -716,7 +716,7 @@ def test_a_cold_connection_fetches_every_file_whole_before_its_views_name_the_co
     wanted = sorted({reads.entry(u).copy_name for u in store_uris(remote)})
     assert [p.name for p in _entries(tmp_path / "cache")] == wanted
     assert reads.cache.counters.whole == len(wanted) and reads.cache.counters.prefetched == 0
-    views = "".join(sql for (sql,) in con.execute("select sql from duckdb_views() where not internal").fetchall())
+    views = "".join(sql for (sql,) in con.execute("select sql from duckdb_views() where not internal and database_name = current_database()").fetchall())
     assert "s3://" not in views
     con.close()
     assert _query(url, tmp_path / "r2") == reference

@@ -24,7 +24,7 @@ COUNT = "select count(*) from spans"
 
 
 def _views(con) -> str:
-    return "".join(sql for (sql,) in con.execute("select sql from duckdb_views() where not internal").fetchall())
+    return "".join(sql for (sql,) in con.execute("select sql from duckdb_views() where not internal and database_name = current_database()").fetchall())
 
 
 def test_views_over_copies_register_no_filesystem_and_a_url_named_later_gets_it_first(s3, tmp_path):

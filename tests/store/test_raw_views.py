@@ -27,7 +27,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
+    return {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal and database_name = current_database()").fetchall()}
 
 
 def test_only_the_named_tables_raw_views_are_made_with_the_same_rows(scored: Path) -> None:

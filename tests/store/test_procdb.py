@@ -1,0 +1,88 @@
+"""The connections of ``views.connect`` share one DuckDB database per process, each in a catalog of its own
+(``store.procdb``): what one makes is its own, and what the product sets on a database never reaches the shared one."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.shared_dirs import copy_of
+from tracedag.pipeline.dag.build import build_store
+from tracedag.pipeline.dag.show import load_shown
+from tracedag.pipeline.score.runner import score_store
+from tracedag.pipeline.store import procdb
+from tracedag.pipeline.store.querying import run_named, run_sql
+from tracedag.pipeline.store.sandbox import lock_down
+from tracedag.pipeline.store.views import connect
+
+GLOBAL = ("threads", "memory_limit", "temp_directory", "parquet_metadata_cache", "lock_configuration",
+          "enable_external_access", "allowed_directories", "max_temp_directory_size")
+
+
+def _settings(con: duckdb.DuckDBPyConnection) -> dict[str, object]:
+    names = ", ".join(f"'{n}'" for n in GLOBAL)
+    return dict(con.execute(f"select name, value from duckdb_settings() where name in ({names})").fetchall())
+
+
+def test_two_connections_over_two_stores_see_their_own_views_macros_and_variables(query_store: Path,
+                                                                                  tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    a, b = connect(query_store), connect(empty)
+    assert procdb.shared(a) and procdb.shared(b)
+    assert a.execute("select count(*) from spans").fetchone()[0] > 0
+    assert b.execute("select count(*) from spans").fetchone()[0] == 0
+    a.execute("create macro mine() as table select 1 as x; set variable v = 'a'")
+    with pytest.raises(duckdb.CatalogException):
+        b.execute("from mine()")
+    assert b.execute("select getvariable('v')").fetchone()[0] is None
+    a.close()
+    b.close()
+
+
+def test_a_gone_connection_leaves_no_catalog_behind(query_store: Path) -> None:
+    con = connect(query_store)
+    before = procdb.catalogs()
+    del con
+    gc.collect()
+    connect(query_store).close()  # the next connection detaches the gone ones' catalogs
+    assert procdb.catalogs() <= before
+
+
+def test_lock_down_refuses_a_shared_connection_and_locks_a_private_one(query_store: Path) -> None:
+    shared = connect(query_store)
+    with pytest.raises(ValueError, match="private=True"):
+        lock_down(shared, query_store)
+    own = connect(query_store, private=True)
+    assert not procdb.shared(own)
+    lock_down(own, query_store)
+    assert _settings(shared)["lock_configuration"] == "false"  # the shared database stays open
+    assert connect(query_store, threads=1).execute("select current_setting('threads')").fetchone()[0] == 1
+
+
+def test_building_scoring_querying_showing_and_collecting_leave_the_shared_settings_alone(
+        query_store: Path, tmp_path: Path) -> None:
+    """Every path that sets a global setting (a collection's one thread in the build, score's memory limit and spill directory,
+    show's footer cache, the read-only sandbox) does it on a database of its own."""
+    data = copy_of(query_store, tmp_path / "store")
+    before = _settings(connect(data))
+    build_store(data, idle_seconds=0.0, full=True)  # a full build collects the builds it replaced
+    score_store(data)
+    for name in ("failures", "root_causes", "trace_summary"):
+        run_named(data, name)
+    run_sql(data, "select count(*) from traces", read_only=True)
+    trace_id = run_sql(data, "select trace_id from traces limit 1").to_pylist()[0]["trace_id"]
+    load_shown(data, trace_id)
+    assert _settings(connect(data)) == before
+
+
+def test_a_fresh_process_answers_from_its_shared_database(query_store: Path) -> None:
+    code = ("import sys; from tracedag.pipeline.store.views import connect; from tracedag.pipeline.store import procdb;"
+            "c = connect(sys.argv[1]); print(procdb.shared(c), c.execute('select count(*) > 0 from spans').fetchone()[0])")
+    done = subprocess.run([sys.executable, "-c", code, str(query_store)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True"], done.stderr
