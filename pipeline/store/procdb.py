@@ -19,6 +19,7 @@ connections garbage-collected since (a closed one that its caller still holds st
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import weakref
@@ -29,6 +30,7 @@ _LOCK = threading.Lock()
 _ROOT: dict[int, duckdb.DuckDBPyConnection] = {}  # process id -> its database (a forked child opens its own)
 _CATALOGS: list[tuple[weakref.ref[duckdb.DuckDBPyConnection], str]] = []  # each connection's catalog, its name
 _NAMES = itertools.count()
+logger = logging.getLogger(__name__)
 
 
 def connection() -> duckdb.DuckDBPyConnection:
@@ -63,11 +65,20 @@ def _detach_gone(root: duckdb.DuckDBPyConnection) -> None:
     """Detach the catalogs whose connection was garbage-collected (under ``_LOCK``)."""
     kept: list[tuple[weakref.ref[duckdb.DuckDBPyConnection], str]] = []
     for ref, name in _CATALOGS:
-        if ref() is None:
-            root.execute(f"detach database if exists {name}")
-        else:
-            kept.append((ref, name))
+        if ref() is None and _detached(root, name):
+            continue
+        kept.append((ref, name))
     _CATALOGS[:] = kept
+
+
+def _detached(root: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Detach the catalog ``name``; False (tried again by the next connection) when DuckDB refuses."""
+    try:
+        root.execute(f"detach database if exists {name}")
+    except duckdb.Error as e:
+        logger.debug("catalog %s not detached yet: %s", name, e)
+        return False
+    return True
 
 
 def shared(con: duckdb.DuckDBPyConnection) -> bool:
