@@ -33,6 +33,7 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import SqlglotError
 
+from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.sandbox import check_select
 from tracedag.schemas.errors import QueryFailed
 
@@ -89,12 +90,10 @@ class SqlTooLarge(QueryFailed):  # type: ignore[misc,unused-ignore]
 
 def catalog(con: duckdb.DuckDBPyConnection) -> Catalog:
     """The views and table macros the tracedag views made on ``con`` (``views.connect``)."""
-    # this connection's catalog only: the process's other connections (store.procdb) have catalogs of their own
-    views = con.sql("select lower(view_name) from duckdb_views() where not internal "
-                    "and database_name = current_database()").fetchall()
+    # what this connection sees: the process's other connections (store.procdb) have catalogs of their own
+    views = con.sql(f"select lower(view_name) from duckdb_views() where not internal and {procdb.VISIBLE}").fetchall()
     macros = con.sql("select distinct lower(function_name) from duckdb_functions() "
-                     "where function_type = 'table_macro' and not internal "
-                     "and database_name = current_database()").fetchall()
+                     f"where function_type = 'table_macro' and not internal and {procdb.VISIBLE}").fetchall()
     return Catalog(frozenset(r[0] for r in views), frozenset(r[0] for r in macros))
 
 

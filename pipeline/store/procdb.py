@@ -12,6 +12,9 @@ What a connection here shares with the others of its process is the database's g
 ``memory_limit``, ``temp_directory``, ``parquet_metadata_cache``, ...) and its registered filesystems: a caller that
 sets one of these asks ``views.connect(..., private=True)`` for a database of its own, as before.
 
+Some catalogs are common to every connection of the process (``common_catalog``): the shared query macros, made once
+per process and put on a connection's search path after its own catalog (``views.create_views``).
+
 A catalog goes when its connection is gone: the next connection made in the process detaches the catalogs of the
 connections garbage-collected since (a closed one that its caller still holds stays until it is collected).
 """
@@ -23,12 +26,21 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 
 import duckdb
+
+VISIBLE = ("(database_name = current_database() or list_contains(string_split(current_setting('search_path'), ','), "
+           "database_name || '.' || schema_name))")
+"""A filter of ``duckdb_views()``/``duckdb_functions()`` to what a connection sees: its own catalog's and those on its
+search path (the shared macros' catalog), not the other connections' catalogs."""
 
 _LOCK = threading.Lock()
 _ROOT: dict[int, duckdb.DuckDBPyConnection] = {}  # process id -> its database (a forked child opens its own)
 _CATALOGS: list[tuple[weakref.ref[duckdb.DuckDBPyConnection], str]] = []  # each connection's catalog, its name
+_OWN: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()  # connection -> catalog
+_COMMON: dict[str, str] = {}  # what a common catalog holds -> its name, in this process's database
+_MAKING = threading.Lock()
 _NAMES = itertools.count()
 logger = logging.getLogger(__name__)
 
@@ -42,8 +54,40 @@ def connection() -> duckdb.DuckDBPyConnection:
         root.execute(f"attach ':memory:' as {name}")
         con = root.cursor()
         _CATALOGS.append((weakref.ref(con), name))
+        _OWN[con] = name
     con.execute(f"use {name}")
     return con
+
+
+def catalog_of(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The catalog of ``con`` when it is one of this process's database's connections (``connection``), else None."""
+    with _LOCK:
+        return _OWN.get(con) if os.getpid() in _ROOT else None
+
+
+def common_catalog(what: str, make: Callable[[duckdb.DuckDBPyConnection], None]) -> str:
+    """The name of a catalog of this process's database that every connection may read, made once by ``make`` (given
+    a connection using it) the first time ``what`` is asked for; it stays for the process's life."""
+    with _MAKING:
+        with _LOCK:
+            root = _root()
+            found = _COMMON.get(what)
+            if found is not None:
+                return found
+            name = f"tracedag_{what}_{os.getpid()}"
+            root.execute(f"attach ':memory:' as {name}")
+            cur = root.cursor()
+        try:
+            cur.execute(f"use {name}")
+            make(cur)
+        except BaseException:
+            root.execute(f"detach database if exists {name}")
+            raise
+        finally:
+            cur.close()
+        with _LOCK:
+            _COMMON[what] = name
+        return name
 
 
 def catalogs() -> int:
@@ -57,6 +101,7 @@ def _root() -> duckdb.DuckDBPyConnection:
     if pid not in _ROOT:
         _ROOT.clear()  # a parent's, inherited through a fork: never used here (its threads are gone)
         _CATALOGS.clear()
+        _COMMON.clear()
         _ROOT[pid] = duckdb.connect(":memory:")
     return _ROOT[pid]
 

@@ -21,7 +21,11 @@ def create_shared_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None)
     on ``con`` by an earlier call with ``sql`` (``failures`` needs 2 of the 10, ~12 ms; ``step_stats`` 2, ~5 ms).
 
     A connection's macros are what they were whichever way they were made: DuckDB binds a macro's body again
-    where it is called, over the views of that moment."""
+    where it is called, over the views of that moment. So a connection of the process's database (``procdb``)
+    makes none: the macros are made once per process in a catalog of their own, which ``views.create_views`` puts
+    on the connection's search path after its own catalog (its views, and any macro it makes, come first)."""
+    if con in _ON_PATH:
+        return
     if sql is None:
         for name in queries.macro_files():
             con.execute(queries.load(name))
@@ -32,6 +36,15 @@ def create_shared_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None)
     if todo:  # one call: a separate statement's round trip costs ~0.3 ms
         con.execute("\n;\n".join(text for _, text in todo))  # a statement may end in a -- comment
         made.update(name for name, _ in todo)
+
+
+def on_search_path(con: duckdb.DuckDBPyConnection) -> None:
+    """Say that ``con`` reads every shared macro through its search path (``views.create_views`` put the process's
+    catalog of them there): ``create_shared_macros`` then makes none on it."""
+    _ON_PATH.add(con)
+
+
+_ON_PATH: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
 
 
 # The shared macros ``create_shared_macros(con, sql)`` made on each connection (every one after a call without sql).

@@ -38,14 +38,14 @@ def span_count(request: ExportTraceServiceRequest) -> int:
 
 def stored(data: Path) -> tuple[int, int]:
     """(rows, distinct (trace_id, span_id)) in the spans view."""
-    row = connect(data).execute("select count(*), count(distinct (trace_id, span_id)) from spans").fetchone()
+    row = connect(data, shared_macros=False).execute("select count(*), count(distinct (trace_id, span_id)) from spans").fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 
 
 def stored_ids(data: Path) -> set[tuple[str, str]]:
     """The (trace_id, span_id) pairs in the spans view."""
-    return {(t, s) for t, s in connect(data).execute("select trace_id, span_id from spans").fetchall()}
+    return {(t, s) for t, s in connect(data, shared_macros=False).execute("select trace_id, span_id from spans").fetchall()}
 
 
 def request_ids(requests: list[ExportTraceServiceRequest]) -> set[tuple[str, str]]:

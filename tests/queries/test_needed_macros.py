@@ -27,7 +27,7 @@ def made(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def test_a_statement_gets_the_macros_it_calls_and_theirs_only(rca_store: Path) -> None:
-    con = connect(rca_store, shared_macros=False)
+    con = connect(rca_store, shared_macros=False, private=True)
     create_shared_macros(con, queries.load("failures"))
     assert made(con) == {"trace_window", "failure_steps"}
     # failure_roots calls failure_dag_roots, which calls failure_dag, which calls failure_steps and conversation_turns
@@ -53,9 +53,9 @@ def test_the_needed_macros_follow_the_statement_text() -> None:
 
 
 def test_a_macro_made_on_one_connection_is_not_taken_as_made_on_another(rca_store: Path) -> None:
-    first = connect(rca_store, shared_macros=False)
+    first = connect(rca_store, shared_macros=False, private=True)
     create_shared_macros(first, queries.load("failures"))
-    second = connect(rca_store, shared_macros=False)
+    second = connect(rca_store, shared_macros=False, private=True)
     create_shared_macros(second, queries.load("failures"))
     assert made(second) == {"trace_window", "failure_steps"}
 
@@ -66,7 +66,7 @@ def test_each_named_query_answers_with_its_macros_alone_as_with_all(rca_store: P
     sql = queries.load(name)
     whole = connect(rca_store)
     expected = whole.sql(sql, params=values or None).fetchall()
-    con = connect(rca_store, shared_macros=False)
+    con = connect(rca_store, shared_macros=False, private=True)
     create_shared_macros(con, sql)
     assert made(con) < shared_macro_names()
     assert con.sql(sql, params=values or None).fetchall() == expected

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tracedag.pipeline.cli import cli
+from tracedag.pipeline.store.procdb import VISIBLE
 from tracedag.pipeline.store.querying import run_named, run_sql, write_init_file
 from tracedag.pipeline.store.views import connect, create_query_macros
 from tracedag.queries import macro_names, names
@@ -117,22 +118,27 @@ def test_the_init_file_defines_the_macros_for_a_plain_duckdb(rca_store: Path, tm
 def test_connections_make_the_macros_the_sql_calls(rca_store: Path) -> None:
     con = connect(rca_store)
     made = {r[0] for r in con.execute("select function_name from duckdb_functions() "
-                                      "where function_type = 'table_macro' and database_name = current_database()").fetchall()}
+                                      f"where function_type = 'table_macro' and {VISIBLE}").fetchall()}
     assert "failure_steps" in made and "root_causes" not in made  # shared macros always, named ones on demand
     assert create_query_macros(con, "select * from failures() join root_causes() using (trace_id)")
     made = {r[0] for r in con.execute("select function_name from duckdb_functions() "
-                                      "where function_type = 'table_macro' and database_name = current_database()").fetchall()}
+                                      f"where function_type = 'table_macro' and {VISIBLE}").fetchall()}
     assert {"failures", "root_causes"} <= made and "propagation" not in made
     assert create_query_macros(con, "from failures()") == []  # already there
 
 
 def test_ad_hoc_sql_binds_the_shared_macros_only_when_it_calls_them(rca_store: Path) -> None:
-    """``tracedag sql``/``run_sql``: a statement that calls no named query and no shared macro runs without binding the
-    shared macros (~60 ms CPU); one that calls either gets them, and the answers are the named query's."""
+    """``tracedag sql``/``run_sql``: on a database of its own (``--read-only``), a statement that calls no named query
+    and no shared macro runs without binding the shared macros (~60 ms CPU); one that calls either gets them. On the
+    process's database they are bound once per process, in a catalog every connection reads (``store.procdb``).
+    The answers are the named query's."""
     listed = ("select count(*) as n from duckdb_functions() where function_name = 'failure_steps' "
               "and database_name = current_database()")
-    assert run_sql(rca_store, listed).to_pylist() == [{"n": 0}]
-    assert run_sql(rca_store, f"{listed} and (select count(*) from failures()) >= 0").to_pylist() == [{"n": 1}]
+    assert run_sql(rca_store, listed, read_only=True).to_pylist() == [{"n": 0}]
+    calls = f"{listed} and (select count(*) from failures()) >= 0"
+    assert run_sql(rca_store, calls, read_only=True).to_pylist() == [{"n": 1}]
+    common = f"select count(*) as n from duckdb_functions() where function_name = 'failure_steps' and {VISIBLE}"
+    assert run_sql(rca_store, common).to_pylist() == [{"n": 1}]
     direct = "select count(*) as n from failure_steps(2.0, (select list(trace_id) from traces))"
     assert run_sql(rca_store, direct).to_pylist()[0]["n"] > 0
     assert pairs(run_sql(rca_store, COMPOSED).to_pylist()) == EXPECTED
@@ -182,7 +188,7 @@ def test_declared_macros_are_listed_at_once_and_filled_on_demand(rca_store: Path
     # the SQL endpoint's spare worker declares them (its guard lists the names), the run fills the bodies
     con = connect(rca_store, declare_macros=True)
     listed = {r[0] for r in con.execute("select function_name from duckdb_functions() "
-                                        "where function_type = 'table_macro' and database_name = current_database()").fetchall()}
+                                        f"where function_type = 'table_macro' and {VISIBLE}").fetchall()}
     assert set(names()) <= listed
     with pytest.raises(duckdb.Error, match=r"root_causes\(\): its body is not made on this connection yet"):
         con.execute("from root_causes()").fetchall()

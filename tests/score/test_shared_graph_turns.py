@@ -15,6 +15,7 @@ import pytest
 
 from tracedag import queries
 from tracedag.pipeline.score.sharedgraph import KEPT, across_turns, shared_failure_graph
+from tracedag.pipeline.store.procdb import VISIBLE
 from tracedag.pipeline.store.querying import bind_params, to_arrow
 from tracedag.pipeline.store.views import connect
 
@@ -30,7 +31,8 @@ def _rows(con: duckdb.DuckDBPyConnection, name: str, given: dict[str, str]) -> l
 
 
 def _definition(con: duckdb.DuckDBPyConnection, name: str) -> str:
-    found = con.execute("select macro_definition from duckdb_functions() where function_name = ? and database_name = current_database()", [name]).fetchall()
+    found = con.execute(f"select macro_definition from duckdb_functions() where function_name = ? and {VISIBLE} "
+                        "order by database_name = current_database() desc", [name]).fetchall()  # its own first
     return str(found[0][0])
 
 

@@ -86,3 +86,20 @@ def test_a_fresh_process_answers_from_its_shared_database(query_store: Path) -> 
             "c = connect(sys.argv[1]); print(procdb.shared(c), c.execute('select count(*) > 0 from spans').fetchone()[0])")
     done = subprocess.run([sys.executable, "-c", code, str(query_store)], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["True", "True"], done.stderr
+
+
+def test_the_shared_macros_are_made_once_and_read_each_connections_own_views(rca_store: Path, tmp_path: Path) -> None:
+    """The macros of ``queries/_*.sql`` live in one catalog of the process; called on a connection, their bodies bind
+    over that connection's views, and a macro the connection makes itself comes first."""
+    steps = "select count(*) from failure_steps(2.0, (select list(trace_id) from traces))"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    expected = []
+    for data in (rca_store, empty):
+        own = connect(data, private=True)  # the macros made on its own database, as before
+        expected.append(own.execute(steps).fetchone()[0])
+    assert expected[0] > 0 and expected[1] == 0
+    a, b = connect(rca_store), connect(empty)
+    assert [a.execute(steps).fetchone()[0], b.execute(steps).fetchone()[0]] == expected
+    a.execute("create or replace macro failure_steps(p_fail_threshold, p_trace_ids) as table select 1 as x")
+    assert a.execute(steps).fetchone()[0] == 1 and b.execute(steps).fetchone()[0] == expected[1]
