@@ -238,7 +238,8 @@ def _derived_tables(data: Path) -> list[str]:
 
 def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool = True) -> None:
     """(Re)create every view on ``con`` over the files now in ``data``, then (``shared_macros``) the shared
-    query macros (``create_shared_macros``)."""
+    query macros (``create_shared_macros``); a connection of the process's database (``procdb``) reads them
+    through its search path whatever ``shared_macros`` says (``_common_macros``: nothing to bind)."""
     sql = _views_sql(con, data)
     # one call for every view: a file a swap removed fails it whole, and connect lists and makes them all again
     con.execute(sql)
@@ -461,7 +462,8 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
 
     ``query_macros``: also make every named query a table macro (``create_query_macros``; ~0.1 s CPU).
     ``declare_macros``: only their wrappers, bodies to come (``declare_query_macros``).
-    ``shared_macros``: False leaves out the macros of ``queries/_*.sql`` (``create_shared_macros`` makes them).
+    ``shared_macros``: False leaves out the macros of ``queries/_*.sql`` (``create_shared_macros`` makes them) on a
+    database of its own; a connection of the process's database reads them anyway, made once per process.
     ``tables``: only the raw views of these tables (``create_raw_views``), no macro; ``create_views`` makes the rest.
     ``private``: a database of its own, for a caller that sets a global setting on it (``threads``, ``memory_limit``,
     ``temp_directory``, ...). Otherwise the connection is one of the process's database (``procdb``: its views and
