@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from tracedag import queries
+from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.querying import duckdb_message, to_arrow
 from tracedag.pipeline.store.views import create_query_macros
 from tracedag.queries.macros import code_only
@@ -130,7 +131,7 @@ class Shell:
     def tables(self, _: str) -> None:
         views = [r[0] for r in self.con.execute(
             "select view_name from duckdb_views() where not internal and schema_name = 'main' "
-            "and database_name = current_database() order by 1").fetchall()]
+            f"and {procdb.OWN} order by 1").fetchall()]
         click.echo("views:  " + "  ".join(views))
         click.echo("named queries (table macros, .queries):  " + "  ".join(f"{n}()" for n in queries.names()))
 
@@ -145,7 +146,7 @@ class Shell:
             return
         known = {r[0] for r in self.con.execute(
             "select view_name from duckdb_views() where not internal and schema_name = 'main' "
-            "and database_name = current_database()").fetchall()}
+            f"and {procdb.OWN}").fetchall()}
         if name not in known:
             self.error(f"no view or named query {name} (.tables lists them)")
             return

@@ -1,4 +1,4 @@
-"""The DuckDB connections of the reconstructions: cursors of one in-memory database per process.
+"""The DuckDB connections of the reconstructions: cursors of one in-memory database per process (``store.procdb``).
 
 A new in-memory database costs about 23 ms of CPU (and 80 ms of wall time on a busy machine) before it runs
 anything, mostly its catalog; a cursor of an open one about 1.5 ms. A live round reconstructs every second, so
@@ -11,14 +11,9 @@ its own, whose memory goes when it is closed.
 
 from __future__ import annotations
 
-import os
-import threading
-
 import duckdb
 
-_LOCK = threading.Lock()
-_DATABASES: dict[int, duckdb.DuckDBPyConnection] = {}  # process id -> its database (a forked child makes its own)
-
+from tracedag.pipeline.store import procdb
 
 SHARED_MAX_ROWS = 50_000
 """The largest input that a reconstruction runs on the shared database: a live round keeping up (a second of spans
@@ -35,12 +30,8 @@ def connection(rows: int) -> duckdb.DuckDBPyConnection:
 
 
 def cursor() -> duckdb.DuckDBPyConnection:
-    """A new connection to this process's in-memory database, progress bar off; close it when done."""
-    with _LOCK:
-        pid = os.getpid()
-        if pid not in _DATABASES:
-            _DATABASES.clear()  # a parent's, inherited through a fork: never used here (its threads are gone)
-            _DATABASES[pid] = duckdb.connect(":memory:")
-        con = _DATABASES[pid].cursor()
+    """A new connection to this process's in-memory database (``store.procdb``, the one the store's connections
+    share), progress bar off; close it when done."""
+    con = procdb.cursor()
     con.execute("set enable_progress_bar = false")
     return con

@@ -24,6 +24,7 @@ import polars as pl
 import pyarrow as pa
 
 from tracedag import queries
+from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.querying import bind_params, query_doc
 from tracedag.pipeline.store.views import connect
 from tracedag.schemas.errors import QueryFailed
@@ -120,8 +121,7 @@ def load_facts(con: duckdb.DuckDBPyConnection, fail_threshold: float, pass_thres
 
 def _validations(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Structural validation verdicts (1.0 passed, 0.0 failed) of the selected traces, when the store has them."""
-    has = con.execute("select count(*) from duckdb_views() where view_name = 'validations' "
-                      "and database_name = current_database()").fetchall()
+    has = con.execute(f"select count(*) from duckdb_views() where view_name = 'validations' and {procdb.OWN}").fetchall()
     if not has[0][0]:
         return pl.DataFrame(schema={"trace_id": pl.String, "validation_pass_rate": pl.Float64})
     return _sql(con, "validations", _VALIDATION_SQL)

@@ -30,7 +30,10 @@ from collections.abc import Callable
 
 import duckdb
 
-VISIBLE = ("(database_name = current_database() or list_contains(string_split(current_setting('search_path'), ','), "
+OWN = "database_name = current_database()"
+"""A filter of ``duckdb_views()``/``duckdb_functions()`` to a connection's own catalog (not the other connections')."""
+
+VISIBLE = (f"({OWN} or list_contains(string_split(current_setting('search_path'), ','), "
            "database_name || '.' || schema_name))")
 """A filter of ``duckdb_views()``/``duckdb_functions()`` to what a connection sees: its own catalog's and those on its
 search path (the shared macros' catalog), not the other connections' catalogs."""
@@ -57,6 +60,13 @@ def connection() -> duckdb.DuckDBPyConnection:
         _OWN[con] = name
     con.execute(f"use {name}")
     return con
+
+
+def cursor() -> duckdb.DuckDBPyConnection:
+    """A plain connection to this process's database (its default catalog, nothing attached for it): for work that
+    keeps to temporary tables and registered Arrow tables (``dag.duck``'s reconstructions)."""
+    with _LOCK:
+        return _root().cursor()
 
 
 def catalog_of(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -128,5 +138,4 @@ def _detached(root: duckdb.DuckDBPyConnection, name: str) -> bool:
 
 def shared(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``con`` is one of the connections of this process's database (``connection``)."""
-    found = con.execute("select current_database()").fetchone()
-    return found is not None and str(found[0]).startswith("tracedag_conn_")
+    return catalog_of(con) is not None

@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from tracedag import queries
-from tracedag.pipeline.store import current_rounds, freshness, materialized, mixed
+from tracedag.pipeline.store import current_rounds, freshness, materialized, mixed, procdb
 from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
@@ -387,8 +387,8 @@ def init_sql(data: Path) -> str:
         con = connect(data)
     try:
         rows = con.execute(
-            "select sql from duckdb_views() where not internal and schema_name = 'main' "
-            "and database_name = current_database() order by view_oid"
+            f"select sql from duckdb_views() where not internal and schema_name = 'main' and {procdb.OWN} "
+            "order by view_oid"
         ).fetchall()
         named = create_query_macros(con)
     finally:
