@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracedag.pipeline.store import current_rounds, freshkept, procdb
+from tracedag.pipeline.store import current_rounds, freshkept
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.listing import source_uris
@@ -152,6 +152,8 @@ def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
     store that has a round now)."""
     if _HAS_VIEW.get(con):
         return True
+    from tracedag.pipeline.store import procdb  # DuckDB: not at the top (the converters import us)
+
     found = con.execute(f"select count(*) from duckdb_views() where view_name = ? and {procdb.OWN}", [STATE]).fetchall()
     if found[0][0]:
         _HAS_VIEW[con] = True
