@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.loopback import http_client, openai_client
 from tests.realspans import WEATHER_TOOL, capture, chat_completion, environ, fake_openai_server
 
 DIALECTS = ("openai-v2", "openai-v2-no-content", "openinference")
@@ -96,10 +97,9 @@ class Agent:
 
     def __init__(self, dialect: str, base_url: str, tracer: Any, exporter: Any,
                  tools: dict[str, Callable[..., str]], guardrail: bool = False, raise_on_error: bool = False):
-        import openai
 
         self.dialect, self.tracer, self.exporter, self.tools = dialect, tracer, exporter, tools
-        self.client = openai.OpenAI(base_url=base_url, api_key="test-key", max_retries=0)
+        self.client = openai_client(base_url, api_key="test-key", max_retries=0)
         self.guardrail, self.raise_on_error = guardrail, raise_on_error
         self.llm_spans: list[str] = []  # span id of each model call, in order
         self.tool_spans: list[str] = []
@@ -262,11 +262,10 @@ def skew_cases(skews: tuple[float, ...] = SKEWS_MS) -> list[Case]:
 
 def _remote_case(url: str, skew: float, name: str, city: str, truth: str | None) -> Case:
     """One conversation whose tool calls the remote service over HTTP (httpx, traced)."""
-    import httpx
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
     replies = [_reply(None, [_call("c1", "get_forecast", {"city": city})]), _reply("Here is what I found.")]
-    with httpx.Client(base_url=url, timeout=10) as http:
+    with http_client(base_url=url, timeout=10) as http:
 
         def get_forecast(city: str) -> str:
             response = http.get("/forecast", params={"city": city})

@@ -39,6 +39,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.loopback import openai_client
+
 RUN_LABELS = {
     "tracedag.run_id": "run-7",
     "tracedag.scenario_id": "weather-report",
@@ -412,7 +414,6 @@ def openai_spans(latest: bool = True, conversation_id: str = "conv-openai-1") ->
     """
     import os
 
-    import openai
     from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
     env = {"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "SPAN_ONLY" if latest else "NO_CONTENT"}
@@ -439,7 +440,7 @@ def openai_spans(latest: bool = True, conversation_id: str = "conv-openai-1") ->
             instrumentor = OpenAIInstrumentor()
             instrumentor.instrument(tracer_provider=provider)
             try:
-                client = openai.OpenAI(base_url=srv.base_url, api_key="test-key", max_retries=0)
+                client = openai_client(srv.base_url, api_key="test-key", max_retries=0)
                 _openai_turn(client, provider.get_tracer("weather-app"), conversation_id)
             finally:
                 instrumentor.uninstrument()

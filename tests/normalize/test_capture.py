@@ -1,5 +1,6 @@
 """The shared capture fixtures (tests/realspans.py) really run the libraries and record ground truth."""
 
+from tests.loopback import openai_client
 from tests.realspans import TOPICS, fake_openai_server, langgraph_spans
 
 
@@ -26,7 +27,6 @@ def test_langgraph_run_has_router_loop_fanout_and_validator_loop():
 
 
 def test_fake_openai_server_serves_scripted_replies():
-    import openai
 
     with fake_openai_server(
         [
@@ -48,7 +48,7 @@ def test_fake_openai_server_serves_scripted_replies():
             )
         ]
     ) as srv:
-        client = openai.OpenAI(base_url=srv.base_url, api_key="k", max_retries=0)
+        client = openai_client(srv.base_url, api_key="k", max_retries=0)
         out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
     assert out.choices[0].message.content == "hi"
     assert srv.requests[0]["messages"][0]["content"] == "hello"

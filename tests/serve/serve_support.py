@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from bench.gen import make_store
+from tests.loopback import http_client
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 
@@ -62,7 +63,7 @@ class Server:
 
     def client(self, timeout: float = 30.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+        return http_client(base_url=self.url, timeout=timeout, headers=headers)
 
 
 @contextmanager
@@ -119,8 +120,9 @@ def _drain(stream: IO[bytes], output: list[str]) -> None:
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], output: list[str]) -> None:
     """Until /healthz answers (the port is bound before the server listens) or the server exits. One client for
-    every try: ``httpx.get`` makes a client, and its TLS context, each time (~20 ms CPU; 18 s across the suite)."""
-    with httpx.Client(timeout=None) as client:
+    every try: ``httpx.get`` makes a client, and its TLS context, each time (~20 ms CPU; 18 s across the suite).
+    The server speaks plain HTTP: ``http_client`` makes no TLS context at all."""
+    with http_client(timeout=None) as client:
         while proc.poll() is None:
             try:
                 if client.get(f"{url}/healthz").status_code == 200:

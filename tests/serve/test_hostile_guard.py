@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.loopback import http_client
 from tests.serve.serve_support import Server, running_server
 from tracedag.pipeline.serve.sqlguard import MAX_SQL_BYTES
 
@@ -24,7 +25,7 @@ def server(serve_store: Path) -> Iterator[Server]:
 
 def _healthz_latencies(url: str, stop: threading.Event) -> list[float]:
     out = []
-    with httpx.Client(base_url=url, timeout=60) as c:
+    with http_client(base_url=url, timeout=60) as c:
         while not stop.is_set():
             t0 = time.perf_counter()
             assert c.get("/healthz").status_code == 200
@@ -38,7 +39,7 @@ def test_healthz_answers_at_once_while_four_256_kib_statements_are_checked(serve
     answers: list[httpx.Response] = []
 
     def check_one() -> None:
-        with httpx.Client(base_url=server.url, timeout=120) as c:
+        with http_client(base_url=server.url, timeout=120) as c:
             answers.append(c.post("/api/sql", json={"sql": IN_LIST}))
 
     stop = threading.Event()

@@ -41,8 +41,12 @@ class QuickS3Server(S3Server):
     def filesystem(self):  # s3fs.S3FileSystem
         import s3fs
 
+        from tracedag.pipeline.store.remote import shared_tls_session
+
+        tls = shared_tls_session()  # one TLS context a process, as S3Server's filesystems
         return s3fs.S3FileSystem(endpoint_url=self.endpoint, key=KEY, secret=SECRET, skip_instance_cache=True,
-                                 use_listings_cache=False, session=shared_session())
+                                 use_listings_cache=False, session=shared_session(),
+                                 config_kwargs={"http_session_cls": tls} if tls else {})
 
 
 @pytest.fixture(scope="session")
