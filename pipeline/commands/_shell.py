@@ -130,8 +130,8 @@ class Shell:
 
     def tables(self, _: str) -> None:
         views = [r[0] for r in self.con.execute(
-            "select view_name from duckdb_views() where not internal and schema_name = 'main' "
-            f"and {procdb.OWN} order by 1").fetchall()]
+            "select distinct view_name from duckdb_views() where not internal and schema_name = 'main' "
+            f"and {procdb.SEEN} order by 1").fetchall()]
         click.echo("views:  " + "  ".join(views))
         click.echo("named queries (table macros, .queries):  " + "  ".join(f"{n}()" for n in queries.names()))
 
@@ -146,7 +146,7 @@ class Shell:
             return
         known = {r[0] for r in self.con.execute(
             "select view_name from duckdb_views() where not internal and schema_name = 'main' "
-            f"and {procdb.OWN}").fetchall()}
+            f"and {procdb.SEEN}").fetchall()}
         if name not in known:
             self.error(f"no view or named query {name} (.tables lists them)")
             return

@@ -121,7 +121,7 @@ def load_facts(con: duckdb.DuckDBPyConnection, fail_threshold: float, pass_thres
 
 def _validations(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Structural validation verdicts (1.0 passed, 0.0 failed) of the selected traces, when the store has them."""
-    has = con.execute(f"select count(*) from duckdb_views() where view_name = 'validations' and {procdb.OWN}").fetchall()
+    has = con.execute(f"select count(*) from duckdb_views() where view_name = 'validations' and {procdb.SEEN}").fetchall()
     if not has[0][0]:
         return pl.DataFrame(schema={"trace_id": pl.String, "validation_pass_rate": pl.Float64})
     return _sql(con, "validations", _VALIDATION_SQL)

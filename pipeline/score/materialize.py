@@ -246,13 +246,13 @@ def _snapshot(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str] 
     refined view read that copy: the named queries then read each table once a part (a dozen scans each otherwise),
     and the refined views (the latest build, the conversation ids of spans) give the scope's traces exactly the rows
     they give them over the whole store."""
+    forget_views(con)  # its views its own first; a refresh makes them read the store again
     for table, source in narrowed(con, data, f"{SCOPE}_all", tables).items():
         body, raw, copy = _LATEST[table], f"{table}_all", f"{SNAPSHOT}{table}"
         con.execute(f"create or replace temp table {copy} as {_copied_columns(con, table, source)} from {source}")
         refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
         assert refined != body, table
         con.execute(f"create or replace view {table} as {refined}")
-    forget_views(con)  # a refresh makes them read the store again
 
 
 UNREAD = {"spans": ("attributes", "events", "links", "resource_attributes")}

@@ -154,7 +154,7 @@ def has_state_view(con: duckdb.DuckDBPyConnection) -> bool:
         return True
     from tracedag.pipeline.store import procdb  # DuckDB: not at the top (the converters import us)
 
-    found = con.execute(f"select count(*) from duckdb_views() where view_name = ? and {procdb.OWN}", [STATE]).fetchall()
+    found = con.execute(f"select count(*) from duckdb_views() where view_name = ? and {procdb.SEEN}", [STATE]).fetchall()
     if found[0][0]:
         _HAS_VIEW[con] = True
     return bool(found[0][0])

@@ -15,6 +15,14 @@ sets one of these asks ``views.connect(..., private=True)`` for a database of it
 Some catalogs are common to every connection of the process (``common_catalog``): the shared query macros, made once
 per process and put on a connection's search path after its own catalog (``views.create_views``).
 
+The views of a store are shared the same way (``view_set``): the connections whose views are made by the same
+statements (a local store's views glob its table directories, so its statements change only when a table gets its
+first files or a derived table appears) read them from one catalog on their search path, made by the first of them
+(binding ~20 views cost ~16 ms of CPU per connection). A view binds in its own catalog first, so the shared
+``dag_nodes`` reads the shared ``traces`` even when a connection's own catalog has a ``traces`` of its own: a
+caller that replaces a view makes the whole set its own first (``views.forget_views``). The newest ``KEPT_SETS``
+sets stay; an older one is detached once no connection reads it.
+
 A catalog goes when its connection is gone: the next connection made in the process detaches the catalogs of the
 connections garbage-collected since (a closed one that its caller still holds stays until it is collected).
 """
@@ -26,6 +34,7 @@ import logging
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 
 import duckdb
@@ -38,11 +47,23 @@ VISIBLE = (f"({OWN} or list_contains(string_split(current_setting('search_path')
 """A filter of ``duckdb_views()``/``duckdb_functions()`` to what a connection sees: its own catalog's and those on its
 search path (the shared macros' catalog), not the other connections' catalogs."""
 
+SEEN = (f"({OWN} or (starts_with(database_name, 'tracedag_views_') and list_contains(string_split("
+        "current_setting('search_path'), ','), database_name || '.' || schema_name)))")
+"""A filter of ``duckdb_views()`` to the views a connection reads: its own catalog's and its view set's (``view_set``),
+not the shared macros' catalog (whose views are over an empty store) nor the other connections'. A view of the
+connection's own catalog shadows its view set's view of the same name."""
+
+KEPT_SETS = 8
+"""View sets (``view_set``) kept for the next connections; an older one goes once no connection reads it."""
+
 _LOCK = threading.Lock()
 _ROOT: dict[int, duckdb.DuckDBPyConnection] = {}  # process id -> its database (a forked child opens its own)
 _CATALOGS: list[tuple[weakref.ref[duckdb.DuckDBPyConnection], str]] = []  # each connection's catalog, its name
 _OWN: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()  # connection -> catalog
 _COMMON: dict[str, str] = {}  # what a common catalog holds -> its name, in this process's database
+_SETS: OrderedDict[str, str] = OrderedDict()  # the statements of a view set -> its catalog (the newest last)
+_RETIRED: list[str] = []  # catalogs of view sets pushed out of _SETS, detached once no connection reads them
+_READS: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()  # con -> its set
 _MAKING = threading.Lock()
 _NAMES = itertools.count()
 logger = logging.getLogger(__name__)
@@ -100,6 +121,43 @@ def common_catalog(what: str, make: Callable[[duckdb.DuckDBPyConnection], None])
         return name
 
 
+def view_set(con: duckdb.DuckDBPyConnection, statements: str) -> str:
+    """The name of the catalog holding the views ``statements`` make, for ``con`` (a connection of this process's
+    database) to read through its search path; made by running them in a new catalog the first time they are
+    asked for. A failing statement (a file a swap removed) leaves no catalog behind and raises."""
+    with _MAKING:
+        with _LOCK:
+            root = _root()
+            name = _SETS.get(statements)
+            if name is not None:
+                _SETS.move_to_end(statements)
+                _READS[con] = name
+                return name
+            name = f"tracedag_views_{os.getpid()}_{next(_NAMES)}"
+            root.execute(f"attach ':memory:' as {name}")
+            cur = root.cursor()
+        try:
+            cur.execute(f"use {name}")
+            cur.execute(statements)
+        except BaseException:
+            root.execute(f"detach database if exists {name}")
+            raise
+        finally:
+            cur.close()
+        with _LOCK:
+            _SETS[statements] = name
+            _READS[con] = name
+            while len(_SETS) > KEPT_SETS:
+                _RETIRED.append(_SETS.popitem(last=False)[1])
+        return name
+
+
+def leave_view_set(con: duckdb.DuckDBPyConnection) -> None:
+    """Say that ``con`` no longer reads a view set (its own catalog now holds every view it reads)."""
+    with _LOCK:
+        _READS.pop(con, None)
+
+
 def catalogs() -> int:
     """How many catalogs this process's database holds for its connections now (tests, diagnostics)."""
     with _LOCK:
@@ -112,18 +170,24 @@ def _root() -> duckdb.DuckDBPyConnection:
         _ROOT.clear()  # a parent's, inherited through a fork: never used here (its threads are gone)
         _CATALOGS.clear()
         _COMMON.clear()
+        _SETS.clear()
+        _RETIRED.clear()
+        _READS.clear()
         _ROOT[pid] = duckdb.connect(":memory:")
     return _ROOT[pid]
 
 
 def _detach_gone(root: duckdb.DuckDBPyConnection) -> None:
-    """Detach the catalogs whose connection was garbage-collected (under ``_LOCK``)."""
+    """Detach the catalogs whose connection was garbage-collected, and the retired view sets no connection reads
+    (under ``_LOCK``)."""
     kept: list[tuple[weakref.ref[duckdb.DuckDBPyConnection], str]] = []
     for ref, name in _CATALOGS:
         if ref() is None and _detached(root, name):
             continue
         kept.append((ref, name))
     _CATALOGS[:] = kept
+    read = set(_READS.values())
+    _RETIRED[:] = [name for name in _RETIRED if name in read or not _detached(root, name)]
 
 
 def _detached(root: duckdb.DuckDBPyConnection, name: str) -> bool:

@@ -387,7 +387,8 @@ def init_sql(data: Path) -> str:
         con = connect(data)
     try:
         rows = con.execute(
-            f"select sql from duckdb_views() where not internal and schema_name = 'main' and {procdb.OWN} "
+            f"select sql from duckdb_views() where not internal and schema_name = 'main' and {procdb.SEEN} "
+            "qualify row_number() over (partition by view_name order by database_name = current_database() desc) = 1 "
             "order by view_oid"
         ).fetchall()
         named = create_query_macros(con)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.shared_dirs import copy_of
@@ -18,7 +20,7 @@ from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.querying import run_named, run_sql
 from tracedag.pipeline.store.sandbox import lock_down
-from tracedag.pipeline.store.views import connect
+from tracedag.pipeline.store.views import connect, forget_views, refresh_views, restrict_to_trace
 
 GLOBAL = ("threads", "memory_limit", "temp_directory", "parquet_metadata_cache", "lock_configuration",
           "enable_external_access", "allowed_directories", "max_temp_directory_size")
@@ -103,3 +105,58 @@ def test_the_shared_macros_are_made_once_and_read_each_connections_own_views(rca
     assert [a.execute(steps).fetchone()[0], b.execute(steps).fetchone()[0]] == expected
     a.execute("create or replace macro failure_steps(p_fail_threshold, p_trace_ids) as table select 1 as x")
     assert a.execute(steps).fetchone()[0] == 1 and b.execute(steps).fetchone()[0] == expected[1]
+
+
+def _view_set(con: duckdb.DuckDBPyConnection) -> str:
+    """The view set ``con`` reads (the second entry of its search path)."""
+    path = con.execute("select current_setting('search_path')").fetchone()[0].split(",")
+    return str(path[1]).removesuffix(".main")
+
+
+def _attached(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("select database_name from duckdb_databases()").fetchall()}
+
+
+def test_connections_over_one_store_read_one_view_set_and_a_view_replaced_makes_them_its_own(
+        query_store: Path) -> None:
+    """Views are bound once per store and process (``procdb.view_set``). A view binds in its own catalog first, so a
+    connection that replaces a refined view must hold every view itself: its ``dag_nodes`` then follow its ``traces``,
+    and the other connections' views are untouched."""
+    a, b, c = connect(query_store), connect(query_store), connect(query_store)
+    assert _view_set(a) == _view_set(b) == _view_set(c) and _view_set(a).startswith("tracedag_views_")
+    nodes = "select count(distinct trace_id) from dag_nodes"
+    whole = b.execute(nodes).fetchone()[0]
+    assert whole > 1
+    trace_id, build_id = b.execute("select trace_id, build_id from traces order by trace_id limit 1").fetchone()
+    restrict_to_trace(a, trace_id, build_id)
+    assert a.execute(nodes).fetchone()[0] == 1 and b.execute(nodes).fetchone()[0] == whole
+    forget_views(c)  # as a stored round's copy does before it replaces some of the refined views
+    c.execute(f"create or replace view traces as select * from traces_all where trace_id = '{trace_id}' "
+              f"and build_id = '{build_id}'")
+    assert c.execute(nodes).fetchone()[0] == 1 and b.execute(nodes).fetchone()[0] == whole
+    assert refresh_views(c, query_store) and c.execute(nodes).fetchone()[0] == whole
+    for con in (a, b, c):
+        con.close()
+
+
+def test_the_view_sets_no_connection_reads_go_once_newer_ones_push_them_out(tmp_path: Path) -> None:
+    stores = []
+    for i in range(procdb.KEPT_SETS + 3):  # a derived table in each: statements of its own (its path)
+        table = tmp_path / f"s{i}" / "tables" / f"extra_{i}"
+        table.mkdir(parents=True)
+        pq.write_table(pa.table({"x": [i]}), table / "part.parquet")
+        stores.append(tmp_path / f"s{i}")
+    kept = connect(stores[0])  # its set is the oldest, and still read
+    made = [_view_set(kept)]
+    for store in stores[1:]:
+        con = connect(store)
+        made.append(_view_set(con))
+        con.close()
+        del con
+    gc.collect()
+    connect(stores[-1]).close()  # the next connection detaches what no connection reads any more
+    attached = _attached(kept)
+    assert len(set(made)) == len(stores)
+    assert made[0] in attached and not set(made[1:3]) & attached  # the three oldest were pushed out; one is read
+    assert set(made[3:]) <= attached
+    assert kept.execute("select x from extra_0").fetchall() == [(0,)]

@@ -13,6 +13,7 @@ from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.dag.show import SHOWN_TABLES, load_shown
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import freshness
+from tracedag.pipeline.store.procdb import SEEN
 from tracedag.pipeline.store.views import connect, data_of
 
 
@@ -27,7 +28,8 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
-    return {str(r[0]) for r in con.execute("select view_name from duckdb_views() where not internal and database_name = current_database()").fetchall()}
+    """The views ``con`` reads: its own catalog's and its view set's (``procdb.SEEN``)."""
+    return {str(r[0]) for r in con.execute(f"select view_name from duckdb_views() where not internal and {SEEN}").fetchall()}
 
 
 def test_only_the_named_tables_raw_views_are_made_with_the_same_rows(scored: Path) -> None:
