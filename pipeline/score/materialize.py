@@ -39,7 +39,7 @@ from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.parquet import write_parquet_atomic
 from tracedag.pipeline.store.querying import bind_params
 from tracedag.pipeline.store.shared_macros import create_shared_macros, needed_shared_macros
-from tracedag.pipeline.store.views import _LATEST, forget_views, refresh_views
+from tracedag.pipeline.store.views import _LATEST, forget_views, own_view, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -246,13 +246,14 @@ def _snapshot(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterable[str] 
     refined view read that copy: the named queries then read each table once a part (a dozen scans each otherwise),
     and the refined views (the latest build, the conversation ids of spans) give the scope's traces exactly the rows
     they give them over the whole store."""
-    forget_views(con)  # its views its own first; a refresh makes them read the store again
-    for table, source in narrowed(con, data, f"{SCOPE}_all", tables).items():
+    sources = narrowed(con, data, f"{SCOPE}_all", tables)
+    forget_views(con, replacing=sources)  # the others its own too, over these; a refresh makes them read the store
+    for table, source in sources.items():
         body, raw, copy = _LATEST[table], f"{table}_all", f"{SNAPSHOT}{table}"
         con.execute(f"create or replace temp table {copy} as {_copied_columns(con, table, source)} from {source}")
         refined = re.sub(rf"\bfrom {raw}\b", f"from {copy}", body)
         assert refined != body, table
-        con.execute(f"create or replace view {table} as {refined}")
+        own_view(con, table, refined)
 
 
 UNREAD = {"spans": ("attributes", "events", "links", "resource_attributes")}

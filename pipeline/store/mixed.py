@@ -30,7 +30,7 @@ from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.shared_macros import create_shared_macros
-from tracedag.pipeline.store.views import _LATEST, connect, forget_views, refresh_views
+from tracedag.pipeline.store.views import _LATEST, connect, forget_views, own_view, refresh_views
 from tracedag.schemas.layout import table_dir
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...]
     a ``threshold`` only its conversations with a failing score row (``FAILURE_ROWS``), from the files that hold
     them (``narrowed``), those of the tables sorted by trace id a copy of their rows when they are few
     (``COPY_TRACES``); ``files`` as ``narrowed``'s. Returns the traces held, sorted."""
-    forget_views(con)  # the next refresh_views makes them all again
+    forget_views(con, replacing=_LATEST)  # the next refresh_views makes them all again
     con.register(HELD, pa.table({"trace_id": pa.array(scope, pa.string())}))
     sources = narrowed(con, data, HELD, files=files)  # the files of ``scope``: those of any part of it too
     if threshold is not None:
@@ -369,7 +369,7 @@ def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...]
             copy = f"{SCOPE}_{table}"
             con.execute(f"create or replace temp table {copy} as {refined}")
             refined = f"select * from {copy}"
-        con.execute(f"create or replace view {table} as {refined}")
+        own_view(con, table, refined)
     return scope
 
 

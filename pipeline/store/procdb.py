@@ -20,7 +20,8 @@ statements (a local store's views glob its table directories, so its statements 
 first files or a derived table appears) read them from one catalog on their search path, made by the first of them
 (binding ~20 views cost ~16 ms of CPU per connection). A view binds in its own catalog first, so the shared
 ``dag_nodes`` reads the shared ``traces`` even when a connection's own catalog has a ``traces`` of its own: a
-caller that replaces a view makes the whole set its own first (``views.forget_views``). The newest ``KEPT_SETS``
+caller that replaces refined views makes the others its own first (``views.forget_views``), and the connection's
+next ``create_views``/``refresh_views`` drops what its own catalog holds over the set. The newest ``KEPT_SETS``
 sets stay; an older one is detached once no connection reads it.
 
 A catalog goes when its connection is gone: the next connection made in the process detaches the catalogs of the
@@ -150,12 +151,6 @@ def view_set(con: duckdb.DuckDBPyConnection, statements: str) -> str:
             while len(_SETS) > KEPT_SETS:
                 _RETIRED.append(_SETS.popitem(last=False)[1])
         return name
-
-
-def leave_view_set(con: duckdb.DuckDBPyConnection) -> None:
-    """Say that ``con`` no longer reads a view set (its own catalog now holds every view it reads)."""
-    with _LOCK:
-        _READS.pop(con, None)
 
 
 def catalogs() -> int:

@@ -136,9 +136,9 @@ def restrict_to_trace(con: duckdb.DuckDBPyConnection, trace_id: str, build_id: s
         "step_scores": f"select * from step_scores_all where trace_id = {t} and (build_id is null or build_id = {b})",
     }
     assert set(bodies) == set(_LATEST) and spans != _LATEST["spans"]
-    forget_views(con)
+    forget_views(con, replacing=bodies)
     for table, body in bodies.items():
-        con.execute(f"create or replace view {table} as {body}")
+        own_view(con, table, body)
 
 
 def restrict_traces(con: duckdb.DuckDBPyConnection, relation: str) -> None:
@@ -151,9 +151,9 @@ def restrict_traces(con: duckdb.DuckDBPyConnection, relation: str) -> None:
     bodies = {t: body.replace(f"from {t}_all", f"from (select * from {t}_all where trace_id in {ids})", 1)
               for t, body in _LATEST.items()}
     assert all(bodies[t] != _LATEST[t] for t in _LATEST)
-    forget_views(con)
+    forget_views(con, replacing=bodies)
     for table, body in bodies.items():
-        con.execute(f"create or replace view {table} as {body}")
+        own_view(con, table, body)
 
 
 def _empty_sql(schema: pa.Schema) -> str:
@@ -250,14 +250,16 @@ def create_views(con: duckdb.DuckDBPyConnection, data: Path, shared_macros: bool
 
 
 def _make_views(con: duckdb.DuckDBPyConnection, data: Path, sql: str) -> None:
-    """Make the views ``sql`` makes on ``con``: read from the process's view set of these statements (``procdb.
-    view_set``: made once, ~16 ms CPU a connection before) on a connection of the process's database whose own
-    catalog holds none of its views; made in its own catalog otherwise."""
+    """Make the views ``sql`` makes on ``con``. A connection of the process's database reads them from the
+    process's view set of these statements (``procdb.view_set``: made once; binding them cost ~16 ms of CPU a
+    connection), the views its own catalog held dropped first (``own_view``); another makes them itself."""
     variable = f"set variable {DATA_VARIABLE} = {literal(str(data))}"
-    if procdb.catalog_of(con) is not None and con not in _OWN_VIEWS:
+    if procdb.catalog_of(con) is not None:
+        owned = _OWNED.pop(con, set())
+        drops = [f"drop view if exists {procdb.catalog_of(con)}.main.{name}" for name in sorted(owned)]
         _SET[con] = sql
         _search_path(con, procdb.view_set(con, sql))
-        con.execute(variable)
+        con.execute(";\n".join([*drops, variable]))
     else:
         con.execute(f"{sql};\n{variable}")
     _made(con, sql)
@@ -271,23 +273,29 @@ def _search_path(con: duckdb.DuckDBPyConnection, views: str | None) -> None:
     con.execute(f"set search_path = '{','.join(f'{c}.main' for c in [*path, common])}'")
 
 
-def own_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Make every view ``con`` reads from a view set (``_make_views``) in its own catalog, before a caller replaces
-    some: a view binds in its own catalog first, so the set's ``dag_nodes`` would go on reading the set's ``traces``,
-    not the connection's. From then on its views are made in its own catalog."""
-    sql = _SET.pop(con, None)
-    _OWN_VIEWS.add(con)
-    if sql is None:
+def own_view(con: duckdb.DuckDBPyConnection, table: str, body: str) -> None:
+    """``create or replace view TABLE as BODY`` in ``con``'s own catalog, shadowing its view set's ``table`` until
+    the next ``create_views``/``refresh_views`` (which drops it). Replacing a refined view: ``forget_views`` first."""
+    con.execute(f"create or replace view {table} as {body}")
+    _OWNED.setdefault(con, set()).add(table)
+
+
+def _own_refined(con: duckdb.DuckDBPyConnection, keep: Iterable[str] = ()) -> None:
+    """On a connection reading a view set: the refined views (``_LATEST``) in its own catalog, but those in ``keep``
+    (the caller replaces them at once) and those it holds already. A view binds in its own catalog first, so the
+    set's ``dag_nodes`` would go on reading the set's ``traces`` when the connection replaced ``traces`` alone."""
+    if con not in _SET:
         return
-    con.execute(sql)
-    procdb.leave_view_set(con)
-    _search_path(con, None)
+    owned = _OWNED.get(con, set())
+    for table, body in _LATEST.items():  # ``traces`` before the views that join it
+        if table not in owned and table not in keep:
+            own_view(con, table, body)
 
 
-# The statements of the view set each connection reads (``_make_views``), and the connections whose own catalog
-# holds their views (``own_views``, ``create_raw_views``).
+# The statements of the view set each connection reads (``_make_views``), and the views its own catalog holds
+# over it (``own_view``: refined views replaced, raw views of ``create_raw_views``), dropped when it reads a set again.
 _SET: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
-_OWN_VIEWS: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+_OWNED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _common_macros(con: duckdb.DuckDBPyConnection) -> bool:
@@ -356,10 +364,11 @@ def refresh_views(con: duckdb.DuckDBPyConnection, data: Path) -> bool:
     return rerun_if_vanished(once)
 
 
-def forget_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Before a caller makes ``con``'s refined views read a copy or a part: its views become its own (``own_views``),
-    and the next ``refresh_views`` makes every view again."""
-    own_views(con)
+def forget_views(con: duckdb.DuckDBPyConnection, replacing: Iterable[str] = ()) -> None:
+    """Before a caller makes ``con``'s refined views read a copy or a part (with ``own_view``): the refined views it
+    does not replace (``replacing``) become its own too, so that they read those it does; the next
+    ``refresh_views`` makes every view again."""
+    _own_refined(con, keep=set(replacing))
     _VIEWS.pop(con, None)
 
 
@@ -375,8 +384,10 @@ def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterabl
     with native_reads(con, wanted):  # the first lookup lists these tables' folders only
         statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
                       for t in wanted if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
-    own_views(con)  # these raw views would shadow a view set's: every view this connection reads is its own
+    _own_refined(con)  # these raw views shadow its view set's: its refined views must read them
     con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
+    if procdb.catalog_of(con) is not None:
+        _OWNED.setdefault(con, set()).update(s.split(" ", 5)[4] for s in statements)
 
 
 def _raw_view_sql(data: Path, table: str) -> str:

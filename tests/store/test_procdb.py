@@ -20,7 +20,7 @@ from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import procdb
 from tracedag.pipeline.store.querying import run_named, run_sql
 from tracedag.pipeline.store.sandbox import lock_down
-from tracedag.pipeline.store.views import connect, forget_views, refresh_views, restrict_to_trace
+from tracedag.pipeline.store.views import connect, forget_views, own_view, refresh_views, restrict_to_trace
 
 GLOBAL = ("threads", "memory_limit", "temp_directory", "parquet_metadata_cache", "lock_configuration",
           "enable_external_access", "allowed_directories", "max_temp_directory_size")
@@ -120,8 +120,8 @@ def _attached(con: duckdb.DuckDBPyConnection) -> set[str]:
 def test_connections_over_one_store_read_one_view_set_and_a_view_replaced_makes_them_its_own(
         query_store: Path) -> None:
     """Views are bound once per store and process (``procdb.view_set``). A view binds in its own catalog first, so a
-    connection that replaces a refined view must hold every view itself: its ``dag_nodes`` then follow its ``traces``,
-    and the other connections' views are untouched."""
+    connection that replaces a refined view must hold the other refined views itself: its ``dag_nodes`` then follow
+    its ``traces``, and the other connections' views are untouched; a refresh reads the set again."""
     a, b, c = connect(query_store), connect(query_store), connect(query_store)
     assert _view_set(a) == _view_set(b) == _view_set(c) and _view_set(a).startswith("tracedag_views_")
     nodes = "select count(distinct trace_id) from dag_nodes"
@@ -130,11 +130,11 @@ def test_connections_over_one_store_read_one_view_set_and_a_view_replaced_makes_
     trace_id, build_id = b.execute("select trace_id, build_id from traces order by trace_id limit 1").fetchone()
     restrict_to_trace(a, trace_id, build_id)
     assert a.execute(nodes).fetchone()[0] == 1 and b.execute(nodes).fetchone()[0] == whole
-    forget_views(c)  # as a stored round's copy does before it replaces some of the refined views
-    c.execute(f"create or replace view traces as select * from traces_all where trace_id = '{trace_id}' "
-              f"and build_id = '{build_id}'")
+    forget_views(c, replacing=["traces"])  # as a stored round's copy does before it replaces some refined views
+    own_view(c, "traces", f"select * from traces_all where trace_id = '{trace_id}' and build_id = '{build_id}'")
     assert c.execute(nodes).fetchone()[0] == 1 and b.execute(nodes).fetchone()[0] == whole
-    assert refresh_views(c, query_store) and c.execute(nodes).fetchone()[0] == whole
+    assert refresh_views(c, query_store) and c.execute(nodes).fetchone()[0] == whole  # its own views dropped
+    assert c.execute("select count(*) from traces").fetchone()[0] == whole
     for con in (a, b, c):
         con.close()
 
