@@ -102,21 +102,11 @@ def common_catalog(what: str, make: Callable[[duckdb.DuckDBPyConnection], None])
     a connection using it) the first time ``what`` is asked for; it stays for the process's life."""
     with _MAKING:
         with _LOCK:
-            root = _root()
+            _root()  # a forked child's first: forgets the parent's catalogs
             found = _COMMON.get(what)
-            if found is not None:
-                return found
-            name = f"tracedag_{what}_{os.getpid()}"
-            root.execute(f"attach ':memory:' as {name}")
-            cur = root.cursor()
-        try:
-            cur.execute(f"use {name}")
-            make(cur)
-        except BaseException:
-            root.execute(f"detach database if exists {name}")
-            raise
-        finally:
-            cur.close()
+        if found is not None:
+            return found
+        name = _made_catalog(f"tracedag_{what}_{os.getpid()}", make)
         with _LOCK:
             _COMMON[what] = name
         return name
@@ -128,29 +118,37 @@ def view_set(con: duckdb.DuckDBPyConnection, statements: str) -> str:
     asked for. A failing statement (a file a swap removed) leaves no catalog behind and raises."""
     with _MAKING:
         with _LOCK:
-            root = _root()
+            _root()  # a forked child's first: forgets the parent's catalogs
             name = _SETS.get(statements)
             if name is not None:
                 _SETS.move_to_end(statements)
                 _READS[con] = name
                 return name
-            name = f"tracedag_views_{os.getpid()}_{next(_NAMES)}"
-            root.execute(f"attach ':memory:' as {name}")
-            cur = root.cursor()
-        try:
-            cur.execute(f"use {name}")
-            cur.execute(statements)
-        except BaseException:
-            root.execute(f"detach database if exists {name}")
-            raise
-        finally:
-            cur.close()
+        name = _made_catalog(f"tracedag_views_{os.getpid()}_{next(_NAMES)}", lambda cur: cur.execute(statements))
         with _LOCK:
             _SETS[statements] = name
             _READS[con] = name
             while len(_SETS) > KEPT_SETS:
                 _RETIRED.append(_SETS.popitem(last=False)[1])
         return name
+
+
+def _made_catalog(name: str, make: Callable[[duckdb.DuckDBPyConnection], object]) -> str:
+    """Attach the in-memory catalog ``name`` and run ``make`` on a cursor using it (under ``_MAKING``); a failing
+    ``make`` leaves no catalog behind and raises."""
+    with _LOCK:
+        root = _root()
+        root.execute(f"attach ':memory:' as {name}")
+        cur = root.cursor()
+    try:
+        cur.execute(f"use {name}")
+        make(cur)
+    except BaseException:
+        root.execute(f"detach database if exists {name}")
+        raise
+    finally:
+        cur.close()
+    return name
 
 
 def catalogs() -> int:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,21 @@ def test_the_view_sets_no_connection_reads_go_once_newer_ones_push_them_out(tmp_
     assert made[0] in attached and not set(made[1:3]) & attached  # the three oldest were pushed out; one is read
     assert set(made[3:]) <= attached
     assert kept.execute("select x from extra_0").fetchall() == [(0,)]
+
+
+def test_a_forked_child_makes_its_own_view_set_and_macros(query_store: Path) -> None:
+    """A child forked after its parent made a view set and the shared macros opens a database of its own: the
+    parent's catalog names mean nothing there (serve's fork-server forks its SQL workers)."""
+    parent = connect(query_store)
+    want = parent.execute("select count(*) from failure_steps(2.0, (select list(trace_id) from traces))").fetchone()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            child = connect(query_store)
+            got = child.execute("select count(*) from failure_steps(2.0, (select list(trace_id) from traces))")
+            os._exit(0 if got.fetchone() == want and _view_set(child) != _view_set(parent) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    parent.close()
