@@ -254,11 +254,12 @@ def _make_views(con: duckdb.DuckDBPyConnection, data: Path, sql: str) -> None:
     process's view set of these statements (``procdb.view_set``: made once; binding them cost ~16 ms of CPU a
     connection), the views its own catalog held dropped first (``own_view``); another makes them itself."""
     variable = f"set variable {DATA_VARIABLE} = {literal(str(data))}"
-    if procdb.catalog_of(con) is not None:
-        owned = _OWNED.pop(con, set())
-        drops = [f"drop view if exists {procdb.catalog_of(con)}.main.{name}" for name in sorted(owned)]
+    own = procdb.catalog_of(con)
+    if own is not None:
+        views = procdb.view_set(con, sql)  # raises (a file a swap removed) before anything on con changed
+        drops = [f"drop view if exists {own}.main.{name}" for name in sorted(_OWNED.pop(con, set()))]
         _SET[con] = sql
-        _search_path(con, procdb.view_set(con, sql))
+        _search_path(con, views)
         con.execute(";\n".join([*drops, variable]))
     else:
         con.execute(f"{sql};\n{variable}")
