@@ -29,8 +29,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from tracedag.pipeline.store.query_macros import create_query_macros  # noqa: E402
 from tracedag.pipeline.store.querying import bind_params, query_doc  # noqa: E402
-from tracedag.pipeline.store.views import connect, create_query_macros  # noqa: E402
+from tracedag.pipeline.store.views import connect  # noqa: E402
 from tracedag.queries import load  # noqa: E402
 
 _SPEC = importlib.util.spec_from_file_location("bench_named_queries", ROOT / "bench" / "queries.py")

@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from tracedag import queries
 from tracedag.pipeline.store import procdb
+from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.querying import duckdb_message, to_arrow
-from tracedag.pipeline.store.views import create_query_macros
 from tracedag.queries.macros import code_only
 
 HISTORY_ENV = "TRACEDAG_HISTORY"

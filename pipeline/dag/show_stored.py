@@ -18,8 +18,8 @@ import duckdb
 from tracedag import queries
 from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store.fetch import arrow
+from tracedag.pipeline.store.query_macros import data_of
 from tracedag.pipeline.store.querying import bind_params
-from tracedag.pipeline.store.views import data_of
 
 _ROWS_SQL = """
 select p.span_id as node, p.score, p.nearest_failing_upstream as nearest, p.longest_chain, p.recovered,

@@ -41,8 +41,9 @@ from tracedag.pipeline.score.inputs import (
 )
 from tracedag.pipeline.score.rules.table import RESULT_KEY_HINTS
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.query_macros import data_of
 from tracedag.pipeline.store.remote import remote_of
-from tracedag.pipeline.store.views import data_of, read_list_sql
+from tracedag.pipeline.store.views import read_list_sql
 
 _NO_RESULT_HINT = " and ".join(f"not contains(result_text, '{h}')" for h in RESULT_KEY_HINTS)
 

@@ -31,8 +31,9 @@ from tracedag.pipeline.serve.sqlproc import CHECKED, CHECKING, READY
 from tracedag.pipeline.serve.statekey import state_key
 from tracedag.pipeline.store import shared_macros
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
+from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.sandbox import lock_down
-from tracedag.pipeline.store.views import connect, create_query_macros
+from tracedag.pipeline.store.views import connect
 from tracedag.queries import macros
 from tracedag.schemas.errors import QueryFailed
 

@@ -133,6 +133,12 @@ def view_set(con: duckdb.DuckDBPyConnection, statements: str) -> str:
         return name
 
 
+def view_set_of(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The catalog of the view set ``con`` reads (``view_set``), or None (its views are its own, or it has none)."""
+    with _LOCK:
+        return _READS.get(con)
+
+
 def _made_catalog(name: str, make: Callable[[duckdb.DuckDBPyConnection], object]) -> str:
     """Attach the in-memory catalog ``name`` and run ``make`` on a cursor using it (under ``_MAKING``); a failing
     ``make`` leaves no catalog behind and raises."""

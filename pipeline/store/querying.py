@@ -28,9 +28,10 @@ from tracedag.pipeline.store import current_rounds, freshness, materialized, mix
 from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
+from tracedag.pipeline.store.query_macros import create_query_macros, mentioned_queries
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.shared_macros import create_shared_macros
-from tracedag.pipeline.store.views import connect, create_query_macros, create_views, mentioned_queries
+from tracedag.pipeline.store.views import connect, create_views
 from tracedag.schemas.errors import QueryFailed
 from tracedag.schemas.layout import state_dir
 

@@ -8,13 +8,12 @@ A table without files yet is an empty view of its schema, so queries work on
 an empty store. ``traces``/``dag_nodes``/``dag_edges`` show only the latest build of each trace.
 Each view reads a ``<table>_all`` view of the raw files where it refines them.
 The table macros of ``queries/_*.sql`` (shared by the named queries) are created after the views,
-and ``create_query_macros`` makes named queries table macros of their own names (``queries.macros``):
+and ``query_macros.create_query_macros`` makes named queries table macros of their own names:
 ``select * from root_causes(per := 'conversation')``.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 import tempfile
@@ -25,7 +24,6 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from tracedag import queries
 from tracedag.pipeline.store import freshness, materialized, procdb
 from tracedag.pipeline.store.cachereads import defer_reads, local_copies, native_reads, register_reads
 from tracedag.pipeline.store.files import (
@@ -36,9 +34,9 @@ from tracedag.pipeline.store.files import (
     vanished_pause,
 )
 from tracedag.pipeline.store.listing import SEP, cached_listing, source_uris
+from tracedag.pipeline.store.query_macros import DATA_VARIABLE, create_query_macros, declare_query_macros
 from tracedag.pipeline.store.remote import remote_of
-from tracedag.pipeline.store.shared_macros import called_names, create_shared_macros, on_search_path
-from tracedag.queries import macros
+from tracedag.pipeline.store.shared_macros import create_shared_macros, on_search_path
 from tracedag.schemas.layout import table_dir, tables_dir
 from tracedag.schemas.spans import SPANS_V1
 from tracedag.schemas.tables import (
@@ -258,7 +256,6 @@ def _make_views(con: duckdb.DuckDBPyConnection, data: Path, sql: str) -> None:
     if own is not None:
         views = procdb.view_set(con, sql)  # raises (a file a swap removed) before anything on con changed
         drops = [f"drop view if exists {own}.main.{name}" for name in sorted(_OWNED.pop(con, set()))]
-        _SET[con] = sql
         _search_path(con, views)
         con.execute(";\n".join([*drops, variable]))
     else:
@@ -285,7 +282,7 @@ def _own_refined(con: duckdb.DuckDBPyConnection, keep: Iterable[str] = ()) -> No
     """On a connection reading a view set: the refined views (``_LATEST``) in its own catalog, but those in ``keep``
     (the caller replaces them at once) and those it holds already. A view binds in its own catalog first, so the
     set's ``dag_nodes`` would go on reading the set's ``traces`` when the connection replaced ``traces`` alone."""
-    if con not in _SET:
+    if procdb.view_set_of(con) is None:
         return
     owned = _OWNED.get(con, set())
     for table, body in _LATEST.items():  # ``traces`` before the views that join it
@@ -293,9 +290,8 @@ def _own_refined(con: duckdb.DuckDBPyConnection, keep: Iterable[str] = ()) -> No
             own_view(con, table, body)
 
 
-# The statements of the view set each connection reads (``_make_views``), and the views its own catalog holds
-# over it (``own_view``: refined views replaced, raw views of ``create_raw_views``), dropped when it reads a set again.
-_SET: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()
+# The views each connection's own catalog holds over its view set (``own_view``: refined views replaced, raw views
+# of ``create_raw_views``), dropped when it reads a set again (``_make_views``).
 _OWNED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, set[str]] = weakref.WeakKeyDictionary()
 
 
@@ -305,7 +301,7 @@ def _common_macros(con: duckdb.DuckDBPyConnection) -> bool:
     each before). False on a database of its own, which makes them itself."""
     if procdb.catalog_of(con) is None:
         return False
-    if con not in _SET:  # its views are its own (``_make_views`` set the path otherwise)
+    if procdb.view_set_of(con) is None:  # its views are its own (``_make_views`` set the path otherwise)
         _search_path(con, None)
     on_search_path(con)
     return True
@@ -405,106 +401,6 @@ def _derived_view_sql(data: Path, table: str) -> str:
     pattern = str(table_dir(data, table) / "**" / "*.parquet").replace("'", "''")
     return (f"create or replace view {table} as select * from read_parquet('{pattern}', "
             "union_by_name = true, hive_partitioning = false)")
-
-
-DATA_VARIABLE = "__tracedag_data"
-"""A DuckDB variable on every ``connect`` connection: its store (``create_query_macros`` checks it is fresh)."""
-
-
-def data_of(con: duckdb.DuckDBPyConnection) -> Path | None:
-    """The store ``con`` was made over by ``connect`` (None: another connection)."""
-    value = con.execute(f"select getvariable('{DATA_VARIABLE}')").fetchall()[0][0]
-    return None if value is None else Path(str(value))
-
-
-_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist")
-
-
-
-def mentioned_queries(sql: str) -> list[str]:
-    """The named queries whose names occur as words in ``sql`` outside strings and comments.
-
-    A call of a name close to one (``root_cause(...)``) counts too, so that DuckDB's "Did you mean"
-    can name the named query instead of some other function.
-    """
-    code = macros.code_only(sql, keep_strings=False)
-    called = called_names(code)
-    near = {hit for word in called for hit in difflib.get_close_matches(word, queries.names(), n=1, cutoff=0.8)}
-    return [n for n in queries.names() if n in near or re.search(rf"\b{n}\b", code, re.IGNORECASE)]
-
-
-# The named-query macros made on each connection: name -> True once its body is in place, False
-# while only its wrapper is declared. Asking DuckDB instead (duckdb_functions()) costs 60-150 ms.
-_MADE: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, dict[str, bool]] = weakref.WeakKeyDictionary()
-
-
-def declare_query_macros(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every named query's wrapper macro over a placeholder body (a few ms; ``create_query_macros`` fills it).
-
-    For a caller that must list the macro names before it knows which ones a statement calls (the
-    SQL endpoint's guard reads them from the connection). Calling a wrapper whose body is still the
-    placeholder raises.
-    """
-    made = _MADE.setdefault(con, {})
-    todo = [macros.build(n) for n in queries.names() if n not in made]
-    if todo:  # one call: 34 small statements cost more in round trips than in binding
-        con.execute(";\n".join(sql for m in todo for sql in (m.placeholder, m.wrapper)))
-    made.update({m.name: made.get(m.name, False) for m in todo})
-
-
-def create_query_macros(con: duckdb.DuckDBPyConnection, sql: str | None = None) -> list[str]:
-    """Create the table macro of each named query ``sql`` mentions (every one when None); return the statements.
-
-    Binding a body costs 10-120 ms, so connections make only the macros a statement calls; one
-    already on ``con`` is kept. A named query whose body does not bind here (it reads an analysis
-    table the store does not have yet) becomes a macro that raises saying so when called.
-    """
-    names = queries.names() if sql is None else mentioned_queries(sql)
-    if sql is not None and "://" in sql:  # it may read a store's object by URL: through the store's filesystem
-        register_reads(con)
-    made = _MADE.setdefault(con, {})
-    done: list[str] = []
-    fresh: list[str] = []
-    for name in names:
-        if not made.get(name, False):
-            done += _create_query_macro(con, name, name in made)
-            made[name] = True
-            fresh.append(name)
-    return done + _read_materialized(con, fresh)
-
-
-def _read_materialized(con: duckdb.DuckDBPyConnection, made: list[str]) -> list[str]:
-    """Switch the macros just made of materialized queries to their stored rows when the store is fresh."""
-    todo = [n for n in made if n in materialized.SPECS]
-    data = data_of(con) if todo else None
-    if data is None or not freshness.fresh(con, data):
-        return []
-    done = [sql for n in todo for sql in materialized.switch_statements(n)]
-    for sql in done:
-        con.execute(sql)
-    return done
-
-
-def _create_query_macro(con: duckdb.DuckDBPyConnection, name: str, declared: bool) -> list[str]:
-    macro = macros.build(name)
-    done = [] if declared else [macro.placeholder, macro.wrapper]
-    for sql in done:
-        con.execute(sql)
-    try:
-        con.execute(macro.body)
-        body = macro.body
-    except duckdb.Error as e:
-        body = macros.stub_sql(name, _unavailable(name, e))
-        con.execute(body)
-    return [*done, body]
-
-
-def _unavailable(name: str, error: duckdb.Error) -> str:
-    missing = _MISSING_TABLE.search(str(error))
-    if missing and isinstance(error, duckdb.CatalogException):
-        return f"the store has no table {missing.group(1)} yet (`tracedag queries` says what writes it)"
-    logger.exception("named query %s does not bind as a macro", name)
-    return f"does not bind on this store: {str(error).strip().splitlines()[0]}"
 
 
 def connect(data: Path | str, threads: int | None = None, query_macros: bool = False,

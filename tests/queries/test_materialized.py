@@ -26,8 +26,9 @@ from tracedag.pipeline.score.materialize import MaterializeStats, materialize
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import freshness, materialized, mixed, mixedkept
 from tracedag.pipeline.store.fetch import arrow
+from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.querying import bind_params, run_named, run_sql
-from tracedag.pipeline.store.views import connect, create_query_macros
+from tracedag.pipeline.store.views import connect
 
 CASES = [("failures", {}), ("propagation", {}), ("root_causes", {}), ("root_causes", {"per": "conversation"}),
          ("workflow_scores", {}), ("trace_summary", {})]

@@ -18,8 +18,9 @@ from click.testing import CliRunner
 
 from tracedag.pipeline.cli import cli
 from tracedag.pipeline.store.procdb import VISIBLE
+from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.querying import run_named, run_sql, write_init_file
-from tracedag.pipeline.store.views import connect, create_query_macros
+from tracedag.pipeline.store.views import connect
 from tracedag.queries import macro_names, names
 from tracedag.queries.macros import INNER_PREFIX, rename_params
 

@@ -10,7 +10,8 @@ from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import freshness, materialized
-from tracedag.pipeline.store.views import connect, create_query_macros
+from tracedag.pipeline.store.query_macros import create_query_macros
+from tracedag.pipeline.store.views import connect
 
 ROOT_CAUSES = "select * from root_causes() order by all"
 

@@ -17,8 +17,9 @@ import sys
 from tests.store.objfixtures import quick_module_server as s3_module_server  # noqa: F401  (the module's SeaweedFS)
 from tests.store.objfixtures import remote_store
 from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.remote import bind_store
-from tracedag.pipeline.store.views import connect, create_query_macros, read_list_sql
+from tracedag.pipeline.store.views import connect, read_list_sql
 
 COUNT = "select count(*) from spans"
 

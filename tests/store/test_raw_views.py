@@ -14,7 +14,8 @@ from tracedag.pipeline.dag.show import SHOWN_TABLES, load_shown
 from tracedag.pipeline.score.runner import score_store
 from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store.procdb import SEEN
-from tracedag.pipeline.store.views import connect, data_of
+from tracedag.pipeline.store.query_macros import data_of
+from tracedag.pipeline.store.views import connect
 
 
 @pytest.fixture(scope="module")
