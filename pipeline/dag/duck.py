@@ -24,7 +24,7 @@ def connection(rows: int) -> duckdb.DuckDBPyConnection:
     """A connection for a reconstruction of ``rows`` input rows (``SHARED_MAX_ROWS``), progress bar off; close it."""
     if rows <= SHARED_MAX_ROWS:
         return cursor()
-    con = duckdb.connect(":memory:")
+    con = procdb.close_at_exit(duckdb.connect(":memory:"))
     con.execute("set enable_progress_bar = false")
     return con
 

@@ -26,10 +26,18 @@ sets stay; an older one is detached once no connection reads it.
 
 A catalog goes when its connection is gone: the next connection made in the process detaches the catalogs of the
 connections garbage-collected since (a closed one that its caller still holds stays until it is collected).
+
+The database is closed when the process exits (``atexit``), before the interpreter finalizes: a DuckDB connection
+destroyed during finalization releases the GIL in its destructor and may never get it back, and the process then
+aborts after its work is done (``terminate called without an active exception``, exit status 134; DuckDB issue
+#13904). A ``tracedag build`` of the demo's simulated users once ended so under a loaded suite. Closing the root
+connection closes every cursor made from it; ``close_at_exit`` adds a database of another kind (a private one a
+caller keeps for the process's life, as serve does).
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
@@ -67,6 +75,7 @@ _RETIRED: list[str] = []  # catalogs of view sets pushed out of _SETS, detached 
 _READS: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, str] = weakref.WeakKeyDictionary()  # con -> its set
 _MAKING = threading.Lock()
 _NAMES = itertools.count()
+_AT_EXIT: dict[int, weakref.WeakSet[duckdb.DuckDBPyConnection]] = {}  # process id -> connections closed at its exit
 logger = logging.getLogger(__name__)
 
 
@@ -161,6 +170,43 @@ def catalogs() -> int:
     """How many catalogs this process's database holds for its connections now (tests, diagnostics)."""
     with _LOCK:
         return len(_CATALOGS) if os.getpid() in _ROOT else 0
+
+
+def close_at_exit(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Close ``con`` (a database of its own that may outlive its caller, and every cursor made from it) when this
+    process exits, before the interpreter finalizes; return it. Held weakly: a connection collected before is
+    already closed."""
+    with _LOCK:
+        _closed_at_exit().add(con)
+    return con
+
+
+def _closed_at_exit() -> weakref.WeakSet[duckdb.DuckDBPyConnection]:
+    """This process's connections to close at its exit (under ``_LOCK``); a forked child starts a set of its own
+    (its parent's connections are not its to close: their threads are not in the child)."""
+    pid = os.getpid()
+    found = _AT_EXIT.get(pid)
+    if found is None:
+        _AT_EXIT.clear()
+        found = _AT_EXIT[pid] = weakref.WeakSet()
+    return found
+
+
+def _close_all() -> None:
+    """At exit: close this process's database (every connection and cursor of it) and the connections given to
+    ``close_at_exit``; a later connection in this process opens a new database."""
+    with _LOCK:
+        pid = os.getpid()
+        doomed = list(_AT_EXIT.pop(pid, ()))
+        root = _ROOT.pop(pid, None)
+    for con in [*doomed, *([root] if root is not None else [])]:
+        try:
+            con.close()
+        except duckdb.Error as e:  # closing must not stop the exit
+            logger.debug("connection not closed at exit: %s", e)
+
+
+atexit.register(_close_all)
 
 
 def _root() -> duckdb.DuckDBPyConnection:

@@ -422,7 +422,9 @@ def connect(data: Path | str, threads: int | None = None, query_macros: bool = F
         raise ValueError("the named queries' macros read the refined views: connect with every view")
     wanted = None if tables is None else list(tables)
     remote = remote_of(Path(data))
-    con = duckdb.connect(":memory:") if private or threads or remote is not None else procdb.connection()
+    # a database of its own is closed at the process's exit if its caller keeps it that long (procdb's docstring)
+    own = private or threads or remote is not None
+    con = procdb.close_at_exit(duckdb.connect(":memory:")) if own else procdb.connection()
     if threads:
         con.execute(f"set threads = {int(threads)}")
     if remote is not None:  # through fsspec and the local object cache, once a statement names a URL

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -179,3 +182,78 @@ def test_a_forked_child_makes_its_own_view_set_and_macros(query_store: Path) -> 
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     parent.close()
+
+
+_AT_EXIT_CHILD = r"""
+import atexit, gc, sys
+from pathlib import Path
+import duckdb
+
+def _check():  # registered before tracedag's own handler, so it runs after it (atexit runs the last first)
+    cons = [o for o in gc.get_objects() if isinstance(o, duckdb.DuckDBPyConnection)]
+    still = 0
+    for con in cons:
+        try:
+            con.execute("select 1")
+            still += 1
+        except duckdb.ConnectionException:
+            pass
+    print(f"connections {len(cons)} open {still}", flush=True)
+
+atexit.register(_check)
+from tracedag.pipeline.store import procdb
+from tracedag.pipeline.store.querying import run_named
+from tracedag.pipeline.store.views import connect
+KEPT = [connect(sys.argv[1]), connect(sys.argv[1], private=True), procdb.cursor()]  # kept for the process's life
+KEPT[0].execute("select count(*) from dag_nodes").fetchall()
+KEPT[1].register("held", KEPT[0].execute("select trace_id from traces").to_arrow_table())
+KEPT[1].execute("select count(*) from held").fetchall()
+run_named(Path(sys.argv[1]), "root_causes")
+"""
+
+
+def test_the_process_database_and_kept_connections_are_closed_before_the_interpreter_finalizes(
+        query_store: Path) -> None:
+    """A DuckDB connection still open when the interpreter finalizes may abort the process after its work is done
+    (exit status 134, DuckDB issue #13904): a ``tracedag build`` once ended so. Every connection a process keeps
+    (shared, private, a bare cursor, one holding a registered Arrow table) is closed at exit, before finalization."""
+    done = subprocess.run([sys.executable, "-c", _AT_EXIT_CHILD, str(query_store)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts = done.stdout.strip().splitlines()[-1].split()
+    assert counts[0] == "connections" and int(counts[1]) >= 3 and counts[2:] == ["open", "0"], done.stdout
+
+
+def test_a_forked_child_exiting_normally_closes_only_its_own_connections(query_store: Path) -> None:
+    """A forked child inherits the exit handler: when it exits normally it closes what it opened, never its parent's
+    database (whose threads it does not have), and the parent's connections still answer."""
+    parent = connect(query_store)
+    kept = procdb.close_at_exit(duckdb.connect(":memory:"))
+    want = parent.execute("select count(*) from traces").fetchone()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 2
+        try:
+            child = connect(query_store)
+            code = 0 if child.execute("select count(*) from traces").fetchone() == want else 1
+        finally:
+            atexit._run_exitfuncs()  # what a normal exit runs (SystemExit would unwind into this test's runner)
+            os._exit(code)
+    assert _exit_code(pid, within=60) == 0  # closing the parent's database there would hang the child
+    assert parent.execute("select count(*) from traces").fetchone() == want
+    assert kept.execute("select 1").fetchone() == (1,)
+    parent.close()
+    kept.close()
+
+
+def _exit_code(pid: int, within: float) -> int | None:
+    """The exit code of the child ``pid``, or None (it is killed) when it has not ended ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
