@@ -379,18 +379,21 @@ def create_raw_views(con: duckdb.DuckDBPyConnection, data: Path, tables: Iterabl
     """
     wanted = list(dict.fromkeys(tables))
     with native_reads(con, wanted):  # the first lookup lists these tables' folders only
-        statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t)
-                      for t in wanted if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
+        made = [t for t in wanted if t in SCHEMAS or (_DERIVED_NAME.match(t) and parquet_files(data, t))]
+        statements = [_raw_view_sql(data, t) if t in SCHEMAS else _derived_view_sql(data, t) for t in made]
     _own_refined(con)  # these raw views shadow its view set's: its refined views must read them
     con.execute(";\n".join([*statements, f"set variable {DATA_VARIABLE} = {literal(str(data))}"]))
-    if procdb.catalog_of(con) is not None:
-        _OWNED.setdefault(con, set()).update(s.split(" ", 5)[4] for s in statements)
+    _OWNED.setdefault(con, set()).update(_raw_name(t) for t in made)  # as ``own_view`` records its views
+
+
+def _raw_name(table: str) -> str:
+    """The name of ``table``'s raw view: ``<table>_all`` when a refined view reads it, else the table's."""
+    return f"{table}_all" if table in _LATEST else table
 
 
 def _raw_view_sql(data: Path, table: str) -> str:
     """The statement making the raw view of the core table ``table`` (``<table>_all`` when it is refined)."""
-    raw = f"{table}_all" if table in _LATEST else table
-    return f"create or replace view {raw} as {_source_sql(data, table)}"
+    return f"create or replace view {_raw_name(table)} as {_source_sql(data, table)}"
 
 
 def _derived_view_sql(data: Path, table: str) -> str:
