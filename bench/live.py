@@ -81,17 +81,40 @@ def fresh_id(trace_id: bytes, salt: int, i: int) -> bytes:
     return trace_id[:10] + struct.pack(">HI", salt, i)
 
 
+CONVERSATION = re.compile(rb"conv-([0-9a-f]{10})")  # bench.gen's conversation ids: 40 random bits as 10 hex digits
+
+
+def conversation_offsets(body: bytes) -> list[tuple[int, int]]:
+    """(offset, value) of the 10 hex digits of every conversation id in ``body``."""
+    return [(m.start(1), int(m.group(1), 16)) for m in CONVERSATION.finditer(body)]
+
+
+def fresh_conversations(body: bytes, found: list[tuple[int, int]], salt: int, i: int) -> bytes:
+    """``body`` with every conversation id moved by a step of request ``i`` of client ``salt``: each request sent is
+    a turn of conversations of its own, as ``bench.gen`` made them (one trace each), not one more turn of the
+    conversations of every earlier request built from the same body (same times, ever longer conversations)."""
+    if not found:
+        return body
+    step = ((salt << 24 | i) * 0x9E3779B1) & 0xFFFFFFFFFF
+    out = bytearray(body)
+    for pos, value in found:
+        out[pos:pos + 10] = b"%010x" % ((value + step) & 0xFFFFFFFFFF)
+    return bytes(out)
+
+
 def client(port: int, bodies: list[bytes], ids: list[list[bytes]], counts: list[int], rate: float,
-           seconds: float, salt: int, out: mp.Queue) -> None:
+           seconds: float, salt: int, out: mp.Queue, same_conversations: bool = False) -> None:
     """Send paced requests for ``seconds``; put a ``Sent`` on ``out``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Content-Type": "application/x-protobuf"}
     offsets = [tid_offsets(b, t) for b, t in zip(bodies, ids, strict=True)]
+    convs = [[] if same_conversations else conversation_offsets(b) for b in bodies]
     sent, start, i = Sent(), time.monotonic(), 0
     while time.monotonic() < start + seconds:
         k = i % len(bodies)
         t0 = time.monotonic()
-        conn.request("POST", "/v1/traces", body=_unique(bodies[k], offsets[k], salt, i), headers=headers)
+        body = fresh_conversations(_unique(bodies[k], offsets[k], salt, i), convs[k], salt, i)
+        conn.request("POST", "/v1/traces", body=body, headers=headers)
         r = conn.getresponse()
         r.read()
         t1 = time.monotonic()
@@ -274,6 +297,8 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
             poller.proc.kill()
         shutil.rmtree(data, ignore_errors=True)
         if timeline is not None:
+            if os.environ.get("LIVE_KEEP_TIMELINE") and timeline.exists():  # a copy to read round by round
+                shutil.copy(timeline, os.environ["LIVE_KEEP_TIMELINE"])
             timeline.unlink(missing_ok=True)
     f = figures(rate, sent, acked, poller, poller.final_query, args)
     f["built"], f["sent"], f["settle"], f["cpu"] = poller.built, len(ack_times(sent, ids)), waited, cpu
@@ -416,7 +441,8 @@ def _steps_table(steps: dict[str, list[float]], title: str) -> Table:
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
     ctx = mp.get_context("fork")
     q: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=client, args=(port, bodies, ids, counts, rate / args.clients, args.seconds, j, q))
+    procs = [ctx.Process(target=client, args=(port, bodies, ids, counts, rate / args.clients, args.seconds, j, q,
+                                              args.same_conversations))
              for j in range(args.clients)]
     for p in procs:
         p.start()
@@ -465,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="length of each paced run")
     ap.add_argument("--spans", type=int, default=51_200, help="generated spans (requests are reused with fresh ids)")
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--same-conversations", action="store_true",
+                    help="keep the conversation ids of the reused requests (before session 18: every reuse of a request "
+                         "was one more turn, at the same times, of the same conversations)")
     ap.add_argument("--interval", type=float, default=1.0, help="the collector's --build-interval")
     ap.add_argument("--poll", type=float, default=0.5, help="seconds between root_causes polls")
     ap.add_argument("--settle", type=float, default=15.0,

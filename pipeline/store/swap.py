@@ -5,6 +5,7 @@ See ``tracedag.pipeline.store.gc`` for the rules; this module does the file work
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from tracedag.pipeline.store.gc import (
 )
 from tracedag.pipeline.store.parquet import parquet_options
 from tracedag.schemas.fsio import file_lock, fsync_dir
-from tracedag.schemas.layout import SCORE_LOCK, state_file, table_dir
+from tracedag.schemas.layout import BUILD_LOCK, SCORE_LOCK, state_file, table_dir
 
 if TYPE_CHECKING:
     import duckdb
@@ -104,7 +105,54 @@ def collect_table(data: Path, table: str, lv: Liveness, cfg: GcSettings, compact
         return  # no files yet, or a partitioned layout this collector does not handle
     plan = plan_table(d, table, lv, cfg, compact, stats)
     if plan.swap_needed:
-        swap_in(data, d, table, plan, lv, cfg, stats)
+        commit(prepare(staging_root(data), d, table, plan, lv, cfg), stats)
+
+
+def collect_beside(data: Path, settings: GcSettings | None = None) -> GcStats:
+    """``collect`` for a process whose builds and scorings go on meanwhile (the live collector): the dead files are
+    deleted and every table's plan made under the scorer's lock and the build lock, as ``collect`` does (which skips
+    the scored tables when a scorer runs; this waits for it); the new files are written with no lock held; the
+    swaps are made under both locks again.
+
+    A plan's files belong to builds and rounds that were complete when it was made (both locks held), and a row dead
+    then stays dead (a later build only supersedes more), so the files written without the locks hold exactly the
+    live rows of their inputs, or rows that died since (the next collection drops them). A file written meanwhile is
+    no input: the swap links it into the new directory. A table whose inputs went away meanwhile (another
+    collection, e.g. a ``tracedag build`` beside the collector) is left as it is."""
+    t0 = time.perf_counter()
+    cfg = settings or GcSettings()
+    stats = GcStats()
+    # the scorer's lock first, as a scoring round takes the build lock inside its own (``score.provenance``)
+    with file_lock(state_file(data, SCORE_LOCK)), file_lock(state_file(data, BUILD_LOCK)):
+        remove_staging(data)
+        lv = liveness(data)
+        plans = _plans(data, [t for t in TABLES if t not in SCORED], lv, cfg, stats)
+        plans += _plans(data, list(SCORED), with_stored_rounds(lv, data), cfg, stats)
+    root = staging_root(data) / f"beside-{os.getpid()}-{time.time_ns()}"
+    staged = [prepare(root, d, table, plan, held, cfg) for table, d, plan, held in plans]
+    with file_lock(state_file(data, SCORE_LOCK)), file_lock(state_file(data, BUILD_LOCK)):
+        for s in staged:  # in TABLES' order: traces last
+            commit(s, stats)
+    shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):  # when empty: another collection may stage there meanwhile
+        staging_root(data).rmdir()
+    stats.seconds = round(time.perf_counter() - t0, 3)
+    return stats
+
+
+def _plans(data: Path, tables: list[str], lv: Liveness, cfg: GcSettings, stats: GcStats) -> list[
+        tuple[str, Path, TablePlan, Liveness]]:
+    """(table, its directory, its plan, the liveness it was made with) of every table of ``tables`` with a swap
+    to make; every all-dead file deleted."""
+    out = []
+    for table in tables:
+        d = table_dir(data, table)
+        if not d.is_dir() or any(p.is_dir() for p in d.iterdir()):
+            continue
+        plan = plan_table(d, table, lv, cfg, False, stats)
+        if plan.swap_needed:
+            out.append((table, d, plan, lv))
+    return out
 
 
 def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> TablePlan:
@@ -138,31 +186,66 @@ def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool
     return plan
 
 
-def swap_in(data: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings, stats: GcStats) -> None:
-    """Build the new state of ``d`` in staging and exchange the two directories."""
-    stage = staging_root(data) / table
+@dataclass
+class Staged:
+    """A table's new files written in staging (``prepare``), to be swapped in (``commit``)."""
+
+    table: str
+    d: Path
+    stage: Path
+    inputs: list[Path]  # the files the new ones replace
+    rewritten: int
+    merged: int
+    written: int  # merged files written
+    dropped: GcStats  # the rows the new files leave out, counted once swapped in
+
+
+def prepare(root: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings) -> Staged:
+    """Write the live rows of the files ``plan`` rewrites and merges into new files in ``root/table``; an input
+    gone meanwhile (another collection took it) leaves nothing staged, and ``commit`` then leaves the table."""
+    stage = root / table
     stage.mkdir(parents=True)
-    for i, f in enumerate(plan.rewrite):
-        # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
-        # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
-        _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv, Dropped(stats, table))
-        stats.add(stats.rewritten, table, 1)
+    dropped = Dropped(GcStats(), table)
     merger = Merger(stage, cfg.target_rows)
-    for f in plan.merge:
-        merger.add(f, lv, Dropped(stats, table))
-    merger.close()
-    stats.add(stats.merged, table, len(plan.merge))
-    for f in plan.link:
-        os.link(f, stage / f.name)
-    fsync_dir(stage)
+    try:
+        for i, f in enumerate(plan.rewrite):
+            # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
+            # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
+            _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv, dropped)
+        for f in plan.merge:
+            merger.add(f, lv, dropped)
+        merger.close()
+    except FileNotFoundError:
+        shutil.rmtree(stage)
+    return Staged(table, d, stage, [*plan.rewrite, *plan.merge], len(plan.rewrite), len(plan.merge), merger.count,
+                  dropped.stats)
+
+
+def commit(s: Staged, stats: GcStats) -> None:
+    """Link every file of the table that is not an input beside the new ones, then exchange the two directories
+    (call under the locks the plan was made under); a table whose inputs went away since is left as it is."""
+    gone = [f for f in s.inputs if not f.exists()]
+    if gone or not s.stage.is_dir():  # or its staging: a collection under the build lock removes what it finds
+        logger.info("%s: %d of the files to collect went away meanwhile (another collection); left as it is",
+                    s.table, len(gone))
+        shutil.rmtree(s.stage, ignore_errors=True)
+        return
+    replaced = set(s.inputs)
+    for f in sorted(s.d.glob("*.parquet")):
+        if f not in replaced:
+            os.link(f, s.stage / f.name)
+    fsync_dir(s.stage)
     faults.hit("dag_gc.before_swap")
-    exchange(stage, d)
-    fsync_dir(d.parent)
-    fsync_dir(stage.parent)
+    exchange(s.stage, s.d)
+    fsync_dir(s.d.parent)
+    fsync_dir(s.stage.parent)
     faults.hit("dag_gc.after_swap")
-    shutil.rmtree(stage)
-    logger.info("%s: %d files rewritten, %d small files merged into %d", table, len(plan.rewrite),
-                len(plan.merge), merger.count)
+    shutil.rmtree(s.stage)
+    stats.add(stats.rewritten, s.table, s.rewritten)
+    stats.add(stats.merged, s.table, s.merged)
+    stats.add(stats.rows_dropped, s.table, s.dropped.rows_dropped.get(s.table, 0))
+    stats.add(stats.orphan_rows, s.table, s.dropped.orphan_rows.get(s.table, 0))
+    logger.info("%s: %d files rewritten, %d small files merged into %d", s.table, s.rewritten, s.merged, s.written)
 
 
 @dataclass(frozen=True)
