@@ -20,9 +20,11 @@ the store).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -310,6 +312,7 @@ class RunningCollector:
         return stats
 
     def _gc_loop(self) -> None:
+        _lower_priority()  # the rounds, the store and the readers first; the collection takes what they leave
         while not self._stop.wait(LIVE_GC_SECONDS):
             try:
                 self.collect_once()
@@ -450,6 +453,19 @@ def _file_went_away(exc: BaseException) -> bool:
     """True for a read that listed a Parquet file which a compaction then removed."""
     text = str(exc)
     return isinstance(exc, FileNotFoundError) or "Cannot open file" in text or "No such file" in text
+
+
+GC_NICE = 10
+"""How much lower the live collection's thread runs than the collector's other threads (Linux: a thread's nice value)."""
+
+
+def _lower_priority() -> None:
+    """Lower the calling thread's CPU priority by ``GC_NICE`` (Linux only: elsewhere ``setpriority`` would lower the
+    whole process)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + GC_NICE)
 
 
 def _load_stages() -> None:

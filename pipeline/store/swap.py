@@ -129,7 +129,8 @@ def collect_beside(data: Path, settings: GcSettings | None = None) -> GcStats:
         plans = _plans(data, [t for t in TABLES if t not in SCORED], lv, cfg, stats)
         plans += _plans(data, list(SCORED), with_stored_rounds(lv, data), cfg, stats)
     root = staging_root(data) / f"beside-{os.getpid()}-{time.time_ns()}"
-    staged = [prepare(root, d, table, plan, held, cfg) for table, d, plan, held in plans]
+    # on the calling thread alone: the live collector's runs at a lower priority than its rounds
+    staged = [prepare(root, d, table, plan, held, cfg, threads=False) for table, d, plan, held in plans]
     with file_lock(state_file(data, SCORE_LOCK)), file_lock(state_file(data, BUILD_LOCK)):
         for s in staged:  # in TABLES' order: traces last
             commit(s, stats)
@@ -200,18 +201,20 @@ class Staged:
     dropped: GcStats  # the rows the new files leave out, counted once swapped in
 
 
-def prepare(root: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings) -> Staged:
+def prepare(root: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings,
+            threads: bool = True) -> Staged:
     """Write the live rows of the files ``plan`` rewrites and merges into new files in ``root/table``; an input
-    gone meanwhile (another collection took it) leaves nothing staged, and ``commit`` then leaves the table."""
+    gone meanwhile (another collection took it) leaves nothing staged, and ``commit`` then leaves the table.
+    ``threads``: read with Arrow's thread pool (not: all the work on the calling thread, at its priority)."""
     stage = root / table
     stage.mkdir(parents=True)
     dropped = Dropped(GcStats(), table)
-    merger = Merger(stage, cfg.target_rows)
+    merger = Merger(stage, cfg.target_rows, threads)
     try:
         for i, f in enumerate(plan.rewrite):
             # a new name, never the old one: a reader (or DuckDB's file cache) must never find other
             # content under a path it listed; it finds the old file or, after the swap, no file (re-run)
-            _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv, dropped)
+            _rewrite(f, stage / f"gc-{time.time_ns():020d}-{i:04d}.parquet", lv, dropped, threads)
         for f in plan.merge:
             merger.add(f, lv, dropped)
         merger.close()
@@ -263,9 +266,9 @@ class Dropped:
         return live
 
 
-def _rewrite(src: Path, dst: Path, lv: Liveness, dropped: Dropped) -> None:
-    """Write the live rows of ``src`` to ``dst``."""
-    live = dropped.live(pq.read_table(src), lv)
+def _rewrite(src: Path, dst: Path, lv: Liveness, dropped: Dropped, threads: bool = True) -> None:
+    """Write the live rows of ``src`` to ``dst`` (``threads``: read with Arrow's thread pool)."""
+    live = dropped.live(pq.read_table(src, use_threads=threads), lv)
     if live.num_rows:
         _write(by_trace(live), dst)
 
@@ -295,16 +298,17 @@ class Merger:
     turn, each sorted, would otherwise give row groups spanning every trace id.
     """
 
-    def __init__(self, out_dir: Path, target_rows: int) -> None:
+    def __init__(self, out_dir: Path, target_rows: int, threads: bool = True) -> None:
         self.out_dir = out_dir
         self.target_rows = target_rows
+        self.threads = threads
         self.count = 0
         self._held: list[pa.Table] = []
         self._rows = 0
 
     def add(self, f: Path, lv: Liveness, dropped: Dropped) -> None:
         """Append the live rows of ``f``."""
-        live = dropped.live(pq.read_table(f), lv)
+        live = dropped.live(pq.read_table(f, use_threads=self.threads), lv)
         if live.num_rows:
             self._append(live)
 

@@ -268,3 +268,28 @@ def test_rounds_leave_the_superseded_rows_to_the_collection_beside_them(tmp_path
         assert _root_causes(c.data)[trace] == "get_weather"
     finally:
         c.stop(2)
+
+
+def test_the_collection_thread_runs_below_the_rounds(tmp_path):
+    """The collection writes its files on its own thread at a lower priority (Linux: a higher nice value), so the
+    rounds, the store and the readers on the same cores go first."""
+    import os
+    import sys
+    import threading
+
+    import pytest
+
+    from tracedag.pipeline.service import GC_NICE
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a thread's own priority is Linux's")
+    c = start_collector(CollectorConfig(data=tmp_path / "data", http_port=0, grpc_port=0, build=True))
+    try:
+        gc = next(t for t in threading.enumerate() if t.name == "live-gc")
+        rounds = next(t for t in threading.enumerate() if t.name == "live-analysis")
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, gc.native_id) > os.getpriority(os.PRIO_PROCESS, 0), 10,
+                   "the collection thread never lowered its priority")
+        assert os.getpriority(os.PRIO_PROCESS, gc.native_id) - os.getpriority(os.PRIO_PROCESS, 0) == GC_NICE
+        assert os.getpriority(os.PRIO_PROCESS, rounds.native_id) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        c.stop(2)

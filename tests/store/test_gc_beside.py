@@ -46,12 +46,12 @@ def _meanwhile(monkeypatch, action) -> list[str]:
     ran: list[bool] = []
     real = swap.prepare
 
-    def prepare(root, d, table, *args):
+    def prepare(root, d, table, *args, **kwargs):
         if not ran:
             ran.append(True)  # before the action: a collection run by it calls this too
             action()
         prepared.append(table)
-        return real(root, d, table, *args)
+        return real(root, d, table, *args, **kwargs)
 
     monkeypatch.setattr(swap, "prepare", prepare)
     return prepared
