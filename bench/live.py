@@ -13,7 +13,11 @@ Polling goes on until nothing new appeared for ``--settle`` seconds after the lo
 With ``--timeline`` (collectors that have it: this tree's and later ones), where each trace's latency goes: the collector appends each
 round's wall-clock times to a file (``TRACEDAG_LIVE_TIMELINE``), and after the run each traced trace's times from its
 ack to its spans in a Parquet file (the converter), its grace expiring, the start of the round that built it, that
-round holding the round lock, its build end, its score end and the first poll that saw it (``timeline``).
+round holding the round lock, its build end, its score end and the first poll that saw it (``timeline``);
+``LIVE_KEEP_TIMELINE=FILE`` keeps a copy of the last run's rounds and store passes (one JSON line each).
+
+Each request sent is one of ``--spans`` generated ones with fresh trace and conversation ids (``--same-conversations``:
+fresh trace ids only, so every reuse is one more turn of the same conversations, as before session 18).
 
 Beside it, in the same run: the acknowledged-only latency of the same requests (p50/p99, the
 floor every live figure includes) and the time one ``root_causes`` poll takes at the end (the
