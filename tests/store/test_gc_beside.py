@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from tests.store.test_gc import N_TRACES, NO_GC, churn, raw_and_live, resend, score_file, snapshot
+from tests.store import test_gc
+from tests.store.test_gc import N_TRACES, NO_GC, raw_and_live, resend, score_file, snapshot
 from tracedag.pipeline.dag import build_store
 from tracedag.pipeline.store import swap
 from tracedag.pipeline.store.files import parquet_files
@@ -22,20 +23,15 @@ MERGE_ALL = GcSettings(max_small_files=1)
 TABLES = ("traces", "dag_nodes", "dag_edges", "step_scores")
 
 
-@pytest.fixture(scope="module")
-def churned_store(tmp_path_factory):
-    """A store after ``test_gc.churn`` (superseded builds, scores on several), made once for the module."""
-    data = tmp_path_factory.mktemp("churned")
-    churn(data)
-    return data
+churned = test_gc.churned  # the store after test_gc.churn (superseded builds, scores on several), once a module
 
 
 @pytest.fixture
-def two_copies(churned_store, tmp_path):
+def two_copies(churned, tmp_path):
     """Two copies of the churned store: one collected, one left as the reference."""
     copies = tmp_path / "collected", tmp_path / "reference"
     for copy in copies:
-        shutil.copytree(churned_store, copy)
+        shutil.copytree(churned, copy)
     return copies
 
 
