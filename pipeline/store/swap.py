@@ -86,11 +86,10 @@ def collect_scored(data: Path, lv: Liveness, cfg: GcSettings, compact: bool, sta
 
 @dataclass
 class TablePlan:
-    """What to do with the files of one table that are not deleted outright."""
+    """What to do with the files of one table that are not deleted outright (the others stay as they are)."""
 
     rewrite: list[Path] = field(default_factory=list)
     merge: list[Path] = field(default_factory=list)
-    link: list[Path] = field(default_factory=list)
 
     @property
     def swap_needed(self) -> bool:
@@ -157,13 +156,12 @@ def _plans(data: Path, tables: list[str], lv: Liveness, cfg: GcSettings, stats: 
 
 
 def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> TablePlan:
-    """Delete every all-dead file now; sort the others into rewrite / merge / link."""
+    """Delete every all-dead file now; name the others to rewrite or merge (the rest stay: ``commit`` links them)."""
     plan = TablePlan()
     small: list[Path] = []
     deleted = 0
     for f in sorted(d.glob("*.parquet")):
         if f.name in PROTECTED:
-            plan.link.append(f)
             continue
         rows, dead, orphans = dead_share(f, table, lv, cfg.rewrite_share)
         if dead == rows:
@@ -177,11 +175,11 @@ def plan_table(d: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool
         if rows - dead < cfg.small_rows:
             small.append(f)
         # a killed round's rows go whatever their share: nothing would ever make them dead enough later
-        (plan.rewrite if dead > cfg.rewrite_share * rows or orphans else plan.link).append(f)
+        if dead > cfg.rewrite_share * rows or orphans:
+            plan.rewrite.append(f)
     if len(small) > 1 and (compact or len(small) > cfg.max_small_files):
         plan.merge = small
         plan.rewrite = [f for f in plan.rewrite if f not in small]
-        plan.link = [f for f in plan.link if f not in small]
     if deleted:
         fsync_dir(d)
     return plan
@@ -204,7 +202,8 @@ class Staged:
 def prepare(root: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg: GcSettings,
             threads: bool = True) -> Staged:
     """Write the live rows of the files ``plan`` rewrites and merges into new files in ``root/table``; an input
-    gone meanwhile (another collection took it) leaves nothing staged, and ``commit`` then leaves the table.
+    gone meanwhile (another collection took it, or removed the staging) leaves nothing staged, and ``commit`` then
+    leaves the table.
     ``threads``: read with Arrow's thread pool (not: all the work on the calling thread, at its priority)."""
     stage = root / table
     stage.mkdir(parents=True)
@@ -218,8 +217,8 @@ def prepare(root: Path, d: Path, table: str, plan: TablePlan, lv: Liveness, cfg:
         for f in plan.merge:
             merger.add(f, lv, dropped)
         merger.close()
-    except FileNotFoundError:
-        shutil.rmtree(stage)
+    except FileNotFoundError:  # an input, or the staging a collection under the build lock removed meanwhile
+        shutil.rmtree(stage, ignore_errors=True)
     return Staged(table, d, stage, [*plan.rewrite, *plan.merge], len(plan.rewrite), len(plan.merge), merger.count,
                   dropped.stats)
 
