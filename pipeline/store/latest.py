@@ -11,3 +11,11 @@ select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id
 from traces_all group by trace_id
 """
 """``(trace_id, build_id)``: each built trace's latest build (what the ``traces`` view shows)."""
+
+LATEST_CONVERSATIONS_SQL = """
+select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
+       arg_max_null(conversation_id, (built_unix_nano, build_id)) as conversation_id
+from traces_all group by trace_id
+"""
+"""``(trace_id, build_id, conversation_id)``: ``LATEST_BUILDS_SQL`` with the latest build's conversation id (null when
+that build has none, as the ``traces`` view shows it: ``arg_max_null``)."""

@@ -99,11 +99,7 @@ class TablePlan:
 
 def collect_table(data: Path, table: str, lv: Liveness, cfg: GcSettings, compact: bool, stats: GcStats) -> None:
     """Delete the dead files of ``table``, then rewrite mostly-dead ones and merge small ones if due."""
-    d = table_dir(data, table)
-    if not d.is_dir() or any(p.is_dir() for p in d.iterdir()):
-        return  # no files yet, or a partitioned layout this collector does not handle
-    plan = plan_table(d, table, lv, cfg, compact, stats)
-    if plan.swap_needed:
+    for _, d, plan, _ in _plans(data, [table], lv, cfg, stats, compact):
         commit(prepare(staging_root(data), d, table, plan, lv, cfg), stats)
 
 
@@ -140,16 +136,17 @@ def collect_beside(data: Path, settings: GcSettings | None = None) -> GcStats:
     return stats
 
 
-def _plans(data: Path, tables: list[str], lv: Liveness, cfg: GcSettings, stats: GcStats) -> list[
-        tuple[str, Path, TablePlan, Liveness]]:
+def _plans(data: Path, tables: list[str], lv: Liveness, cfg: GcSettings, stats: GcStats,
+           compact: bool = False) -> list[tuple[str, Path, TablePlan, Liveness]]:
     """(table, its directory, its plan, the liveness it was made with) of every table of ``tables`` with a swap
-    to make; every all-dead file deleted."""
+    to make; every all-dead file deleted. A table without files, or partitioned (a layout this collector does not
+    handle), has none."""
     out = []
     for table in tables:
         d = table_dir(data, table)
         if not d.is_dir() or any(p.is_dir() for p in d.iterdir()):
             continue
-        plan = plan_table(d, table, lv, cfg, False, stats)
+        plan = plan_table(d, table, lv, cfg, compact, stats)
         if plan.swap_needed:
             out.append((table, d, plan, lv))
     return out
