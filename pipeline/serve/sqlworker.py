@@ -30,7 +30,7 @@ from tracedag.pipeline.serve.sqlguard import Catalog, catalog, check
 from tracedag.pipeline.serve.sqlproc import CHECKED, CHECKING, READY
 from tracedag.pipeline.serve.statekey import state_key
 from tracedag.pipeline.store import shared_macros
-from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause
+from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, file_vanished, vanished_pause, write_all
 from tracedag.pipeline.store.query_macros import create_query_macros
 from tracedag.pipeline.store.sandbox import lock_down
 from tracedag.pipeline.store.views import connect
@@ -98,7 +98,7 @@ class _Held:
 
     def write(self, data: bytes) -> int:
         if self.sent:
-            return self.out.write(data)
+            return write_all(self.out, data)
         self.held += data
         if len(self.held) > HOLD_BYTES:
             self.release()
@@ -106,7 +106,7 @@ class _Held:
 
     def release(self) -> None:
         """Send what is held; from now on every write goes straight out."""
-        self.out.write(bytes(self.held))
+        write_all(self.out, bytes(self.held))
         self.held, self.sent = bytearray(), True
 
     def restart(self) -> bool:

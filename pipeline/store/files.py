@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +34,30 @@ _T = TypeVar("_T")
 
 TABLES = ("spans", "evaluations", "traces", "dag_nodes", "dag_edges", "step_scores", "human_labels", "validations",
           "root_cause_checks")
+
+
+class RawWritable(Protocol):
+    """A binary stream's ``write``: a buffered file returns every byte's count, a raw one may return fewer."""
+
+    def write(self, data: bytes | memoryview, /) -> int | None: ...
+
+
+def write_all(out: RawWritable, data: bytes) -> int:
+    """Write every byte of ``data`` to ``out``; return how many (``len(data)``).
+
+    ``sys.stdout.buffer`` is the raw file when Python runs unbuffered (``PYTHONUNBUFFERED=1``, ``python -u``: the
+    default of many container images), and a raw ``write`` to a pipe may take part of the bytes: when a signal
+    interrupts it after some went out (the process stopped and continued by a debugger, a profiler such as
+    py-spy, or job control). Its count was ignored, and an answer lost the rest of that piece (a ``POST /api/sql``
+    answer of 7.4 MB that was no longer JSON, 5 of 20 while py-spy sampled the server). A buffered stream takes
+    all at once: the loop runs once."""
+    view = memoryview(data)
+    while view:
+        n = out.write(view)
+        if n is None:  # a non-blocking stream that is full: ours never are
+            raise BlockingIOError(f"{len(view)} bytes could not be written")
+        view = view[n:]
+    return len(data)
 
 
 def new_file_name(prefix: str = "part") -> str:

@@ -27,7 +27,7 @@ from tracedag import queries
 from tracedag.pipeline.store import current_rounds, freshness, materialized, mixed, procdb
 from tracedag.pipeline.store.cachereads import urls_only
 from tracedag.pipeline.store.fetch import arrow
-from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
+from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished, write_all
 from tracedag.pipeline.store.query_macros import create_query_macros, mentioned_queries
 from tracedag.pipeline.store.sandbox import check_select, deadline, lock_down
 from tracedag.pipeline.store.shared_macros import create_shared_macros
@@ -376,8 +376,8 @@ def encode(table: pa.Table, fmt: str) -> bytes:
 
 
 def write_result(table: pa.Table, fmt: str, out: IO[bytes]) -> None:
-    """Write a result in ``fmt`` to a binary stream."""
-    out.write(encode(table, fmt))
+    """Write a result in ``fmt`` to a binary stream (every byte: ``files.write_all``)."""
+    write_all(out, encode(table, fmt))
     out.flush()
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 
@@ -43,6 +45,34 @@ def descendants(pid: int) -> set[int]:
         out |= new
         todo.extend(new)
     return out
+
+
+def stop_and_continue(pids: Callable[[], Iterable[int]], until: threading.Event, every: float = 0.002) -> None:
+    """SIGSTOP then SIGCONT the processes ``pids()`` names every ``every`` seconds until ``until`` is set, as a
+    sampling profiler (py-spy) or a shell's job control does; every process stopped is continued at the end."""
+    seen: set[int] = set()
+    while not until.is_set():
+        now = set(pids())
+        seen |= now
+        for sig in (signal.SIGSTOP, signal.SIGCONT):
+            for pid in now:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        time.sleep(every)
+    for pid in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def slow_read(stream, chunk: int = 1 << 16) -> bytes:  # type: ignore[no-untyped-def]
+    """Read ``stream`` to its end a pipe-full at a time with pauses, so the writer fills the pipe and waits."""
+    out = bytearray()
+    while True:
+        got = stream.read1(chunk) if hasattr(stream, "read1") else stream.read(chunk)
+        if not got:
+            return bytes(out)
+        out += got
+        time.sleep(0.0005)
 
 
 def cpu_ticks(pid: int) -> int:
