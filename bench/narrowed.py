@@ -1,0 +1,81 @@
+"""Benchmark: finding the files that hold a pass's traces (``store.mixed.narrowed``), by a scan and by the kept ids.
+
+A live collector's store pass, a server's trace view and each part of a scoring run copy the rows of some traces
+(a pass: the ~1,300 traces of a round at 10k spans/s) from the files that hold them. The scan of the ``trace_id``
+column of every file of the five tables (the baseline, in the same run) grows with the store; a process that
+searched the store before reads each file's ids once (``mixedkept.files_holding``) and then only new files.
+Printed: CPU and wall of the scan and of the kept-ids search (median of ``--runs``), the one-time cost of reading
+every file's ids, and how many hashes the process keeps (8 bytes each). The files found are checked equal.
+
+    python bench/narrowed.py --data /tmp/tracedag-bench-queries/spans-10000000 --traces 1300 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import gen
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from tracedag.pipeline.store import mixed, mixedkept
+from tracedag.pipeline.store.files import parquet_files
+from tracedag.pipeline.store.views import _LATEST, connect
+
+RELATION = "__bench_wanted"
+
+
+def _timed(fn) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
+    c, w = time.process_time(), time.perf_counter()
+    out = fn()
+    return time.process_time() - c, time.perf_counter() - w, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=None, help="a built store (default: one of --spans spans)")
+    ap.add_argument("--spans", type=int, default=1_000_000)
+    ap.add_argument("--traces", type=int, default=1300, help="traces a pass copies (sampled from the store)")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args(argv)
+    data = args.data or Path("/tmp/tracedag-bench-queries") / f"spans-{args.spans}"
+    if args.data is None and not parquet_files(data, "traces"):
+        from tracedag.pipeline.dag.build import build_store
+
+        if not parquet_files(data, "spans"):
+            gen.make_store(data, args.spans)
+        build_store(data, idle_seconds=0, full=True)
+    con = connect(data)
+    ids = [r[0] for r in con.execute(f"select trace_id from traces_all using sample {args.traces} rows").fetchall()]
+    con.register(RELATION, pa.table({"trace_id": pa.array(ids, pa.string())}))
+    mixedkept.forget()
+    scans = [_timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]  # the first search scans
+    mixedkept.forget()
+    mixed.narrowed(con, data, RELATION)  # marks the store as searched
+    first = _timed(lambda: mixed.narrowed(con, data, RELATION))  # reads every file's ids once
+    kept = [_timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]
+    if kept[-1][2] != scans[-1][2]:
+        raise SystemExit("the kept ids found other files than the scan")
+    hashes = sum(len(a) for a in mixedkept._IDS.values())
+    files = sum(len(parquet_files(data, t)) for t in _LATEST)
+    table = Table(title=f"{data}: {args.traces} traces sought in {files} files of {len(_LATEST)} tables; median of "
+                        f"{args.runs}; load average {os.getloadavg()[0]:.1f}")
+    for col in ("search", "CPU s", "wall s", "x baseline (CPU)"):
+        table.add_column(col, justify="right")
+    base = statistics.median(s[0] for s in scans)
+    table.add_row("scan of every file (baseline)", f"{base:.3f}", f"{statistics.median(s[1] for s in scans):.3f}", "1.00")
+    table.add_row("kept ids, first (every file read once)", f"{first[0]:.3f}", f"{first[1]:.3f}", f"{first[0] / base:.2f}")
+    cpu = statistics.median(k[0] for k in kept)
+    table.add_row("kept ids, later", f"{cpu:.3f}", f"{statistics.median(k[1] for k in kept):.3f}", f"{cpu / base:.3f}")
+    Console().print(table)
+    print(f"kept: {hashes:,} hashes ({hashes * 8 / 2**20:.0f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
