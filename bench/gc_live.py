@@ -54,13 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=None,
                     help="time the first ROWS rows of each file, as the small files a live collector merges")
     args = ap.parse_args(argv)
-    data = args.data or Path("/tmp/tracedag-bench-queries") / f"spans-{args.spans}"
-    if args.data is None and not parquet_files(data, "traces"):
-        from tracedag.pipeline.dag.build import build_store
-
-        if not parquet_files(data, "spans"):
-            gen.make_store(data, args.spans)
-        build_store(data, idle_seconds=0, full=True)
+    data = gen.built_store(args.data, args.spans)
     t0 = time.process_time()
     lv = liveness(data)
     read_cpu = time.process_time() - t0

@@ -253,6 +253,22 @@ def make_store(data_dir: Path | str, n_spans: int, seed: int = 0) -> int:
     return ingest_requests(Path(data_dir), requests(n_spans, seed), received_unix_nano=time.time_ns())
 
 
+def built_store(data: Path | None, n_spans: int) -> Path:
+    """``data`` (a built store a bench was given), or a store of about ``n_spans`` generated spans under
+    ``/tmp/tracedag-bench-queries`` (``bench/queries.py``'s), generated and built unless it already is."""
+    if data is not None:
+        return data
+    from tracedag.pipeline.dag.build import build_store
+    from tracedag.pipeline.store.files import parquet_files
+
+    data = Path("/tmp/tracedag-bench-queries") / f"spans-{n_spans}"
+    if not parquet_files(data, "traces"):
+        if not parquet_files(data, "spans"):
+            make_store(data, n_spans)
+        build_store(data, idle_seconds=0, full=True)
+    return data
+
+
 def replicate(src: Path, dst: Path, copies: int) -> int:
     """Fill ``dst`` (a new store) with the spans of the store ``src`` ``copies`` times; return the span count.
 

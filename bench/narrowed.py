@@ -43,13 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=int, default=1300, help="traces a pass copies (sampled from the store)")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    data = args.data or Path("/tmp/tracedag-bench-queries") / f"spans-{args.spans}"
-    if args.data is None and not parquet_files(data, "traces"):
-        from tracedag.pipeline.dag.build import build_store
-
-        if not parquet_files(data, "spans"):
-            gen.make_store(data, args.spans)
-        build_store(data, idle_seconds=0, full=True)
+    data = gen.built_store(args.data, args.spans)
     con = connect(data)
     ids = [r[0] for r in con.execute(f"select trace_id from traces_all using sample {args.traces} rows").fetchall()]
     con.register(RELATION, pa.table({"trace_id": pa.array(ids, pa.string())}))

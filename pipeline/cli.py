@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import io
 import logging
+import sys
 from collections.abc import Iterator, MutableMapping
 
 import click
@@ -65,11 +67,29 @@ class _Group(click.Group):
             raise click.ClickException(str(e)) from e
 
 
+def _whole_writes() -> None:
+    """Give stdout and stderr a buffer when Python runs unbuffered, so no printed byte is lost.
+
+    Under ``PYTHONUNBUFFERED=1`` (many container images set it; ``python -u``) the text streams write straight to the
+    raw file, and a raw write to a pipe returns early with part of the bytes when a signal comes after some went out:
+    ``tracedag query ... | less`` stopped with Ctrl-Z and resumed, a debugger or profiler attached. Python drops the
+    rest. A buffer writes all of it; flushed at each line (``line_buffering``), the output is as prompt as
+    unbuffered. A stream that is not the raw file (the default, a test's capture) is left alone."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(getattr(stream, "buffer", None), io.FileIO):
+            continue
+        raw = io.FileIO(stream.fileno(), "w", closefd=False)  # its own: the interpreter's stays open for it
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding, errors=stream.errors,
+                                            line_buffering=True))
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="tracedag", prog_name="tracedag")  # read at --version: importlib.metadata costs ~50 ms CPU
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """tracedag: agent spans -> execution DAGs, step scores, root causes, determinism, in SQL."""
+    _whole_writes()
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
