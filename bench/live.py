@@ -29,12 +29,9 @@ granularity of the measurement).
 from __future__ import annotations
 
 import argparse
-import bisect
 import hashlib
 import http.client
 import itertools
-import json
-import math
 import multiprocessing as mp
 import os
 import re
@@ -57,6 +54,7 @@ from rich.table import Table
 
 from bench.gen import whole_trace_requests
 from bench.ingest import _unique, tid_offsets
+from bench.live_timeline import FileWatch, q, rounds_table, steps_table, trace_steps
 
 console = Console(width=160)
 
@@ -294,7 +292,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
             files.join(60)
         if timeline is not None and files is not None and timeline.exists():
             steps = trace_steps(data, timeline, acked, poller.seen, files.seen, poller.started)
-            console.print(_rounds_table(timeline, f"{label} {rate:,.0f} spans/s"))
+            console.print(rounds_table(timeline, f"{label} {rate:,.0f} spans/s"))
     finally:
         col.stop()
         if poller.proc.poll() is None:
@@ -308,76 +306,12 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     f["built"], f["sent"], f["settle"], f["cpu"] = poller.built, len(ack_times(sent, ids)), waited, cpu
     f["first_poll_error"] = poller.errors[0] if poller.errors else ""
     if steps:
-        console.print(_steps_table(steps, f"{label} {rate:,.0f} spans/s"))
+        console.print(steps_table(steps, f"{label} {rate:,.0f} spans/s"))
         gaps = sorted(b - a for a, b in itertools.pairwise(poller.started))
         console.print(f"{label}: {len(gaps) + 1} polls, begun every {q(gaps, 0.5):.2f} s (median; p90 "
                       f"{q(gaps, 0.9):.2f}, max {max(gaps, default=0):.2f}), each {q(sorted(poller.query_seconds), 0.5):.2f} s "
                       f"(p90 {q(sorted(poller.query_seconds), 0.9):.2f})")
     return f
-
-
-class FileWatch(threading.Thread):
-    """Lists the spans files every 0.1 s; records when each trace id was first in one (monotonic): the file's
-    ctime, which its rename into ``tables/spans`` set (when a build can first read it), so neither the listing's
-    period nor this thread's lag under load counts; the listing's time where the ctime is later (a file
-    rewritten in place)."""
-
-    def __init__(self, data: Path) -> None:
-        super().__init__(daemon=True)
-        self.root = data / "tables" / "spans"
-        self.seen: dict[str, float] = {}
-        self.stop = threading.Event()
-        self._files: set[Path] = set()
-
-    def run(self) -> None:
-        import pyarrow.parquet as pq
-
-        while not self.stop.wait(0.1):
-            now = time.monotonic()
-            for path in sorted(set(self.root.rglob("*.parquet")) - self._files):
-                self._files.add(path)
-                try:
-                    renamed = min(now, path.stat().st_ctime - (time.time() - time.monotonic()))
-                    ids = pq.read_table(path, columns=["trace_id"]).column("trace_id").unique().to_pylist()
-                except OSError:  # compacted away meanwhile
-                    continue
-                for trace in ids:
-                    self.seen.setdefault(trace.hex() if isinstance(trace, bytes) else str(trace), renamed)
-
-
-STEPS = ("spans in a file", "grace expired", "round started", "round locked", "built", "scored", "a poll began",
-         "first poll")
-"""A trace's times after its ack (``trace_steps``), in the order they happen."""
-
-
-def trace_steps(data: Path, timeline: Path, acked: dict[str, float], seen: dict[str, float], in_file: dict[str, float],
-                polls: list[float], grace: float = 1.0) -> dict[str, list[float]]:
-    """Seconds from each acked and seen trace's ack to each of ``STEPS`` (a listing of the spans files first showing
-    it, ``FileWatch``; its last span's receipt + ``grace``; its build's round's start, lock, build end and score end
-    per the timeline; the first poll begun after that, and the first poll that returned it).
-    Monotonic times (acks, polls) are put on the wall clock with this process's offset between the two clocks."""
-    import duckdb
-
-    offset = time.time() - time.monotonic()
-    rounds = {r["round"]: r for r in map(json.loads, timeline.read_text().splitlines()) if "round" in r}
-    con = duckdb.connect()
-    traces = str(data / "tables" / "traces" / "**" / "*.parquet")
-    rows = con.sql(f"""select trace_id, min(build_id) as build_id, min(last_received_unix_nano) as last_received
-                       from read_parquet('{traces}') group by trace_id""").fetchall()
-    con.close()
-    steps: dict[str, list[float]] = {name: [] for name in STEPS}
-    for trace, build, last in rows:
-        trace = trace.hex() if isinstance(trace, bytes) else str(trace)
-        r = rounds.get(build)
-        if trace not in acked or trace not in seen or trace not in in_file or r is None:
-            continue
-        ack = acked[trace] + offset
-        after = polls[bisect.bisect_right(polls, r["scored"] - offset)] if polls[-1] > r["scored"] - offset else math.inf
-        times = (in_file[trace] + offset, last / 1e9 + grace, r["start"], r["locked"], r["built"], r["scored"],
-                 after + offset, seen[trace] + offset)
-        for name, t in zip(STEPS, times, strict=True):
-            steps[name].append(t - ack)
-    return steps
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -402,44 +336,6 @@ def _children(task: Path) -> list[str]:
         return (task / "children").read_text().split()
     except OSError:
         return []
-
-
-def _rounds_table(timeline: Path, title: str) -> Table:
-    """Medians over the timeline's rounds (those that built traces) and store passes."""
-    lines = [json.loads(x) for x in timeline.read_text().splitlines()]
-    rounds = [r for r in lines if "round" in r]
-    stores = [r for r in lines if "store" in r]
-    table = Table(title=f"{title}: {len(rounds)} rounds that built traces, {len(stores)} store passes; medians")
-    cells = {
-        "traces a round": [r["traces"] for r in rounds],
-        "round: waited for the lock s": [r["locked"] - r["start"] for r in rounds],
-        "round: build s": [r["built"] - r["locked"] for r in rounds],
-        "round: score s": [r["scored"] - r["built"] for r in rounds],
-        "round: its thread's CPU s": [r.get("cpu", float("nan")) for r in rounds],
-        "from a round's end to the next's start s": [b["start"] - a["scored"] for a, b in itertools.pairwise(rounds)],
-        "store: traces a pass": [r["store"] for r in stores],
-        "store: copy s (rounds held)": [r["copied"] - r["start"] for r in stores],
-        "store: compute + write s": [r["written"] - r["copied"] for r in stores],
-    }
-    for col in ("what", "p50", "max"):
-        table.add_column(col, justify="right")
-    for name, vals in cells.items():
-        table.add_row(name, f"{statistics.median(vals):.2f}" if vals else "-", f"{max(vals):.2f}" if vals else "-")
-    return table
-
-
-def _steps_table(steps: dict[str, list[float]], title: str) -> Table:
-    """Quantiles of each step's seconds after the ack, and the median of its increment over the step before."""
-    table = Table(title=f"{title}: seconds from a trace's ack to each step ({len(steps[STEPS[0]])} traces)")
-    for col in ("step", "p50", "p90", "p99", "max", "p50 of (this - previous step)"):
-        table.add_column(col, justify="right")
-    before: list[float] = [0.0] * len(steps[STEPS[0]])
-    for name in STEPS:
-        vals = steps[name]
-        table.add_row(name, *(f"{q(sorted(vals), x):.2f}" for x in (0.5, 0.9, 0.99)), f"{max(vals, default=0):.2f}",
-                      f"{q(sorted(v - b for v, b in zip(vals, before, strict=True)), 0.5):.2f}")
-        before = vals
-    return table
 
 
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
@@ -481,12 +377,6 @@ def _loaded_poll(poller: Poller, last_ack: float) -> float:
     """The median time of the polls begun before ``last_ack`` (nan: none)."""
     during = [d for s, d in zip(poller.started, poller.query_seconds, strict=True) if s <= last_ack]
     return statistics.median(during) if during else float("nan")
-
-
-def q(values: list[float], quantile: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(len(values) * quantile))]
 
 
 def main(argv: list[str] | None = None) -> int:
