@@ -42,10 +42,10 @@ import pyarrow as pa
 
 from tracedag.pipeline.score import materialize as m
 from tracedag.pipeline.score import sharedgraph
+from tracedag.pipeline.score.live_waiting import Waiting
 from tracedag.pipeline.score.memory import memory_limit
 from tracedag.pipeline.store import freshness
 from tracedag.pipeline.store import materialized as mat
-from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files, rerun_if_vanished
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST, SCHEMAS, _derived_tables, connect, create_views
@@ -88,6 +88,7 @@ class LiveStore:
         self._empty: set[str] = set()  # core tables without files when the views were made (an empty relation)
         self._shared = False
         self._spill = data / "state" / f"duckdb-spill-live-{id(self):x}"
+        self._waiting = Waiting(data)  # the traces waiting, from what changed since the last pass
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
@@ -127,11 +128,11 @@ class LiveStore:
         first = not freshness.has_state_view(con)  # nothing stored yet: every trace waits, stored a part at a time
         if not first and m._signature_changed(con, signature):
             return Copied(full=True)
-        scope = m._every_trace(con) if first else arrow(con, m._PENDING_SQL)  # planned once
+        scope = m._every_trace(con) if first else self._waiting.traces(con)
         if scope.num_rows == 0:
             return Copied()
         con.register(m.SCOPE, scope)
-        parts = m._chunks(arrow(con, m._TRACES_SQL, [0, signature]), self.part)
+        parts = m._chunks(self._waiting.state(con, signature), self.part)
         part = parts[0].set_column(parts[0].schema.get_field_index("mat_round"), "mat_round",
                                    pa.array([time.time_ns()] * parts[0].num_rows, pa.int64()))
         con.register(m.SCOPE + "_all", part.select(["trace_id"]))
