@@ -117,8 +117,8 @@ def _members(data: Path, keys: pa.Array) -> set[str]:
     wanted = np.unique(key_hashes(keys))
     out: set[str] = set()
     now = _stamps(data)
-    for gone in set(_KEYS) - now:  # files a collection replaced
-        del _KEYS[gone]
+    for gone in set(_KEYS) - now:  # files a collection replaced (or of another store: a cache only)
+        _KEYS.pop(gone, None)
     for stamp in now:
         have = _file_keys(stamp)
         if not len(have) or not _any_within(wanted, have):
