@@ -17,15 +17,14 @@ import argparse
 import copy
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import gen
+from narrowed import ratio_table, timed
 from rich.console import Console
-from rich.table import Table
 
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.ingest.direct import ingest_requests
@@ -57,12 +56,6 @@ def _pass_waiting(data: Path, sig: str, waiting: Waiting) -> tuple[int, int]:
         con.close()
 
 
-def _timed(fn) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
-    c, w = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.process_time() - c, time.perf_counter() - w, out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=Path("/tmp/tracedag-bench-queries/spans-10000000"))
@@ -82,22 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         build_store(data, idle_seconds=0, gc=GcSettings(enabled=False))
         _pass_waiting(data, sig, copy.deepcopy(first))  # warms the kept file ids (a collector keeps them)
         _pass_waiting(data, sig, copy.deepcopy(first))
-        sql = [_timed(lambda: _pass_sql(data, sig)) for _ in range(args.runs)]
-        new = [_timed(lambda: _pass_waiting(data, sig, copy.deepcopy(first))) for _ in range(args.runs)]
+        sql = [timed(lambda: _pass_sql(data, sig)) for _ in range(args.runs)]
+        new = [timed(lambda: _pass_waiting(data, sig, copy.deepcopy(first))) for _ in range(args.runs)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if sql[-1][2] != new[-1][2]:
         raise SystemExit(f"answers differ: {sql[-1][2]} against {new[-1][2]}")
     waiting, rows = sql[-1][2]  # type: ignore[misc]
-    table = Table(title=f"{args.data}: a pass after a round of {args.spans} spans ({waiting} traces waiting, {rows} "
-                        f"with their conversations); median of {args.runs}; load average {os.getloadavg()[0]:.1f}")
-    for col in ("search", "CPU s", "wall s", "x baseline (CPU)"):
-        table.add_column(col, justify="right")
-    base = statistics.median(s[0] for s in sql)
-    table.add_row("whole-store SQL (baseline)", f"{base:.3f}", f"{statistics.median(s[1] for s in sql):.3f}", "1.00")
-    cpu = statistics.median(s[0] for s in new)
-    table.add_row("what changed since the last pass", f"{cpu:.3f}", f"{statistics.median(s[1] for s in new):.3f}",
-                  f"{cpu / base:.3f}")
+    title = (f"{args.data}: a pass after a round of {args.spans} spans ({waiting} traces waiting, {rows} with their "
+             f"conversations); median of {args.runs}; load average {os.getloadavg()[0]:.1f}")
+    table = ratio_table(title, [("whole-store SQL (baseline)", sql), ("what changed since the last pass", new)])
     Console().print(table)
     return 0
 

@@ -30,10 +30,23 @@ from tracedag.pipeline.store.views import _LATEST, connect
 RELATION = "__bench_wanted"
 
 
-def _timed(fn) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
+def timed(fn) -> tuple[float, float, object]:  # type: ignore[no-untyped-def]
+    """(CPU s, wall s, result) of ``fn()``."""
     c, w = time.process_time(), time.perf_counter()
     out = fn()
     return time.process_time() - c, time.perf_counter() - w, out
+
+
+def ratio_table(title: str, rows: list[tuple[str, list[tuple[float, float, object]]]]) -> Table:
+    """A table of each search's median CPU and wall seconds (``timed`` results) and its CPU against the first row's."""
+    table = Table(title=title)
+    for col in ("search", "CPU s", "wall s", "x baseline (CPU)"):
+        table.add_column(col, justify="right")
+    base = statistics.median(r[0] for r in rows[0][1])
+    for label, runs in rows:
+        cpu = statistics.median(r[0] for r in runs)
+        table.add_row(label, f"{cpu:.3f}", f"{statistics.median(r[1] for r in runs):.3f}", f"{cpu / base:.3f}")
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,24 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     ids = [r[0] for r in con.execute(f"select trace_id from traces_all using sample {args.traces} rows").fetchall()]
     con.register(RELATION, pa.table({"trace_id": pa.array(ids, pa.string())}))
     mixedkept.forget()
-    scans = [_timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]  # the first search scans
+    scans = [timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]  # the first search scans
     mixedkept.forget()
     mixed.narrowed(con, data, RELATION)  # marks the store as searched
-    first = _timed(lambda: mixed.narrowed(con, data, RELATION))  # reads every file's ids once
-    kept = [_timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]
+    first = timed(lambda: mixed.narrowed(con, data, RELATION))  # reads every file's ids once
+    kept = [timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]
     if kept[-1][2] != scans[-1][2]:
         raise SystemExit("the kept ids found other files than the scan")
     hashes = sum(len(a) for a in mixedkept._IDS.values())
     files = sum(len(parquet_files(data, t)) for t in _LATEST)
-    table = Table(title=f"{data}: {args.traces} traces sought in {files} files of {len(_LATEST)} tables; median of "
-                        f"{args.runs}; load average {os.getloadavg()[0]:.1f}")
-    for col in ("search", "CPU s", "wall s", "x baseline (CPU)"):
-        table.add_column(col, justify="right")
-    base = statistics.median(s[0] for s in scans)
-    table.add_row("scan of every file (baseline)", f"{base:.3f}", f"{statistics.median(s[1] for s in scans):.3f}", "1.00")
-    table.add_row("kept ids, first (every file read once)", f"{first[0]:.3f}", f"{first[1]:.3f}", f"{first[0] / base:.2f}")
-    cpu = statistics.median(k[0] for k in kept)
-    table.add_row("kept ids, later", f"{cpu:.3f}", f"{statistics.median(k[1] for k in kept):.3f}", f"{cpu / base:.3f}")
+    title = (f"{data}: {args.traces} traces sought in {files} files of {len(_LATEST)} tables; median of {args.runs}; "
+             f"load average {os.getloadavg()[0]:.1f}")
+    table = ratio_table(title, [("scan of every file (baseline)", scans),
+                                ("kept ids, first (every file read once)", [first]), ("kept ids, later", kept)])
     Console().print(table)
     print(f"kept: {hashes:,} hashes ({hashes * 8 / 2**20:.0f} MB)")
     return 0
