@@ -17,7 +17,6 @@ store, as before, and so does every pass over an object store.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import duckdb
@@ -28,14 +27,15 @@ import pyarrow.parquet as pq
 
 from tracedag.pipeline.score import materialize as m
 from tracedag.pipeline.store import materialized as mat
+from tracedag.pipeline.store import mixedkept
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.gc import key_hashes
+from tracedag.pipeline.store.hashes import key_hashes, within
 from tracedag.pipeline.store.latest import LATEST_CONVERSATIONS_SQL
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.remote import remote_of
 
-Stamp = tuple[str, int, int]
+Stamp = mixedkept.Stamp
 CANDIDATES = "__tracedag_waiting_candidates"
 
 # The traces of ``CANDIDATES`` whose latest build (over the ``{traces}`` rows that hold them all) has no stored round.
@@ -121,17 +121,12 @@ def _members(data: Path, keys: pa.Array) -> set[str]:
         _KEYS.pop(gone, None)
     for stamp in now:
         have = _file_keys(stamp)
-        if not len(have) or not _any_within(wanted, have):
+        if not within(wanted, have).any():
             continue
         t = pq.read_table(stamp[0], columns=["trace_id", "conversation_id"])
         key = pc.coalesce(t.column("conversation_id"), t.column("trace_id"))
         out.update(str(x) for x in pc.unique(t.column("trace_id").filter(pc.is_in(key, value_set=keys))).to_pylist())
     return out
-
-
-def _any_within(wanted: np.ndarray, have: np.ndarray) -> bool:
-    at = np.searchsorted(have, wanted).clip(0, len(have) - 1)
-    return bool((have[at] == wanted).any())
 
 
 def _file_keys(stamp: Stamp) -> np.ndarray:
@@ -152,9 +147,4 @@ def _ids(stamps: frozenset[Stamp]) -> set[str]:
 
 
 def _stamps(data: Path) -> frozenset[Stamp]:
-    out = []
-    for f in parquet_files(data, "traces"):
-        st = os.stat(f)
-        out.append((str(f), st.st_size, st.st_mtime_ns))
-    return frozenset(out)
-
+    return frozenset(mixedkept.stamps(parquet_files(data, "traces")))

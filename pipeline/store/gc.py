@@ -63,6 +63,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.store import freshness, materialized
+from tracedag.pipeline.store.hashes import key_hashes, within
 from tracedag.schemas.fsio import fsync_dir
 from tracedag.schemas.layout import build_inflight_dir, dag_gc_dir, spool_done_dir, table_dir
 
@@ -145,12 +146,7 @@ class Liveness:
         ``pc.is_in(keys, value_set=self.keys)`` hashed every live pair of the store again at each call, and the
         collection calls it for every file it rewrites or merges: on 870k traces 0.24 s CPU a file, against
         3 ms with the hashes made once (0.2 s) and searched (``bench/gc_live.py``)."""
-        hashes = key_hashes(keys)
-        have = self.key_hashes
-        if not len(have) or not len(hashes):
-            return np.zeros(len(hashes), dtype=np.bool_)
-        at = np.searchsorted(have, hashes).clip(0, len(have) - 1)
-        return np.asarray(have[at] == hashes)
+        return within(key_hashes(keys), self.key_hashes)
 
     def orphans(self, rounds: list[int]) -> set[int]:
         """Those of ``rounds`` no state row names (rounds killed before their state rows); none when unknown."""
@@ -300,13 +296,6 @@ def single_build(path: Path, meta: pq.FileMetaData | None = None) -> str | None:
             return None
         seen.add(st.min if isinstance(st.min, str) else bytes(st.min).decode())
     return seen.pop() if len(seen) == 1 else None
-
-
-def key_hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A 64-bit hash of each string of ``keys`` (Polars': the same string, the same hash, in this process)."""
-    import polars as pl  # not at the top: the converters import this module, and only prune
-
-    return pl.Series(values=keys).hash().to_numpy()
 
 
 def live_mask(table: pa.Table, lv: Liveness) -> pa.Array:

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from tracedag.pipeline.store import materialized
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, parquet_files, vanished_pause
+from tracedag.pipeline.store.hashes import key_hashes, within
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST
 from tracedag.schemas.layout import tables_dir
@@ -66,8 +67,8 @@ def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, 
     if remote_of(data) is not None or not _seen(data, mark):
         return None
     wanted = _hashes(stale)
-    held = {table: tuple(s for s in _stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
-    others = tuple((t, _stamps(parquet_files(data, t))) for t in _other_tables(data))
+    held = {table: tuple(s for s in stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
+    others = tuple((t, stamps(parquet_files(data, t))) for t in _other_tables(data))
     asked = tuple(sorted((k, repr(v)) for k, v in values.items()))
     digest = hashlib.sha256("\n".join(stale).encode()).hexdigest()
     base = (str(data.resolve()), name, asked, materialized.signature(data), threshold, others)
@@ -101,7 +102,8 @@ def _other_tables(data: Path) -> list[str]:
     return sorted(n for n in names if n not in _LATEST and not n.startswith(materialized.PREFIX))
 
 
-def _stamps(files: Iterable[Path]) -> tuple[Stamp, ...]:
+def stamps(files: Iterable[Path]) -> tuple[Stamp, ...]:
+    """Each of ``files`` as a key names it (``Stamp``)."""
     out = []
     for f in files:
         st = os.stat(f)  # gone meanwhile (a swap): FileNotFoundError, which the caller's rerun_if_vanished plans again
@@ -116,8 +118,10 @@ _IDS_MOST = 8_000_000
 and read again as asked."""
 
 
-def _hashes(ids: Iterable[str]) -> np.ndarray:
-    return np.unique(np.fromiter((hash(t) for t in ids), dtype=np.int64))
+def _hashes(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The sorted distinct hashes of ``ids`` (``hashes.key_hashes``, as every index of the store hashes)."""
+    array = ids if isinstance(ids, pa.Array | pa.ChunkedArray) else pa.array(list(ids), pa.string())
+    return np.unique(key_hashes(array))
 
 
 _LOCK = threading.Lock()
@@ -128,7 +132,7 @@ def _file_hashes(stamp: Stamp) -> np.ndarray:
     found = _IDS.get(stamp)
     if found is None:
         column = pq.read_table(stamp[0], columns=["trace_id"]).column("trace_id")
-        found = _hashes(pc.unique(column).to_pylist())
+        found = _hashes(pc.unique(column))
         with _LOCK:
             if sum(len(a) for a in _IDS.values()) + len(found) > _IDS_MOST:
                 _forget_replaced()
@@ -178,9 +182,9 @@ def files_holding(data: Path, table: str, traces: Iterable[str]) -> tuple[str, .
     wanted = _hashes(traces)
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
-            return tuple(s[0] for s in _stamps(parquet_files(data, table)) if _holds(s, wanted))
+            return tuple(s[0] for s in stamps(parquet_files(data, table)) if _holds(s, wanted))
         except FileNotFoundError:  # a swap replaced files after the listing: list again (its new files hold the rows)
-            if attempt == VANISHED_ATTEMPTS:
+            if attempt == VANISHED_ATTEMPTS:  # (Arrow's says the path alone: ``files.file_vanished`` misses it)
                 raise
             vanished_pause(attempt)
     raise AssertionError("unreachable")
@@ -188,15 +192,7 @@ def files_holding(data: Path, table: str, traces: Iterable[str]) -> tuple[str, .
 
 def _holds(stamp: Stamp, wanted: np.ndarray) -> bool:
     """Whether the file ``stamp`` holds a trace whose hash is in ``wanted``."""
-    return bool(_within(wanted, _file_hashes(stamp)).any())
-
-
-def _within(hashes: np.ndarray, have: np.ndarray) -> np.ndarray:
-    """Which of ``hashes`` are in ``have`` (sorted, as ``_file_hashes`` keeps them)."""
-    if not len(have):
-        return np.zeros(len(hashes), dtype=bool)
-    at = np.searchsorted(have, hashes).clip(0, len(have) - 1)
-    return np.asarray(have[at] == hashes)
+    return bool(within(wanted, _file_hashes(stamp)).any())
 
 
 _KEPT: dict[tuple[object, ...], pa.Table] = {}
@@ -229,12 +225,12 @@ def parts(found: Sources, groups: dict[str, tuple[str, ...]]) -> dict[str, tuple
     if not names:
         return {}
     traces = [t for c in names for t in groups[c]]
-    hashes = np.fromiter((hash(t) for t in traces), dtype=np.int64, count=len(traces))
+    hashes = key_hashes(pa.array(traces, pa.string()))  # in the traces' order
     starts = np.cumsum([0] + [len(groups[c]) for c in names[:-1]])
     stamps = [s for table in _LATEST for s in found.stamps.get(table, ())]
     holds = np.zeros((len(stamps), len(names)), dtype=bool)
     if stamps:  # files x traces, then files x conversations (any of its traces)
-        holds = np.logical_or.reduceat(np.stack([_within(hashes, _file_hashes(s)) for s in stamps]), starts, axis=1)
+        holds = np.logical_or.reduceat(np.stack([within(hashes, _file_hashes(s)) for s in stamps]), starts, axis=1)
     return {c: (found.base, groups[c], tuple(stamps[i] for i in np.flatnonzero(holds[:, j])))
             for j, c in enumerate(names)}
 
