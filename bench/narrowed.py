@@ -23,7 +23,7 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from tracedag.pipeline.store import mixed, mixedkept
+from tracedag.pipeline.store import fileids, mixed, mixedkept
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.views import _LATEST, connect
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     kept = [timed(lambda: mixed.narrowed(con, data, RELATION)) for _ in range(args.runs)]
     if kept[-1][2] != scans[-1][2]:
         raise SystemExit("the kept ids found other files than the scan")
-    hashes = sum(len(a) for a in mixedkept._IDS.values())
+    hashes = sum(len(a) for a in fileids._IDS.values())
     files = sum(len(parquet_files(data, t)) for t in _LATEST)
     title = (f"{data}: {args.traces} traces sought in {files} files of {len(_LATEST)} tables; median of {args.runs}; "
              f"load average {os.getloadavg()[0]:.1f}")

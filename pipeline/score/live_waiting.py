@@ -20,22 +20,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.score import materialize as m
+from tracedag.pipeline.store import conversation_keys, fileids
 from tracedag.pipeline.store import materialized as mat
-from tracedag.pipeline.store import mixedkept
 from tracedag.pipeline.store.fetch import arrow
 from tracedag.pipeline.store.files import parquet_files
-from tracedag.pipeline.store.hashes import key_hashes, within
 from tracedag.pipeline.store.latest import LATEST_CONVERSATIONS_SQL
 from tracedag.pipeline.store.mixed import narrowed
 from tracedag.pipeline.store.remote import remote_of
 
-Stamp = mixedkept.Stamp
+Stamp = fileids.Stamp
 CANDIDATES = "__tracedag_waiting_candidates"
 
 # The traces of ``CANDIDATES`` whose latest build (over the ``{traces}`` rows that hold them all) has no stored round.
@@ -57,10 +55,6 @@ from t
 where coalesce(t.conversation_id, t.trace_id) in (
     select coalesce(conversation_id, trace_id) from t where trace_id in (select trace_id from {m.SCOPE}))
 """
-
-_KEYS: dict[Stamp, np.ndarray] = {}
-"""The sorted hashes of the conversation keys (``coalesce(conversation_id, trace_id)``) of each ``traces`` file."""
-
 
 class Waiting:
     """What a ``LiveStore`` waits to store, kept from pass to pass: the ``traces`` files seen, the traces waiting."""
@@ -96,7 +90,7 @@ class Waiting:
         scope = [str(t) for t in con.sql(f"select trace_id from {m.SCOPE}").fetchnumpy()["trace_id"]]
         con.register(CANDIDATES, pa.table({"trace_id": pa.array(scope, pa.string())}))
         first = narrowed(con, self.data, CANDIDATES, ["traces"])["traces"]
-        members = _members(self.data, _keys_of(con, first))
+        members = conversation_keys.members(_stamps(self.data), _keys_of(con, first))
         con.register(CANDIDATES, pa.table({"trace_id": pa.array(sorted(set(scope) | members), pa.string())}))
         every = narrowed(con, self.data, CANDIDATES, ["traces"])["traces"]
         return arrow(con, _STATE_SQL.format(traces=every), [0, signature])
@@ -110,34 +104,6 @@ def _keys_of(con: duckdb.DuckDBPyConnection, traces: str) -> pa.Array:
     return found.column("k").combine_chunks()
 
 
-def _members(data: Path, keys: pa.Array) -> set[str]:
-    """The trace ids of every ``traces`` row whose conversation key is one of ``keys`` (any build)."""
-    if not len(keys):
-        return set()
-    wanted = np.unique(key_hashes(keys))
-    out: set[str] = set()
-    now = _stamps(data)
-    for gone in set(_KEYS) - now:  # files a collection replaced (or of another store: a cache only)
-        _KEYS.pop(gone, None)
-    for stamp in now:
-        have = _file_keys(stamp)
-        if not within(wanted, have).any():
-            continue
-        t = pq.read_table(stamp[0], columns=["trace_id", "conversation_id"])
-        key = pc.coalesce(t.column("conversation_id"), t.column("trace_id"))
-        out.update(str(x) for x in pc.unique(t.column("trace_id").filter(pc.is_in(key, value_set=keys))).to_pylist())
-    return out
-
-
-def _file_keys(stamp: Stamp) -> np.ndarray:
-    found = _KEYS.get(stamp)
-    if found is None:
-        t = pq.read_table(stamp[0], columns=["trace_id", "conversation_id"])
-        found = np.unique(key_hashes(pc.unique(pc.coalesce(t.column("conversation_id"), t.column("trace_id")))))
-        _KEYS[stamp] = found
-    return found
-
-
 def _ids(stamps: frozenset[Stamp]) -> set[str]:
     """The trace ids of the ``traces`` files ``stamps``."""
     out: set[str] = set()
@@ -147,4 +113,4 @@ def _ids(stamps: frozenset[Stamp]) -> set[str]:
 
 
 def _stamps(data: Path) -> frozenset[Stamp]:
-    return frozenset(mixedkept.stamps(parquet_files(data, "traces")))
+    return frozenset(fileids.stamps(parquet_files(data, "traces")))

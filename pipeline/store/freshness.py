@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracedag.pipeline.store import current_rounds, freshkept
+from tracedag.pipeline.store import current_rounds, freshdelta, freshkept
 from tracedag.pipeline.store.cachereads import local_copies, native_reads
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.listing import source_uris
@@ -189,27 +189,42 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path, files: list[Path]
     """``freshness`` asked of the tables; and whether the answer is that of exactly ``files`` (the listing its key
     names: then it may be kept). An object store's views list their files when they are made, maybe before
     ``files`` were listed: its builds are read from ``files`` here; the current rounds are those of ``files``
-    unless a round landed meanwhile."""
+    unless a round landed meanwhile. A process that asked before, of a listing ``files`` only adds to, asks only about
+    the traces of the new files and those stale then (``freshdelta``)."""
     import duckdb
 
     if not all(parquet_files(data, t) for t in views()):  # the store's, not the connection's views: a reader of
         return Freshness(False), True                     # one trace makes only those it reads (show.SHOWN_TABLES)
+    traces_files, state_files = _of(data, files, "traces"), _of(data, files, STATE)
     try:
         current = current_rounds.register(con, data)
         if current is None:
             return Freshness(False), True
-        builds, pinned = _builds_source(con, data, _of(data, files, "traces"))
-        pinned = pinned and _state_files(current.listing) == {str(f) for f in _of(data, files, STATE)}
-        traces, missing, sig, stale = con.execute(_FRESHNESS_SQL.replace("from traces_all", f"from {builds}")).fetchall()[0]
+        same_rounds = _state_files(current.listing) == {str(f) for f in state_files}
+        raw = freshdelta.step(con, data, traces_files, state_files, current) if same_rounds else None
+        if raw is not None:
+            return _judged(data, raw), True
+        builds, pinned = _builds_source(con, data, traces_files)
+        pinned = pinned and same_rounds
+        traces, _, sig, stale = con.execute(_FRESHNESS_SQL.replace("from traces_all", f"from {builds}")).fetchall()[0]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
         return Freshness(False), True
-    if str(sig or "") != signature(data):
-        return Freshness(False), pinned
-    if not missing:
-        return Freshness(True), pinned
-    if 2 * len(stale) > int(traces):  # the SQL over every trace costs about as much
-        return Freshness(False), pinned
-    return Freshness(True, tuple(str(t) for t in stale), int(traces)), pinned
+    raw = freshdelta.Raw(int(traces), None if sig is None else str(sig), tuple(str(t) for t in stale))
+    if pinned:
+        freshdelta.remember(data, traces_files, state_files, raw)
+    return _judged(data, raw), pinned
+
+
+def _judged(data: Path, raw: freshdelta.Raw) -> Freshness:
+    """What ``raw`` says of the store now: unusable when the newest round saw other SQL or human labels, or when the
+    stored rows answer less than half the traces (the SQL over every trace costs about as much)."""
+    if str(raw.signature or "") != signature(data):
+        return Freshness(False)
+    if not raw.stale:  # no trace's latest build lacks its stored round (each such trace is stale itself)
+        return Freshness(True)
+    if 2 * len(raw.stale) > raw.traces:
+        return Freshness(False)
+    return Freshness(True, raw.stale, raw.traces)
 
 
 def _builds_source(con: duckdb.DuckDBPyConnection, data: Path, traces: list[Path]) -> tuple[str, bool]:

@@ -25,7 +25,6 @@ a file, whose rows of other traces are filtered out anyway), so a poll lists the
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,18 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from tracedag.pipeline.store import materialized
+from tracedag.pipeline.store import fileids, materialized
+from tracedag.pipeline.store.fileids import Stamp, file_hashes, hashes_of, holds, stamps
 from tracedag.pipeline.store.files import VANISHED_ATTEMPTS, parquet_files, vanished_pause
 from tracedag.pipeline.store.hashes import key_hashes, within
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.views import _LATEST
 from tracedag.schemas.layout import tables_dir
-
-Stamp = tuple[str, int, int]
-"""A file as a key names it: path, size, modification time (ns)."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +61,8 @@ def sources(data: Path, name: str, values: dict[str, object], stale: tuple[str, 
     ``mark`` False: a look, which is no read)."""
     if remote_of(data) is not None or not _seen(data, mark):
         return None
-    wanted = _hashes(stale)
-    held = {table: tuple(s for s in stamps(parquet_files(data, table)) if _holds(s, wanted)) for table in _LATEST}
+    wanted = hashes_of(stale)
+    held = {table: tuple(s for s in stamps(parquet_files(data, table)) if holds(s, wanted)) for table in _LATEST}
     others = tuple((t, stamps(parquet_files(data, t))) for t in _other_tables(data))
     asked = tuple(sorted((k, repr(v)) for k, v in values.items()))
     digest = hashlib.sha256("\n".join(stale).encode()).hexdigest()
@@ -80,6 +75,8 @@ KEEP_FIRST = False
 """Whether a process's first read of a store keeps its rows. It does not: a one-shot ``tracedag query`` would read
 the trace ids of every file (~0.13 s CPU on 100k spans, the scan it replaces ~0.07 s) for no later poll; a
 process's second read of the store (a poller, a server) starts keeping."""
+_LOCK = threading.Lock()
+"""Guards the dictionaries of this module (a server's threads run queries at once)."""
 _SEEN: set[str] = set()
 
 
@@ -100,59 +97,6 @@ def _other_tables(data: Path) -> list[str]:
     root = tables_dir(data)
     names = {d.name for d in root.iterdir() if d.is_dir()} if root.is_dir() else set()
     return sorted(n for n in names if n not in _LATEST and not n.startswith(materialized.PREFIX))
-
-
-def stamps(files: Iterable[Path]) -> tuple[Stamp, ...]:
-    """Each of ``files`` as a key names it (``Stamp``)."""
-    out = []
-    for f in files:
-        st = os.stat(f)  # gone meanwhile (a swap): FileNotFoundError, which the caller's rerun_if_vanished plans again
-        out.append((str(f), st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-_IDS: dict[Stamp, np.ndarray] = {}
-"""The sorted hashes of the trace ids each file holds, by its stamp."""
-_IDS_MOST = 8_000_000
-"""Hashes kept at most (8 bytes each: 64 MB); then those of files gone are forgotten, and if still too many all are,
-and read again as asked."""
-
-
-def _hashes(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The sorted distinct hashes of ``ids`` (``hashes.key_hashes``, as every index of the store hashes)."""
-    array = ids if isinstance(ids, pa.Array | pa.ChunkedArray) else pa.array(list(ids), pa.string())
-    return np.unique(key_hashes(array))
-
-
-_LOCK = threading.Lock()
-"""Guards the dictionaries of this module (a server's threads run queries at once)."""
-
-
-def _file_hashes(stamp: Stamp) -> np.ndarray:
-    found = _IDS.get(stamp)
-    if found is None:
-        column = pq.read_table(stamp[0], columns=["trace_id"]).column("trace_id")
-        found = _hashes(pc.unique(column))
-        with _LOCK:
-            if sum(len(a) for a in _IDS.values()) + len(found) > _IDS_MOST:
-                _forget_replaced()
-            if sum(len(a) for a in _IDS.values()) + len(found) > _IDS_MOST:
-                _IDS.clear()
-            _IDS[stamp] = found
-    return found
-
-
-def _forget_replaced() -> None:
-    """Forget the files that are gone or changed (a collection merges a live store's small files every 10 s: their
-    hashes would fill ``_IDS`` and then everything would be read again)."""
-    for stamp in list(_IDS):
-        try:
-            st = os.stat(stamp[0])
-        except OSError:
-            del _IDS[stamp]
-            continue
-        if (st.st_size, st.st_mtime_ns) != stamp[1:]:
-            del _IDS[stamp]
 
 
 _NARROWED: set[str] = set()
@@ -179,20 +123,15 @@ def files_holding(data: Path, table: str, traces: Iterable[str]) -> tuple[str, .
 
     A scan of the ``trace_id`` column of every file found them before, in every pass of a live store: on 870k traces
     1.57 s of CPU a pass for five tables, 0.03 s from the kept ids (``bench/narrowed.py``)."""
-    wanted = _hashes(traces)
+    wanted = hashes_of(traces)
     for attempt in range(1, VANISHED_ATTEMPTS + 1):
         try:
-            return tuple(s[0] for s in stamps(parquet_files(data, table)) if _holds(s, wanted))
+            return tuple(s[0] for s in stamps(parquet_files(data, table)) if holds(s, wanted))
         except FileNotFoundError:  # a swap replaced files after the listing: list again (its new files hold the rows)
             if attempt == VANISHED_ATTEMPTS:  # (Arrow's says the path alone: ``files.file_vanished`` misses it)
                 raise
             vanished_pause(attempt)
     raise AssertionError("unreachable")
-
-
-def _holds(stamp: Stamp, wanted: np.ndarray) -> bool:
-    """Whether the file ``stamp`` holds a trace whose hash is in ``wanted``."""
-    return bool(within(wanted, _file_hashes(stamp)).any())
 
 
 _KEPT: dict[tuple[object, ...], pa.Table] = {}
@@ -230,7 +169,7 @@ def parts(found: Sources, groups: dict[str, tuple[str, ...]]) -> dict[str, tuple
     stamps = [s for table in _LATEST for s in found.stamps.get(table, ())]
     holds = np.zeros((len(stamps), len(names)), dtype=bool)
     if stamps:  # files x traces, then files x conversations (any of its traces)
-        holds = np.logical_or.reduceat(np.stack([within(hashes, _file_hashes(s)) for s in stamps]), starts, axis=1)
+        holds = np.logical_or.reduceat(np.stack([within(hashes, file_hashes(s)) for s in stamps]), starts, axis=1)
     return {c: (found.base, groups[c], tuple(stamps[i] for i in np.flatnonzero(holds[:, j])))
             for j, c in enumerate(names)}
 
@@ -276,6 +215,6 @@ def forget(files: bool = True, conversations: bool = True) -> None:
             _PARTS.clear()
             _SCHEMAS.clear()
         if files:
-            _IDS.clear()
+            fileids.forget()
             _SEEN.clear()
             _NARROWED.clear()

@@ -17,7 +17,7 @@ import pytest
 from tests.score.score_support import StoreBuilder, agent_turn
 from tracedag.pipeline.dag.build import build_store
 from tracedag.pipeline.score.runner import score_store
-from tracedag.pipeline.store import mixed, mixedkept
+from tracedag.pipeline.store import fileids, mixed, mixedkept
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.gc import GcSettings
 from tracedag.pipeline.store.swap import collect
@@ -63,15 +63,15 @@ def test_a_second_search_reads_the_kept_ids_and_finds_the_files_the_scan_finds(s
     _round(b, data, ("a2", "conv-1", 3_000_000, "lookup"), ("y1", "conv-3", 4_000_000, "plan"))
     listed = {str(f) for t in _LATEST for f in parquet_files(data, t)}
     _narrowed(data, ["a1"])  # the process's second search (the round's own searches may have been the first)
-    seen = set(mixedkept._IDS)
+    seen = set(fileids._IDS)
 
     def no_scan(*args: object) -> str:
         raise AssertionError("a search of a store searched before scanned its files")
 
     read: list[str] = []
-    real = mixedkept.pq.read_table
+    real = fileids.pq.read_table
     monkeypatch.setattr(mixed, "_files_holding", no_scan)
-    monkeypatch.setattr(mixedkept.pq, "read_table", lambda path, **kw: read.append(str(path)) or real(path, **kw))
+    monkeypatch.setattr(fileids.pq, "read_table", lambda path, **kw: read.append(str(path)) or real(path, **kw))
     again = _narrowed(data, ["a1"])
     assert read == []  # every file's ids kept: nothing read again
     assert {s[0] for s in seen} == listed
