@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         base = freshdelta._BASES[str(data.resolve())]
         fileids.forget()
         first = timed(lambda: freshdelta.all_ids(base.traces))  # what a reader computes once, at its first delta
-        base.ids = first[2]  # type: ignore[assignment]
+        base = dataclasses.replace(base, ids=first[2])
         ingest_requests(data, gen.requests(args.spans, seed=int(time.time())), received_unix_nano=time.time_ns())
         build_store(data, idle_seconds=0, gc=GcSettings(enabled=False))
         _ask(data, base)  # warms the kept file ids and conversation keys (a reader keeps them from poll to poll)

@@ -10,9 +10,10 @@ row in a ``traces`` file that is new since the last pass (a build, or a collecti
 waited can only have been stored since; so the traces waiting now are among those of the new files and those that
 waited, and the SQL asks only about them, over the files that hold them (``mixedkept.files_holding``). Their
 conversations: every trace whose latest build has one of their conversation keys has a ``traces`` row with that key,
-so the files holding such a row (each file's conversation keys are read once, as its trace ids are) hold every
-candidate, whose latest build is then read from the files holding it. The first pass of a process asks the whole
-store, as before, and so does every pass over an object store.
+so the files holding such a row (each file's conversation keys are read once, as its trace ids are:
+``store.conversation_keys``, ``store.fileids``) hold every candidate, whose latest build is then read from the files
+holding it. The first pass of a process asks the whole store, as before, and so does every pass over an object
+store.
 """
 
 from __future__ import annotations

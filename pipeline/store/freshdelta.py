@@ -48,7 +48,7 @@ class Raw:
     stale: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Base:
     """The last answer this process computed for a store, and the listing it is for."""
 
@@ -94,19 +94,22 @@ def step(con: duckdb.DuckDBPyConnection, data: Path, traces: list[Path], states:
             return None  # a collection replaced files: their rows moved, the SQL asks again
         if now_t == base.traces and now_s == base.states:
             return base.raw
-        raw = _after(con, base, now_t, now_s, current)
+        ids, added = _new_traces(all_ids(base.traces) if base.ids is None else base.ids, now_t - base.traces)
+        raw = _after(con, base, added, now_t, now_s, current)
     except (FileNotFoundError, duckdb.Error):  # a file gone meanwhile, or a layout the delta cannot read
         return None
     with _LOCK:
-        _BASES[where] = _Base(now_t, now_s, raw, base.ids)
+        _BASES[where] = _Base(now_t, now_s, raw, ids)  # a new base: another thread may be reading the one before
     return raw
 
 
-def _after(con: duckdb.DuckDBPyConnection, base: _Base, now_t: frozenset[Stamp], now_s: frozenset[Stamp],
-           current: Current) -> Raw:
-    """``base``'s answer moved on to the listing ``now_t`` / ``now_s`` (which only added files to it)."""
+def _after(con: duckdb.DuckDBPyConnection, base: _Base, added: int, now_t: frozenset[Stamp],
+           now_s: frozenset[Stamp], current: Current) -> Raw:
+    """``base``'s answer moved on to the listing ``now_t`` / ``now_s`` (which only added files to it, holding ``added``
+    traces not built before)."""
     new_t, new_s = now_t - base.traces, now_s - base.states
-    traces = base.raw.traces + _new_traces(base, new_t)
+    traces = base.raw.traces + added
+    # the new state files' traces too: a trace whose newest stored round became another build's than its latest
     candidates = set(base.raw.stale) | _ids(new_t) | _ids(new_s)
     missing = _missing(con, now_t, sorted(candidates))
     built = missing.filter(missing.column("built"))
@@ -117,18 +120,16 @@ def _after(con: duckdb.DuckDBPyConnection, base: _Base, now_t: frozenset[Stamp],
     return Raw(traces, _newest_signature(current.table), tuple(sorted(stale)))
 
 
-def _new_traces(base: _Base, new: frozenset[Stamp]) -> int:
-    """How many trace ids of the files ``new`` no file of ``base`` held (the trace ids kept: ``fileids``); ``base.ids``
-    gets them."""
-    if base.ids is None:
-        base.ids = all_ids(base.traces)
+def _new_traces(ids: np.ndarray, new: frozenset[Stamp]) -> tuple[np.ndarray, int]:
+    """``ids`` (sorted hashes of trace ids) with those of the files ``new`` (the trace ids kept: ``fileids``), and
+    how many of theirs ``ids`` did not hold."""
     added = 0
     for stamp in sorted(new):
         hashes = file_hashes(stamp)
-        fresh = hashes[~within(hashes, base.ids)]
-        base.ids = np.insert(base.ids, np.searchsorted(base.ids, fresh), fresh)
+        fresh = hashes[~within(hashes, ids)]
+        ids = np.insert(ids, np.searchsorted(ids, fresh), fresh)
         added += len(fresh)
-    return added
+    return ids, added
 
 
 def all_ids(files: Iterable[Stamp]) -> np.ndarray:
