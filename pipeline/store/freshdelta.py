@@ -59,7 +59,17 @@ class _Base:
 
 
 _BASES: dict[str, _Base] = {}
+"""The last answer per store (its resolved path) this process computed."""
+BASES_MOST = 16
+"""Stores whose answers are kept at most (a process reads one or a few; a test run many): then all are forgotten."""
 _LOCK = threading.Lock()
+
+
+def _keep(where: str, base: _Base) -> None:
+    with _LOCK:
+        if where not in _BASES and len(_BASES) >= BASES_MOST:
+            _BASES.clear()
+        _BASES[where] = base
 
 
 def remember(data: Path, traces: list[Path], states: list[Path], raw: Raw) -> None:
@@ -70,8 +80,7 @@ def remember(data: Path, traces: list[Path], states: list[Path], raw: Raw) -> No
         base = _Base(_stamps(traces), _stamps(states), raw)
     except FileNotFoundError:  # a swap meanwhile: the next ask goes to the SQL
         return
-    with _LOCK:
-        _BASES[str(data.resolve())] = base
+    _keep(str(data.resolve()), base)
 
 
 def step(con: duckdb.DuckDBPyConnection, data: Path, traces: list[Path], states: list[Path],
@@ -98,8 +107,7 @@ def step(con: duckdb.DuckDBPyConnection, data: Path, traces: list[Path], states:
         raw = _after(con, base, added, now_t, now_s, current)
     except (FileNotFoundError, duckdb.Error):  # a file gone meanwhile, or a layout the delta cannot read
         return None
-    with _LOCK:
-        _BASES[where] = _Base(now_t, now_s, raw, ids)  # a new base: another thread may be reading the one before
+    _keep(where, _Base(now_t, now_s, raw, ids))  # a new base: another thread may be reading the one before
     return raw
 
 
