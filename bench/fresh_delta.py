@@ -18,9 +18,6 @@ import argparse
 import copy
 import dataclasses
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spans", type=int, default=10_000, help="spans of the round between the two asks")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-fresh-delta-"))
-    data = work / "store"
-    try:
-        data.mkdir()
-        subprocess.run(["cp", "-al", str(args.data / "tables"), str(data / "tables")], check=True)
-        shutil.copytree(args.data / "state", data / "state")
+    with gen.linked_copy(args.data, "bench-fresh-delta-") as data:
         _ask(data, None)  # the first ask: the SQL, kept as the base
         base = freshdelta._BASES[str(data.resolve())]
         fileids.forget()
@@ -69,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         _ask(data, base)  # warms the kept file ids and conversation keys (a reader keeps them from poll to poll)
         new = [timed(lambda: _ask(data, base)) for _ in range(args.runs)]
         sql = [timed(lambda: _ask(data, None)) for _ in range(args.runs)]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if sql[-1][2] != new[-1][2]:
         raise SystemExit(f"answers differ: {sql[-1][2]} against {new[-1][2]}")
     answer = sql[-1][2]

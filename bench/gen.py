@@ -17,9 +17,13 @@ Run ``python bench/gen.py --spans 100000 --data /tmp/store`` to build a store fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -267,6 +271,21 @@ def built_store(data: Path | None, n_spans: int) -> Path:
             make_store(data, n_spans)
         build_store(data, idle_seconds=0, full=True)
     return data
+
+
+@contextlib.contextmanager
+def linked_copy(src: Path, prefix: str) -> Iterator[Path]:
+    """A copy of the store ``src`` in a new temporary directory, removed after: its tables by hard links (a published
+    file never changes; a bench's rounds add files beside them), its state copied (a round rewrites it)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    data = work / "store"
+    try:
+        data.mkdir()
+        subprocess.run(["cp", "-al", str(src / "tables"), str(data / "tables")], check=True)
+        shutil.copytree(src / "state", data / "state")
+        yield data
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def replicate(src: Path, dst: Path, copies: int) -> int:

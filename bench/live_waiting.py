@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,12 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spans", type=int, default=10_000, help="spans of the round between the two passes")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-live-waiting-"))
-    data = work / "store"
-    try:
-        data.mkdir()
-        subprocess.run(["cp", "-al", str(args.data / "tables"), str(data / "tables")], check=True)
-        shutil.copytree(args.data / "state", data / "state")
+    with gen.linked_copy(args.data, "bench-live-waiting-") as data:
         sig = signature(data)
         first = Waiting(data)
         _pass_waiting(data, sig, first)  # the first pass: the whole store
@@ -77,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         _pass_waiting(data, sig, copy.deepcopy(first))
         sql = [timed(lambda: _pass_sql(data, sig)) for _ in range(args.runs)]
         new = [timed(lambda: _pass_waiting(data, sig, copy.deepcopy(first))) for _ in range(args.runs)]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if sql[-1][2] != new[-1][2]:
         raise SystemExit(f"answers differ: {sql[-1][2]} against {new[-1][2]}")
     waiting, rows = sql[-1][2]  # type: ignore[misc]
