@@ -210,7 +210,7 @@ def _freshness_now(con: duckdb.DuckDBPyConnection, data: Path, files: list[Path]
     except duckdb.BinderException:  # state files of an older layout only: a full round will follow
         return Freshness(False), True
     raw = freshdelta.Raw(int(traces), None if sig is None else str(sig), tuple(str(t) for t in stale))
-    if pinned:
+    if pinned and _listed(data) == files:  # no round landed under the SQL (a local view reads the folder as it is)
         freshdelta.remember(data, traces_files, state_files, raw)
     return _judged(data, raw), pinned
 
