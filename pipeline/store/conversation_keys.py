@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.store.fileids import Stamp
-from tracedag.pipeline.store.hashes import key_hashes, within
+from tracedag.pipeline.store.hashes import key_hashes, sorted_unique, within
 
 _KEYS: dict[Stamp, np.ndarray] = {}
 """The sorted hashes of the conversation keys of each ``traces`` file."""
@@ -31,7 +31,7 @@ def members(files: Iterable[Stamp], keys: pa.Array) -> set[str]:
     if not len(keys):
         return set()
     now = frozenset(files)
-    wanted = np.unique(key_hashes(keys))
+    wanted = sorted_unique(key_hashes(keys))
     with _LOCK:
         for gone in set(_KEYS) - now:
             _KEYS.pop(gone, None)
@@ -49,7 +49,7 @@ def _file_keys(stamp: Stamp) -> np.ndarray:
     found = _KEYS.get(stamp)
     if found is None:
         t = pq.read_table(stamp[0], columns=["trace_id", "conversation_id"])
-        found = np.unique(key_hashes(pc.unique(pc.coalesce(t.column("conversation_id"), t.column("trace_id")))))
+        found = sorted_unique(key_hashes(pc.unique(pc.coalesce(t.column("conversation_id"), t.column("trace_id")))))
         with _LOCK:
             _KEYS[stamp] = found
     return found

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracedag.pipeline.store.hashes import key_hashes, within
+from tracedag.pipeline.store.hashes import key_hashes, sorted_unique, within
 
 Stamp = tuple[str, int, int]
 """A file as a key names it: path, size, modification time (ns)."""
@@ -43,7 +43,7 @@ and read again as asked."""
 def hashes_of(ids: Iterable[str] | pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The sorted distinct hashes of ``ids`` (``hashes.key_hashes``, as every index of the store hashes)."""
     array = ids if isinstance(ids, pa.Array | pa.ChunkedArray) else pa.array(list(ids), pa.string())
-    return np.unique(key_hashes(array))
+    return sorted_unique(key_hashes(array))
 
 
 _LOCK = threading.Lock()

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from tracedag.pipeline.store import conversation_keys
 from tracedag.pipeline.store.current_rounds import RELATION, Current
 from tracedag.pipeline.store.fileids import Stamp, file_hashes, hashes_of, holds, stamps
-from tracedag.pipeline.store.hashes import within
+from tracedag.pipeline.store.hashes import sorted_unique, within
 from tracedag.pipeline.store.remote import remote_of
 
 if TYPE_CHECKING:
@@ -141,13 +141,9 @@ def _new_traces(ids: np.ndarray, new: frozenset[Stamp]) -> tuple[np.ndarray, int
 
 
 def all_ids(files: Iterable[Stamp]) -> np.ndarray:
-    """The sorted distinct hashes of the trace ids of ``files`` (each file's are sorted and distinct already: a
-    radix sort of them all and a pass, ~10x numpy's ``unique`` on 870k traces)."""
+    """The sorted distinct hashes of the trace ids of ``files``."""
     held = [file_hashes(s) for s in files]
-    if not held:
-        return np.zeros(0, np.uint64)
-    every = np.sort(np.concatenate(held), kind="stable")
-    return every[np.concatenate(([True], every[1:] != every[:-1]))]
+    return sorted_unique(np.concatenate(held)) if held else np.zeros(0, np.uint64)
 
 
 def _ids(files: frozenset[Stamp]) -> set[str]:

@@ -137,7 +137,7 @@ class Liveness:
     @functools.cached_property
     def key_hashes(self) -> np.ndarray:
         """``keys`` hashed (``key_hashes``) and sorted, once (``holds``)."""
-        return np.sort(key_hashes(self.keys))
+        return np.sort(key_hashes(self.keys), kind="stable")  # a radix sort: 64-bit values
 
     def holds(self, keys: pa.Array) -> np.ndarray:
         """Per key of ``keys`` (as ``self.keys`` spells them): whether it may be a live pair. Every live pair is; a

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracedag.pipeline.store.gc import Liveness, latest_builds, live_mask
+from tracedag.pipeline.store.hashes import sorted_unique
 
 
 def _liveness() -> Liveness:
@@ -50,3 +51,15 @@ def test_a_liveness_made_again_with_the_stored_rounds_answers_alike() -> None:
 def test_a_store_without_a_live_pair_holds_nothing() -> None:
     lv = Liveness(keys=pa.array([], pa.string()), total={}, live={})
     assert lv.holds(pa.array(["t1\x1fb1"])).tolist() == [False]
+
+
+def test_the_distinct_hashes_are_numpys_unique_of_them() -> None:
+    """``hashes.sorted_unique`` (a radix sort and one pass, which every hash index of the store uses) gives what
+    ``np.unique`` gives: empty, one value, all equal, the extremes of 64 bits, many repeated."""
+    rng = np.random.default_rng(7)
+    cases = [np.zeros(0, np.uint64), np.array([5], np.uint64), np.full(9, 3, np.uint64),
+             np.array([2**64 - 1, 0, 2**63, 2**64 - 1, 0], np.uint64),
+             rng.integers(0, 2**63, 50_000, dtype=np.int64).astype(np.uint64).repeat(3)]
+    for values in cases:
+        got = sorted_unique(values)
+        assert got.dtype == values.dtype and np.array_equal(got, np.unique(values))
