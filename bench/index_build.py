@@ -37,12 +37,12 @@ WAYS = {
 }
 
 
-def _read_all(table: str, files: list[Path]) -> float:
+def _read_all(table: str, files: list[Path]) -> tuple[float, list[np.ndarray]]:
+    """The CPU of reading every file's trace ids of ``table`` (nothing kept before), and the hashes kept."""
     fileids.forget()
     c = time.process_time()
-    for stamp in fileids.stamps(files):
-        fileids.file_hashes(stamp)
-    return time.process_time() - c
+    kept = [fileids.file_hashes(stamp) for stamp in fileids.stamps(files)]
+    return time.process_time() - c, kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,13 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
     got: dict[tuple[str, str], list[float]] = {}
+    hashes: dict[tuple[str, str], list[np.ndarray]] = {}
     for table in TABLES:
         files = parquet_files(args.data, table)
         _read_all(table, files)  # the page cache
         for run in range(args.runs):
             for way in list(WAYS) if run % 2 == 0 else list(WAYS)[::-1]:
                 fileids.trace_ids, fileids.sorted_unique = WAYS[way]  # type: ignore[assignment]
-                got.setdefault((table, way), []).append(_read_all(table, files))
+                cpu, hashes[table, way] = _read_all(table, files)
+                got.setdefault((table, way), []).append(cpu)
+        before, now = (hashes[table, w] for w in WAYS)
+        if len(before) != len(now) or not all(np.array_equal(a, b) for a, b in zip(before, now, strict=True)):
+            raise SystemExit(f"{table}: the two ways kept different hashes")
     fileids.trace_ids, fileids.sorted_unique = WAYS["dictionaries, radix sort (now)"]  # type: ignore[assignment]
     out = Table(title=f"{args.data}: every file's trace ids read and kept, CPU s, median of {args.runs}; "
                       f"load average {os.getloadavg()[0]:.1f}")
