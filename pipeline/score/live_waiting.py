@@ -22,8 +22,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from tracedag.pipeline.score import materialize as m
 from tracedag.pipeline.store import conversation_keys, fileids
@@ -71,7 +69,7 @@ class Waiting:
         if self.seen is None or remote_of(self.data) is not None:
             found = arrow(con, m._PENDING_SQL)
         else:
-            candidates = set(self.waiting) | _ids(now - self.seen)
+            candidates = set(self.waiting) | fileids.ids_of(now - self.seen)
             found = self._among(con, sorted(candidates))
         self.seen, self.waiting = now, tuple(str(t) for t in found.column("trace_id").to_pylist())
         return found
@@ -103,14 +101,6 @@ def _keys_of(con: duckdb.DuckDBPyConnection, traces: str) -> pa.Array:
     found = arrow(con, f"select distinct coalesce(conversation_id, trace_id) as k from ({latest}) "
                        f"where trace_id in (select trace_id from {CANDIDATES})")
     return found.column("k").combine_chunks()
-
-
-def _ids(stamps: frozenset[Stamp]) -> set[str]:
-    """The trace ids of the ``traces`` files ``stamps``."""
-    out: set[str] = set()
-    for stamp in stamps:
-        out.update(str(t) for t in pc.unique(pq.read_table(stamp[0], columns=["trace_id"]).column("trace_id")).to_pylist())
-    return out
 
 
 def _stamps(data: Path) -> frozenset[Stamp]:

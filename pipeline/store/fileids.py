@@ -24,6 +24,7 @@ from tracedag.pipeline.store.hashes import key_hashes, sorted_unique, within
 Stamp = tuple[str, int, int]
 """A file as a key names it: path, size, modification time (ns)."""
 
+
 def stamps(files: Iterable[Path]) -> tuple[Stamp, ...]:
     """Each of ``files`` as a key names it (``Stamp``)."""
     out = []
@@ -84,11 +85,31 @@ def _forget_replaced() -> None:
             del _IDS[stamp]
 
 
-
-
 def holds(stamp: Stamp, wanted: np.ndarray) -> bool:
     """Whether the file ``stamp`` holds a trace whose hash is in ``wanted``."""
     return bool(within(wanted, file_hashes(stamp)).any())
+
+
+def ids_of(files: Iterable[Stamp]) -> set[str]:
+    """The trace ids of the files ``files`` (new files of a round: a live pass's or a reader's candidates)."""
+    out: set[str] = set()
+    for stamp in files:
+        out.update(str(t) for t in pc.unique(trace_ids(stamp[0])).to_pylist())
+    return out
+
+
+def rows_in(table: str, files: Iterable[str], ids: str) -> str:
+    """SQL of ``table``'s rows of the traces ``ids`` (SQL of a list of them) in ``files`` (none: no rows)."""
+    names = ", ".join(quoted(f) for f in sorted(files))
+    if not names:
+        return f"(select * from {table}_all where false)"
+    return (f"(select * from read_parquet([{names}], union_by_name = false, hive_partitioning = false) "
+            f"where trace_id in {ids})")
+
+
+def quoted(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def forget() -> None:

@@ -27,8 +27,9 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.store import conversation_keys
 from tracedag.pipeline.store.current_rounds import RELATION, Current
-from tracedag.pipeline.store.fileids import Stamp, file_hashes, hashes_of, holds, stamps, trace_ids
+from tracedag.pipeline.store.fileids import Stamp, file_hashes, hashes_of, holds, ids_of, rows_in, stamps
 from tracedag.pipeline.store.hashes import sorted_unique, within
+from tracedag.pipeline.store.latest import LATEST_CONVERSATIONS_SQL
 from tracedag.pipeline.store.remote import remote_of
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _after(con: duckdb.DuckDBPyConnection, base: _Base, added: int, now_t: froze
     new_t, new_s = now_t - base.traces, now_s - base.states
     traces = base.raw.traces + added
     # the new state files' traces too: a trace whose newest stored round became another build's than its latest
-    candidates = set(base.raw.stale) | _ids(new_t) | _ids(new_s)
+    candidates = set(base.raw.stale) | ids_of(new_t) | ids_of(new_s)
     missing = _missing(con, now_t, sorted(candidates))
     built = missing.filter(missing.column("built"))
     keys = pc.unique(built.column("conversation_key")) if built.num_rows else pa.array([], pa.string())
@@ -145,14 +146,6 @@ def all_ids(files: Iterable[Stamp]) -> np.ndarray:
     return sorted_unique(np.concatenate(held)) if held else np.zeros(0, np.uint64)
 
 
-def _ids(files: frozenset[Stamp]) -> set[str]:
-    """The trace ids of the files ``files``."""
-    out: set[str] = set()
-    for stamp in files:
-        out.update(str(t) for t in pc.unique(trace_ids(stamp[0])).to_pylist())
-    return out
-
-
 # Of the candidates, those whose latest build (over the ``{traces}`` rows holding them) is not their newest stored
 # round's (``current_rounds.RELATION``), with whether they are built and their latest build's conversation key.
 _MISSING_SQL = f"""
@@ -164,12 +157,8 @@ from latest l full join cur c on c.trace_id = l.trace_id
 where l.build_id is distinct from c.build_id
 """
 
-# The latest build of the ``CANDIDATES`` traces over ``{source}``, with its conversation id (``store.latest``'s).
-_LATEST_SQL = f"""
-select trace_id, arg_max(build_id, (built_unix_nano, build_id)) as build_id,
-       arg_max_null(conversation_id, (built_unix_nano, build_id)) as conversation_id
-from {{source}} where trace_id in (select trace_id from {CANDIDATES}) group by trace_id
-"""
+# The latest build of the ``CANDIDATES`` traces over ``{source}`` (rows holding them), with its conversation id.
+_LATEST_SQL = LATEST_CONVERSATIONS_SQL.replace("from traces_all", "from {source}")
 
 
 def _missing(con: duckdb.DuckDBPyConnection, files: frozenset[Stamp], candidates: list[str]) -> pa.Table:
@@ -189,13 +178,11 @@ def _latest_within(con: duckdb.DuckDBPyConnection, files: frozenset[Stamp], trac
 
 
 def _source(files: frozenset[Stamp], traces: list[str]) -> str:
-    """SQL of the rows of the ``traces`` files among ``files`` that may hold one of ``traces`` (none: no rows)."""
+    """SQL of the rows of ``traces`` (registered as ``CANDIDATES``) in the ``traces`` files among ``files`` that may
+    hold one of them."""
     wanted = hashes_of(traces)
-    holding = sorted(s[0] for s in files if len(wanted) and holds(s, wanted))
-    if not holding:
-        return "(select * from traces_all where false)"
-    names = ", ".join("'" + f.replace("'", "''") + "'" for f in holding)
-    return f"read_parquet([{names}], union_by_name = true, hive_partitioning = false)"
+    holding = [s[0] for s in files if len(wanted) and holds(s, wanted)]
+    return rows_in("traces", holding, f"(select trace_id from {CANDIDATES})")
 
 
 def _newest_signature(current: pa.Table) -> str | None:

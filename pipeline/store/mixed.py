@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, freshness, materialized, mixedkept
 from tracedag.pipeline.store.fetch import arrow
+from tracedag.pipeline.store.fileids import quoted, rows_in
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
 from tracedag.pipeline.store.shared_macros import create_shared_macros
@@ -194,8 +195,8 @@ def _groups(con: duckdb.DuckDBPyConnection, found: mixedkept.Sources, threshold:
     if not traces or (threshold is not None and not scores):
         return {}
     ids = f"(select trace_id from {SCOPE})"
-    failing = "" if threshold is None else _FAILING_WHERE.format(scores=_files_read("step_scores", scores, ids))
-    found_groups = con.execute(_GROUPS_SQL.format(traces=_files_read("traces", traces, ids), failing=failing),
+    failing = "" if threshold is None else _FAILING_WHERE.format(scores=rows_in("step_scores", scores, ids))
+    found_groups = con.execute(_GROUPS_SQL.format(traces=rows_in("traces", traces, ids), failing=failing),
                                {"threshold": threshold} if threshold is not None else None).fetchall()
     return {str(c): tuple(str(t) for t in ts) for c, ts in found_groups}
 
@@ -322,10 +323,10 @@ def narrowed(con: duckdb.DuckDBPyConnection, data: Path, relation: str,
     if remote_of(data) is not None:
         return {t: f"(select * from {t}_all where trace_id in {ids})" for t in tables}
     if files is not None:
-        return {t: _files_read(t, files[t], ids) for t in tables}
+        return {t: rows_in(t, files[t], ids) for t in tables}
     if mixedkept.indexed(data):  # a process that reads the store again (a collector's passes, a server)
         traces = [str(t) for t in con.sql(f"select distinct trace_id from {relation}").fetchnumpy()["trace_id"]]
-        return {t: _files_read(t, mixedkept.files_holding(data, t, traces), ids) for t in tables}
+        return {t: rows_in(t, mixedkept.files_holding(data, t, traces), ids) for t in tables}
     return {t: _files_holding(con, data, t, ids) for t in tables}
 
 
@@ -333,23 +334,10 @@ def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: 
     """SQL of ``table``'s rows of the traces ``ids``, over the files that hold one (none: no rows)."""
     if not parquet_files(data, table):  # a store not scored yet has no step_scores (a glob of none fails)
         return f"(select * from {table}_all where false)"
-    pattern = _quoted(str(table_dir(data, table) / "**" / "*.parquet"))
+    pattern = quoted(str(table_dir(data, table) / "**" / "*.parquet"))
     found = con.execute(f"select distinct filename from read_parquet({pattern}, filename = true, "
                         f"union_by_name = false, hive_partitioning = false) where trace_id in {ids}").fetchall()
-    return _files_read(table, [str(f) for (f,) in found], ids)
-
-
-def _files_read(table: str, files: Iterable[str], ids: str) -> str:
-    """SQL of ``table``'s rows of the traces ``ids`` in ``files`` (none: no rows)."""
-    names = ", ".join(_quoted(f) for f in sorted(files))
-    if not names:
-        return f"(select * from {table}_all where false)"
-    return (f"(select * from read_parquet([{names}], union_by_name = false, hive_partitioning = false) "
-            f"where trace_id in {ids})")
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return rows_in(table, [str(f) for (f,) in found], ids)
 
 
 def _restrict(con: duckdb.DuckDBPyConnection, data: Path, scope: tuple[str, ...], threshold: float | None,
