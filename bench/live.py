@@ -21,7 +21,9 @@ fresh trace ids only, so every reuse is one more turn of the same conversations,
 
 Beside it, in the same run: the acknowledged-only latency of the same requests (p50/p99, the
 floor every live figure includes) and the time one ``root_causes`` poll takes at the end (the
-granularity of the measurement).
+granularity of the measurement). And while the load runs, how many of the machine's cores are in use (``/proc/stat``)
+and whose: the collector with its converters, the polls' process, the load's own clients, anything else. All of them
+share the same cores, so when they are all in use, the cores are what sets the latency.
 
     python bench/live.py --rates 1000 10000 40000 --seconds 30
 """
@@ -35,6 +37,7 @@ import itertools
 import multiprocessing as mp
 import os
 import re
+import resource
 import shutil
 import statistics
 import struct
@@ -176,7 +179,7 @@ class Poller(threading.Thread):
         self.query_seconds: list[float] = []
         self.started: list[float] = []  # when each poll began (monotonic)
         self.final: set[str] = set()
-        self.built = 0  # traces scored (with step_scores rows), as of the last poll
+        self.built = 0  # traces scored (with step_scores rows), as of the last poll once counting (``count_from_now``)
         self.errors: list[str] = []  # polls that failed (their first line), after the first build
         self.final_query = float("nan")
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
@@ -199,6 +202,15 @@ class Poller(threading.Thread):
             for trace in ids:
                 self.seen.setdefault(trace, float(t))
 
+    def count_from_now(self) -> None:
+        """From the next poll on, also count the traces scored (``built``): what ``settle`` waits for once the load
+        has ended. Not before: on the cores the collector uses, that count reads every trace's latest build and its
+        scores, whatever the store's size (0.03-0.05 s of CPU on 9k traces, several times that on the 100k traces
+        of a two-minute run at 10k spans/s), which no user's poll does."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("count\n")
+        self.proc.stdin.flush()
+
     def finish(self) -> None:
         """Stop polling; run the final query (in the child); wait for its answer."""
         assert self.proc.stdin is not None
@@ -210,11 +222,20 @@ class Poller(threading.Thread):
 
 def poll_child(data: Path, every: float) -> None:
     """The polling loop (a child process): one line per poll, ``poll <t> <seconds> <traces scored> <trace ids
-    new>``; on a ``stop`` line on stdin, one ``final <t> <seconds> 0 <every trace id>`` line, then exit."""
+    new>`` (traces scored: -1 until a ``count`` line on stdin); on a ``stop`` line, one ``final <t> <seconds> 0
+    <every trace id>`` line, then exit."""
     from tracedag.pipeline.store.querying import run_named, run_sql
 
-    stop, seen = threading.Event(), set()
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    stop, counting, seen = threading.Event(), threading.Event(), set()
+
+    def orders() -> None:
+        for line in sys.stdin:
+            (counting if line.strip() == "count" else stop).set()
+            if stop.is_set():
+                return
+        stop.set()
+
+    threading.Thread(target=orders, daemon=True).start()
     while not stop.wait(every):
         t0 = time.monotonic()
         try:
@@ -226,12 +247,14 @@ def poll_child(data: Path, every: float) -> None:
         t1 = time.monotonic()
         new = [t for t in rows if t not in seen]
         seen.update(new)
+        built = -1
         try:
             # scored, not built: a round writes its builds before it scores them, and the root causes come
             # from the scores (counting builds ended runs while a large round was still scoring)
-            built = run_sql(data, "select count(distinct trace_id) as n from step_scores").column("n")[0].as_py()
+            if counting.is_set():
+                built = run_sql(data, "select count(distinct trace_id) as n from step_scores").column("n")[0].as_py()
         except Exception:  # a file compacted away under the count: the next poll says
-            built = -1
+            pass
         print("poll", t1, t1 - t0, built, *new, flush=True)
     for attempt in range(5):  # a compaction may swap a file under the query: ask again
         t0 = time.monotonic()
@@ -276,9 +299,14 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     files = FileWatch(data) if timeline is not None else None
     try:
         poller.start()
+        if args.count_every_poll:  # the bench before session 21: the polls' process counted from the first poll
+            poller.count_from_now()
         if files is not None:
             files.start()
+        before = _Cores.now(col.proc.pid, poller.proc.pid)
         sent = drive(col.port, bodies, ids, counts, rate, args)
+        cores = _Cores.now(col.proc.pid, poller.proc.pid).since(before)
+        poller.count_from_now()
         waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
@@ -305,6 +333,7 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
     f = figures(rate, sent, acked, poller, poller.final_query, args)
     f["built"], f["sent"], f["settle"], f["cpu"] = poller.built, len(ack_times(sent, ids)), waited, cpu
     f["first_poll_error"] = poller.errors[0] if poller.errors else ""
+    f.update(cores)
     if steps:
         console.print(steps_table(steps, f"{label} {rate:,.0f} spans/s"))
         gaps = sorted(b - a for a, b in itertools.pairwise(poller.started))
@@ -328,6 +357,38 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return total
     return total + sum(_cpu_seconds(int(c)) for c in children)
+
+
+@dataclass
+class _Cores:
+    """CPU seconds at one moment: the machine's busy and total (``/proc/stat``, every core), the collector with its
+    converters, the polls' process, and this process's reaped children (the load's clients, joined at the end)."""
+
+    busy: float
+    total: float
+    collector: float
+    polls: float
+    clients: float
+    at: float
+
+    @classmethod
+    def now(cls, collector: int, polls: int) -> _Cores:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]  # user .. steal
+        idle = ticks[3] + ticks[4]  # idle, iowait
+        tick = os.sysconf("SC_CLK_TCK")
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return cls((sum(ticks) - idle) / tick, sum(ticks) / tick, _cpu_seconds(collector), _cpu_seconds(polls),
+                   children.ru_utime + children.ru_stime, time.monotonic())
+
+    def since(self, before: _Cores) -> dict[str, float]:
+        """Cores in use on average between ``before`` and this moment: the machine's (busy share of every core, and
+        their number), the collector's, the polls', the clients', and the rest (other processes of the machine)."""
+        seconds = max(self.at - before.at, 1e-9)
+        used = {k: (getattr(self, k) - getattr(before, k)) / seconds for k in ("busy", "collector", "polls", "clients")}
+        cores = (self.total - before.total) / seconds
+        return {"busy_share": used["busy"] / cores if cores else float("nan"), "cores": cores,
+                "cores_collector": used["collector"], "cores_polls": used["polls"], "cores_clients": used["clients"],
+                "cores_other": used["busy"] - used["collector"] - used["polls"] - used["clients"]}
 
 
 def _children(task: Path) -> list[str]:
@@ -401,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collect-arg", action="append", default=[], metavar="ARG",
                     help="an argument added to this tree's tracedag collect (not a baseline's), e.g. "
                          "--collect-arg=--materialize-interval --collect-arg=5; repeat for several")
+    ap.add_argument("--count-every-poll", action="store_true",
+                    help="count the traces scored after every poll from the start, as the bench did before session "
+                         "21, not only once the load has ended (the count reads the whole store on the same cores)")
     ap.add_argument("--timeline", action="store_true",
                     help="print where each trace's latency goes (this tree's collector; see the module's docstring)")
     ap.add_argument("--no-this-tree", action="store_true", help="run the baseline trees only")
@@ -425,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                 table.add_row(label, *_cells(f))
                 console.print(f"{label} {rate:,.0f}: scored {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
                               f"p99 {f['p99']:.2f} poll {f['poll']:.2f} (under load {f['poll_loaded']:.2f}) "
-                              f"load {f['load']:.1f} failed polls {f['poll_errors']:.0f}"
+                              f"load {f['load']:.1f} failed polls {f['poll_errors']:.0f}; cores busy under load "
+                              f"{_cores_cell(f)} (collector + polls + clients + other)"
                               f"{' (first: ' + escape(str(f['first_poll_error'])) + ')' if f['poll_errors'] else ''}")
     console.print(table)
     if args.repeat > 1 or len(trees) > 1:
@@ -456,32 +521,42 @@ def _table(title: str) -> Table:
     table = Table(title=title)
     for col in ("code", "offered spans/s", "paced at", "traces scored/sent", "drained after s",
                 "traces with a root cause", "missing", "p50 s", "p99 s", "ack p50 ms", "ack p99 ms", "poll s",
-                "failed polls", "errors", "collector CPU s", "load"):
+                "failed polls", "errors", "collector CPU s", "cores busy under load = collector + polls + clients + other", "load"):
         table.add_column(col, justify="right")
     return table
+
+
+def _cores_cell(f: dict[str, float]) -> str:
+    """The machine's cores in use while the load ran, of how many, and whose: collector (with its converters), the
+    polls, the load's clients, anything else on the machine."""
+    if "cores" not in f:
+        return ""
+    return (f"{f['busy_share'] * f['cores']:.2f}/{f['cores']:.0f} = {f['cores_collector']:.2f} + {f['cores_polls']:.2f} + "
+            f"{f['cores_clients']:.2f} + {f['cores_other']:.2f}")
 
 
 def _cells(f: dict[str, float]) -> list[str]:
     return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", f"{f['built']:.0f}/{f['sent']:.0f}", f"{f['settle']:.0f}",
             str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
             f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["poll_errors"]), str(f["errors"]),
-            f"{f['cpu']:.1f}", f"{f['load']:.1f}"]
+            f"{f['cpu']:.1f}", _cores_cell(f), f"{f['load']:.1f}"]
 
 
 def _summary(results: dict[tuple[float, str], list[dict[str, float]]], labels: list[str]) -> Table:
     """Medians per rate and tree, and each tree's p50/p99 as a ratio of the first tree's (the first baseline)."""
     table = Table(title=f"medians per rate and tree; ratio = p99 / {labels[0]}'s p99, same run")
     for col in ("rate", "code", "runs", "offered spans/s", "p50 s", "p99 s", "p99 ratio", "poll s", "under load",
-                "ack p99 ms", "collector CPU s", "load"):
+                "ack p99 ms", "collector CPU s", "cores in use under load", "load"):
         table.add_column(col, justify="right")
     for (rate, label), runs in results.items():
+        busy = statistics.median(f.get("busy_share", float("nan")) for f in runs)
         med = {k: statistics.median(f[k] for f in runs)
                for k in ("offered", "p50", "p99", "poll", "poll_loaded", "ack_p99", "cpu", "load")}
         base = statistics.median(f["p99"] for f in results[(rate, labels[0])])
         table.add_row(f"{rate:,.0f}", label, str(len(runs)), f"{med['offered']:,.0f}", f"{med['p50']:.2f}",
                       f"{med['p99']:.2f}", f"{med['p99'] / base:.2f}", f"{med['poll']:.2f}",
                       f"{med['poll_loaded']:.2f}", f"{med['ack_p99']:.1f}", f"{med['cpu']:.1f}",
-                      f"{min(f['load'] for f in runs):.1f}-{max(f['load'] for f in runs):.1f}")
+                      f"{busy:.0%} busy", f"{min(f['load'] for f in runs):.1f}-{max(f['load'] for f in runs):.1f}")
     return table
 
 
