@@ -37,7 +37,6 @@ import itertools
 import multiprocessing as mp
 import os
 import re
-import resource
 import shutil
 import statistics
 import struct
@@ -55,6 +54,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench.cores import Cores, cores_cell, cpu_seconds
 from bench.gen import whole_trace_requests
 from bench.ingest import _unique, tid_offsets
 from bench.live_timeline import FileWatch, q, rounds_table, steps_table, trace_steps
@@ -303,17 +303,17 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
             poller.count_from_now()
         if files is not None:
             files.start()
-        before = _Cores.now(col.proc.pid, poller.proc.pid)
+        before = Cores.now(col.proc.pid, poller.proc.pid)
         sent = drive(col.port, bodies, ids, counts, rate, args)
-        cores = _Cores.now(col.proc.pid, poller.proc.pid).since(before)
+        cores = Cores.now(col.proc.pid, poller.proc.pid).since(before)
         poller.count_from_now()
         waited = settle(poller, args.settle, len(ack_times(sent, ids)), args.most)
         poller.finish()
         acked = {t: a for t, a in ack_times(sent, ids).items() if t in poller.final}
-        cpu = _cpu_seconds(col.proc.pid)  # the collector and its converters, the whole run (the load and the settling)
+        cpu = cpu_seconds(col.proc.pid)  # the collector and its converters, the whole run (the load and the settling)
         if timeline is not None:
             console.print(f"{label}: the collector and its converters used {cpu:.1f} s of CPU in "
-                          f"{time.monotonic() - col.started:.1f} s; the polls {_cpu_seconds(poller.proc.pid):.1f} s")
+                          f"{time.monotonic() - col.started:.1f} s; the polls {cpu_seconds(poller.proc.pid):.1f} s")
         col.stop()
         if files is not None:
             files.stop.set()
@@ -341,62 +341,6 @@ def run_rate(rate: float, args: argparse.Namespace, bodies, ids, counts, tree: s
                       f"{q(gaps, 0.9):.2f}, max {max(gaps, default=0):.2f}), each {q(sorted(poller.query_seconds), 0.5):.2f} s "
                       f"(p90 {q(sorted(poller.query_seconds), 0.9):.2f})")
     return f
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its live children, per /proc (0 where unreadable).
-
-    The children of every thread count: the collector starts its converters from a thread of their own
-    (``pipeline.ingest.processes._Launcher``), and ``/proc/<pid>/task/<pid>/children`` lists only the main
-    thread's (the column's figures before this change left the converters out)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
-        children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in _children(task)]
-    except OSError:
-        return total
-    return total + sum(_cpu_seconds(int(c)) for c in children)
-
-
-@dataclass
-class _Cores:
-    """CPU seconds at one moment: the machine's busy and total (``/proc/stat``, every core), the collector with its
-    converters, the polls' process, and this process's reaped children (the load's clients, joined at the end)."""
-
-    busy: float
-    total: float
-    collector: float
-    polls: float
-    clients: float
-    at: float
-
-    @classmethod
-    def now(cls, collector: int, polls: int) -> _Cores:
-        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]  # user .. steal
-        idle = ticks[3] + ticks[4]  # idle, iowait
-        tick = os.sysconf("SC_CLK_TCK")
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return cls((sum(ticks) - idle) / tick, sum(ticks) / tick, _cpu_seconds(collector), _cpu_seconds(polls),
-                   children.ru_utime + children.ru_stime, time.monotonic())
-
-    def since(self, before: _Cores) -> dict[str, float]:
-        """Cores in use on average between ``before`` and this moment: the machine's (busy share of every core, and
-        their number), the collector's, the polls', the clients', and the rest (other processes of the machine)."""
-        seconds = max(self.at - before.at, 1e-9)
-        used = {k: (getattr(self, k) - getattr(before, k)) / seconds for k in ("busy", "collector", "polls", "clients")}
-        cores = (self.total - before.total) / seconds
-        return {"busy_share": used["busy"] / cores if cores else float("nan"), "cores": cores,
-                "cores_collector": used["collector"], "cores_polls": used["polls"], "cores_clients": used["clients"],
-                "cores_other": used["busy"] - used["collector"] - used["polls"] - used["clients"]}
-
-
-def _children(task: Path) -> list[str]:
-    """Process ids of the children one thread started ([] once the thread has ended)."""
-    try:
-        return (task / "children").read_text().split()
-    except OSError:
-        return []
 
 
 def drive(port: int, bodies, ids, counts, rate: float, args: argparse.Namespace) -> list[Sent]:
@@ -490,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"{label} {rate:,.0f}: scored {f['built']:.0f}/{f['sent']:.0f} p50 {f['p50']:.2f} "
                               f"p99 {f['p99']:.2f} poll {f['poll']:.2f} (under load {f['poll_loaded']:.2f}) "
                               f"load {f['load']:.1f} failed polls {f['poll_errors']:.0f}; cores busy under load "
-                              f"{_cores_cell(f)} (collector + polls + clients + other)"
+                              f"{cores_cell(f)} (collector + polls + clients + other)"
                               f"{' (first: ' + escape(str(f['first_poll_error'])) + ')' if f['poll_errors'] else ''}")
     console.print(table)
     if args.repeat > 1 or len(trees) > 1:
@@ -526,20 +470,11 @@ def _table(title: str) -> Table:
     return table
 
 
-def _cores_cell(f: dict[str, float]) -> str:
-    """The machine's cores in use while the load ran, of how many, and whose: collector (with its converters), the
-    polls, the load's clients, anything else on the machine."""
-    if "cores" not in f:
-        return ""
-    return (f"{f['busy_share'] * f['cores']:.2f}/{f['cores']:.0f} = {f['cores_collector']:.2f} + {f['cores_polls']:.2f} + "
-            f"{f['cores_clients']:.2f} + {f['cores_other']:.2f}")
-
-
 def _cells(f: dict[str, float]) -> list[str]:
     return [f"{f['offered']:,.0f}", f"{f['rate']:,.0f}", f"{f['built']:.0f}/{f['sent']:.0f}", f"{f['settle']:.0f}",
             str(f["traces"]), str(f["missing"]), f"{f['p50']:.2f}",
             f"{f['p99']:.2f}", f"{f['ack_p50']:.1f}", f"{f['ack_p99']:.1f}", f"{f['poll']:.2f}", str(f["poll_errors"]), str(f["errors"]),
-            f"{f['cpu']:.1f}", _cores_cell(f), f"{f['load']:.1f}"]
+            f"{f['cpu']:.1f}", cores_cell(f), f"{f['load']:.1f}"]
 
 
 def _summary(results: dict[tuple[float, str], list[dict[str, float]]], labels: list[str]) -> Table:
