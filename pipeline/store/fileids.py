@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracedag.pipeline.store.hashes import key_hashes, sorted_unique, within
+from tracedag.pipeline.store.selection import literal
 
 Stamp = tuple[str, int, int]
 """A file as a key names it: path, size, modification time (ns)."""
@@ -100,16 +101,11 @@ def ids_of(files: Iterable[Stamp]) -> set[str]:
 
 def rows_in(table: str, files: Iterable[str], ids: str) -> str:
     """SQL of ``table``'s rows of the traces ``ids`` (SQL of a list of them) in ``files`` (none: no rows)."""
-    names = ", ".join(quoted(f) for f in sorted(files))
+    names = ", ".join(literal(f) for f in sorted(files))
     if not names:
         return f"(select * from {table}_all where false)"
     return (f"(select * from read_parquet([{names}], union_by_name = false, hive_partitioning = false) "
             f"where trace_id in {ids})")
-
-
-def quoted(text: str) -> str:
-    """``text`` as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def forget() -> None:

@@ -27,9 +27,10 @@ import pyarrow.compute as pc
 
 from tracedag.pipeline.store import current_rounds, freshness, materialized, mixedkept
 from tracedag.pipeline.store.fetch import arrow
-from tracedag.pipeline.store.fileids import quoted, rows_in
+from tracedag.pipeline.store.fileids import rows_in
 from tracedag.pipeline.store.files import parquet_files
 from tracedag.pipeline.store.remote import remote_of
+from tracedag.pipeline.store.selection import literal
 from tracedag.pipeline.store.shared_macros import create_shared_macros
 from tracedag.pipeline.store.views import _LATEST, connect, forget_views, own_view, refresh_views
 from tracedag.schemas.layout import table_dir
@@ -334,7 +335,7 @@ def _files_holding(con: duckdb.DuckDBPyConnection, data: Path, table: str, ids: 
     """SQL of ``table``'s rows of the traces ``ids``, over the files that hold one (none: no rows)."""
     if not parquet_files(data, table):  # a store not scored yet has no step_scores (a glob of none fails)
         return f"(select * from {table}_all where false)"
-    pattern = quoted(str(table_dir(data, table) / "**" / "*.parquet"))
+    pattern = literal(str(table_dir(data, table) / "**" / "*.parquet"))
     found = con.execute(f"select distinct filename from read_parquet({pattern}, filename = true, "
                         f"union_by_name = false, hive_partitioning = false) where trace_id in {ids}").fetchall()
     return rows_in(table, [str(f) for (f,) in found], ids)
